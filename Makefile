@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export DVC_NO_ANALYTICS ?= 1
+export RAY_USAGE_STATS_ENABLED ?= 0
+
+.PHONY: install run test test-fast lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/agentflow run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check agentflow_core tasks flows tests
+	$(BIN)/ruff format --check agentflow_core tasks flows tests
+	$(BIN)/mypy agentflow_core
+	$(BIN)/lint-imports
+
+bench: $(STAMP)
+	$(BIN)/agentflow bench all
+
+clean:
+	rm -rf $(VENV) .agentflow

@@ -1,0 +1,145 @@
+"""Mapping audit: does a mapping file give every raw state of its channel the meaning intended?
+
+The family module lists ``RAW_STATES`` -- one raw sample per state the channel can produce, with
+the token that state should carry. Running the adapter over them finds, before any training:
+
+* ``unmapped_raw_state``  -- a raw state no rule fires on (the policy would see only features);
+* ``wrong_token``         -- the intended token is not produced;
+* ``collapsed_meaning``   -- two states that mean different things read the same to the policy
+  (e.g. ORDER_CANCELLED and ORDER_EXPIRED mapped to one token), naming the rules responsible;
+* ``unproducible_token``  -- a vocabulary token no rule can emit (severity ``info``: a channel
+  need not have every state).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agentflow_core.adapters import adapter_class
+from agentflow_core.adapters.base import BaseSemanticAdapter
+from agentflow_core.errors import RegistryError
+from agentflow_core.registry import EnvEntry
+from agentflow_core.semantics import TOKENS
+
+FindingKind = Literal["unmapped_raw_state", "unproducible_token", "collapsed_meaning", "wrong_token"]
+Severity = Literal["error", "info"]
+NO_RULE = "-"
+
+
+@dataclass(frozen=True)
+class AuditFinding:
+    """One problem of one mapping file; ``rule`` holds the responsible rule id(s), comma-separated."""
+
+    kind: FindingKind
+    file: str
+    rule: str
+    detail: str
+    severity: Severity = "error"
+
+    @property
+    def rule_ids(self) -> tuple[str, ...]:
+        return () if self.rule == NO_RULE else tuple(self.rule.split(", "))
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.kind}: {self.file}: rule(s) {self.rule}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class _Reading:
+    index: int
+    raw: Any
+    intended: str
+    fired: tuple[tuple[str, tuple[str, ...]], ...]
+
+    @property
+    def tokens(self) -> frozenset[str]:
+        return frozenset(t for _, emitted in self.fired for t in emitted)
+
+    def rules_emitting(self, token: str) -> list[str]:
+        return [rule_id for rule_id, emitted in self.fired if token in emitted]
+
+
+def _short(raw: Any, limit: int = 160) -> str:
+    text = repr(raw)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _same_raw(a: Any, b: Any) -> bool:
+    """Equality that tolerates raw samples holding arrays (whose ``==`` is elementwise)."""
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return repr(a) == repr(b)
+
+
+def _join(rule_ids: Iterable[str]) -> str:
+    ids = list(dict.fromkeys(rule_ids))
+    return ", ".join(ids) if ids else NO_RULE
+
+
+def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, str]], file: str) -> list[AuditFinding]:
+    """Audit one adapter (its loaded mapping) against labelled raw samples of its channel."""
+    readings = [_Reading(i, raw, intended, tuple(adapter.explain(raw))) for i, (raw, intended) in enumerate(raw_states)]
+    findings: list[AuditFinding] = []
+    for r in readings:
+        if not r.fired:
+            findings.append(AuditFinding("unmapped_raw_state", file, NO_RULE, f"RAW_STATES[{r.index}] (intended {r.intended}) matches no rule: {_short(r.raw)}"))
+        elif r.intended not in r.tokens:
+            findings.append(AuditFinding("wrong_token", file, _join(rule for rule, _ in r.fired),
+                                         f"RAW_STATES[{r.index}] should carry {r.intended}, got {sorted(r.tokens)}: {_short(r.raw)}"))
+    findings.extend(_collapses(readings, file))
+    findings.extend(
+        AuditFinding("unproducible_token", file, NO_RULE, f"no rule emits {token}", severity="info")
+        for token in TOKENS
+        if token not in adapter.producible_tokens()
+    )
+    return findings
+
+
+def _collapses(readings: list[_Reading], file: str) -> list[AuditFinding]:
+    """Pairs of differently-meant states the policy cannot tell apart, once per pair of meanings."""
+    found: dict[frozenset[str], AuditFinding] = {}
+    mapped = [r for r in readings if r.fired]
+    for a in mapped:
+        for b in mapped:
+            pair = frozenset((a.intended, b.intended))
+            if a.index >= b.index or len(pair) < 2 or pair in found:
+                continue
+            if a.tokens == b.tokens and not _same_raw(a.raw, b.raw):
+                # Identical readings of different raw states: every rule firing on either is to blame.
+                rules = _join([rule for rule, _ in a.fired] + [rule for rule, _ in b.fired])
+                found[pair] = AuditFinding("collapsed_meaning", file, rules,
+                                           f"RAW_STATES[{a.index}] ({a.intended}) and RAW_STATES[{b.index}] ({b.intended}) both read as {sorted(a.tokens)}")
+                continue
+            for x, y in ((a, b), (b, a)):
+                # x lost its own meaning and shows y's instead: the rules emitting y's token collapse them.
+                if x.intended not in x.tokens and y.intended in x.tokens and y.intended in y.tokens:
+                    rules = _join(x.rules_emitting(y.intended) + y.rules_emitting(y.intended))
+                    found[pair] = AuditFinding("collapsed_meaning", file, rules,
+                                               f"RAW_STATES[{x.index}] ({x.intended}) and RAW_STATES[{y.index}] ({y.intended}) both map to {y.intended}")
+                    break
+    return list(found.values())
+
+
+def raw_states_of(entry: EnvEntry) -> list[tuple[Any, str]]:
+    """The labelled raw samples of an entry's family module (``RAW_STATES``)."""
+    module_name = entry.class_path.partition(":")[0]
+    module = importlib.import_module(module_name)
+    states = getattr(module, "RAW_STATES", None)
+    if not states:
+        raise RegistryError(entry.source_file, f"family module {module_name!r} defines no RAW_STATES to audit against")
+    return list(states)
+
+
+def audit_entry(entry: EnvEntry) -> list[AuditFinding]:
+    """Audit a registered env's mapping against its family's raw states."""
+    adapter = adapter_class(entry.adapter)(entry.mapping, source=entry.mapping_path)
+    return audit_mapping(adapter, raw_states_of(entry), entry.mapping_path)
+
+
+def errors_only(findings: Iterable[AuditFinding]) -> list[AuditFinding]:
+    """The findings that should fail a check (everything but ``info``)."""
+    return [f for f in findings if f.severity == "error"]

@@ -1,0 +1,104 @@
+"""The Gymnasium face of a physical env: physical env + semantic adapter -> one shared space.
+
+Observation: ``Box(0, 1, (OBS_DIM,), float32)`` (multi-hot tokens + features); action:
+``Discrete(N_ACTIONS)`` over :class:`~agentflow_core.semantics.SemanticAction`. Every family
+therefore presents the same spaces, and one policy network serves them all. ``info`` carries
+``env_id``, ``step_id``, ``failure_reason``, ``tokens``, ``action_mask`` and ``risk``;
+``action_masks()`` follows the sb3-contrib MaskablePPO convention.
+
+Misbehaviour is never passed on silently: an exception from the channel becomes
+:class:`EnvCrashError`, a non-finite reward or observation :class:`EnvInvalidError`, both
+carrying env_id and step_id (hangs are caught by the pool, which owns the clock).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from agentflow_core.adapters.base import BaseSemanticAdapter
+from agentflow_core.errors import EnvCrashError, EnvError, EnvInvalidError
+from agentflow_core.envs.base import PhysicalEnv, StepResult
+from agentflow_core.semantics import ACTION_RISK, N_ACTIONS, OBS_DIM, SemanticAction, SemanticObs
+
+
+class SemanticEnv(gym.Env[np.ndarray, np.int64]):
+    """Wrap one physical env with its adapter into the shared semantic spaces."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, physical: PhysicalEnv, adapter: BaseSemanticAdapter, max_episode_steps: int | None = None) -> None:
+        self.physical = physical
+        self.adapter = adapter
+        self.env_id = physical.env_id
+        self.max_episode_steps = max_episode_steps or int(getattr(getattr(physical, "scenario", None), "max_episode_steps", 200))
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(OBS_DIM,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(N_ACTIONS)
+        self._raw: Any = None
+        self._mask = np.ones(N_ACTIONS, dtype=bool)
+        self.step_id = 0
+        self.last_obs: SemanticObs | None = None
+
+    def _observe(self, raw: Any) -> tuple[np.ndarray, SemanticObs]:
+        semantic = self.adapter.adapt_observation(raw, {"step_fraction": min(self.step_id / self.max_episode_steps, 1.0)})
+        vec = semantic.encode()
+        if not np.isfinite(vec).all():
+            raise EnvInvalidError(self.env_id, self.step_id, f"non-finite observation features {dict(semantic.features)}")
+        self._raw, self.last_obs = raw, semantic
+        self._mask = self.adapter.action_mask(raw)
+        return vec, semantic
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        # The physical env draws from its own generator, seeded from ours so reset(seed) is reproducible.
+        child_seed = int(self.np_random.integers(0, 2**31 - 1))
+        self.step_id = 0
+        try:
+            raw, info = self.physical.reset(seed=child_seed)
+        except EnvError:
+            raise
+        except Exception as exc:  # the channel's own failure, whatever its type
+            raise EnvCrashError(self.env_id, 0, f"reset raised {type(exc).__name__}: {exc}") from exc
+        vec, semantic = self._observe(raw)
+        return vec, self._info(info, semantic, risk=0.0)
+
+    def step(self, action: np.int64 | int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        action = int(action)
+        self.step_id += 1
+        native = self.adapter.adapt_action(action)
+        try:
+            result: StepResult = self.physical.step(native)
+        except EnvError:
+            raise
+        except Exception as exc:
+            raise EnvCrashError(self.env_id, self.step_id, f"step raised {type(exc).__name__}: {exc}") from exc
+        vec, semantic = self._observe(result.obs)
+        reward = self.adapter.adapt_reward(result.reward, semantic, result.info)
+        if not np.isfinite(reward):
+            raise EnvInvalidError(self.env_id, self.step_id, f"non-finite reward {reward!r}")
+        risk = float(result.info.get("risk", ACTION_RISK.get(SemanticAction(action), 0.0)))
+        info = self._info(result.info, semantic, risk)
+        info["raw_reward"] = float(result.reward)
+        return vec, float(reward), bool(result.terminated), bool(result.truncated), info
+
+    def _info(self, channel_info: dict[str, Any], semantic: SemanticObs, risk: float) -> dict[str, Any]:
+        info = dict(channel_info)
+        info.update(
+            env_id=self.env_id,
+            step_id=self.step_id,
+            failure_reason=channel_info.get("failure_reason"),
+            tokens=sorted(semantic.tokens),
+            action_mask=self._mask.copy(),
+            risk=risk,
+        )
+        return info
+
+    def action_masks(self) -> np.ndarray:
+        """Legal semantic actions in the current state (sb3-contrib convention)."""
+        return self._mask.copy()
+
+    def close(self) -> None:
+        self.physical.close()
+        super().close()

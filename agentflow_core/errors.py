@@ -1,0 +1,61 @@
+"""Typed errors. Each names where the problem is (file, key path, env_id/step_id) and what was expected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentFlowError(Exception):
+    """Base of every error the library raises on purpose."""
+
+
+class ConfigError(AgentFlowError):
+    """A configuration value is missing, malformed or out of range."""
+
+    def __init__(self, file: str, key: str, value: Any, expected: str) -> None:
+        self.file, self.key, self.value, self.expected = file, key, value, expected
+        super().__init__(f"{file}: {key}: got {value!r}, expected {expected}")
+
+
+class MappingError(AgentFlowError):
+    """A semantic mapping file failed its JSON Schema or a semantic check."""
+
+    def __init__(self, file: str, json_path: str, message: str) -> None:
+        self.file, self.json_path = file, json_path
+        super().__init__(f"{file}: at {json_path}: {message}")
+
+
+class RegistryError(AgentFlowError):
+    """An env config in the registry is unusable (bad class path, duplicate env_id, ...)."""
+
+    def __init__(self, file: str, message: str) -> None:
+        self.file = file
+        super().__init__(f"{file}: {message}")
+
+
+class EnvError(AgentFlowError):
+    """An environment misbehaved; carries env_id and step_id so the episode can be isolated."""
+
+    failure_reason = "env_error"
+
+    def __init__(self, env_id: str, step_id: int, message: str) -> None:
+        self.env_id, self.step_id = env_id, step_id
+        super().__init__(f"env {env_id} step {step_id}: {self.failure_reason}: {message}")
+
+
+class EnvCrashError(EnvError):
+    """The environment raised."""
+
+    failure_reason = "env_crash"
+
+
+class EnvTimeoutError(EnvError):
+    """The environment did not answer within the step timeout."""
+
+    failure_reason = "env_timeout"
+
+
+class EnvInvalidError(EnvError):
+    """The environment returned NaN/inf or a value outside its declared space."""
+
+    failure_reason = "env_invalid"

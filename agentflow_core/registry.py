@@ -1,0 +1,229 @@
+"""The env registry: env configs on disk -> validated, picklable :class:`EnvEntry` records.
+
+Each file in the config directory (``configs/envs/*.yaml``) declares one base env::
+
+    env_id: web_checkout_v2
+    class_path: agentflow_core.envs.web_checkout:WebCheckoutEnv
+    adapter: web                      # template name, or "module:Class"
+    mapping: web_checkout_v2.json     # next to the config first, then agentflow_core/mappings/
+    params: {card_decline_rate: 0.1}  # Scenario defaults of this env
+    kwargs: {}                        # optional extra constructor arguments of the family
+
+Everything is checked when the file is loaded -- class path, adapter, mapping schema, Scenario
+params, unknown keys, duplicate ids -- so a typo fails at ``refresh()`` with the file and key,
+not in a Ray worker an hour later. The YAML parser is injected (``load``): the core never imports
+yaml. An :class:`EnvEntry` holds the loaded mapping, so workers build envs from data alone
+(gymnasium's ``EnvSpec`` idea: a spec is data, the factory is a callable).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentflow_core.adapters import adapter_class, load_object
+from agentflow_core.envs.base import Scenario, make_env_id
+from agentflow_core.envs.semantic_env import SemanticEnv
+from agentflow_core.errors import MappingError, RegistryError
+
+PACKAGED_MAPPINGS_DIR = Path(__file__).resolve().parent / "mappings"
+REQUIRED_KEYS = frozenset({"env_id", "class_path", "adapter", "mapping"})
+OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version"})
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+Loader = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One registered base env, as plain data (frozen and picklable for Ray workers)."""
+
+    env_id: str
+    family: str
+    version: int
+    class_path: str
+    params: dict[str, Any] = field(hash=False)
+    adapter: str
+    mapping_path: str
+    mapping: dict[str, Any] = field(hash=False, repr=False)
+    source_file: str
+    kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    description: str = ""
+
+    def scenario(self, overrides: Mapping[str, Any] | None = None) -> Scenario:
+        """The entry's Scenario defaults with ``overrides`` (a variant's params) on top."""
+        return Scenario.from_dict({**self.params, **dict(overrides or {})})
+
+    def instance_id(self, suffix: str = "") -> str:
+        """``<family>_v<version>_<date>[_<suffix>]``, the env_id a made env reports."""
+        return make_env_id(self.family, self.version, suffix=suffix)
+
+    def make(self, overrides: Mapping[str, Any] | None = None, env_id: str | None = None, *, suffix: str = "") -> SemanticEnv:
+        """Build physical env + adapter as one :class:`SemanticEnv`.
+
+        ``env_id`` (a variant's full id) takes precedence; otherwise the id is derived from
+        family and version plus ``suffix``.
+        """
+        scenario = self.scenario(overrides)
+        physical_cls = load_object(self.class_path)
+        physical = physical_cls(scenario, env_id or self.instance_id(suffix), **self.kwargs)
+        adapter = adapter_class(self.adapter)(self.mapping, source=self.mapping_path)
+        return SemanticEnv(physical, adapter, max_episode_steps=scenario.max_episode_steps)
+
+
+def resolve_mapping_path(mapping: str, config_dir: Path) -> Path | None:
+    """Find a mapping file: absolute, else next to the config file, else in the packaged mappings."""
+    candidate = Path(mapping)
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    for base in (config_dir, PACKAGED_MAPPINGS_DIR):
+        if (base / candidate).is_file():
+            return (base / candidate).resolve()
+    return None
+
+
+def _read_document(path: Path, load: Loader | None) -> Any:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        return json.loads(text)
+    if load is None:
+        raise RegistryError(str(path), "no YAML loader was injected (pass load=yaml.safe_load)")
+    return load(text)
+
+
+def load_mapping(path: Path, load: Loader | None = None) -> dict[str, Any]:
+    """Read one mapping document (JSON, or YAML through the injected loader)."""
+    try:
+        document = _read_document(path, load)
+    except (OSError, ValueError) as exc:
+        raise MappingError(str(path), "$", f"unreadable: {exc}") from exc
+    if not isinstance(document, dict):
+        raise MappingError(str(path), "$", f"expected an object, got {type(document).__name__}")
+    return document
+
+
+def entry_from_config(config: Any, source_file: Path, load: Loader | None = None) -> EnvEntry:
+    """Validate one env config document and return its entry; every error names ``source_file``."""
+    src = str(source_file)
+    if not isinstance(config, Mapping):
+        raise RegistryError(src, f"expected a mapping at the top level, got {type(config).__name__}")
+    unknown = sorted(set(config) - REQUIRED_KEYS - OPTIONAL_KEYS)
+    if unknown:
+        raise RegistryError(src, f"unknown key(s) {unknown}, expected a subset of {sorted(REQUIRED_KEYS | OPTIONAL_KEYS)}")
+    missing = sorted(REQUIRED_KEYS - set(config))
+    if missing:
+        raise RegistryError(src, f"missing key(s) {missing}")
+    for key in sorted(REQUIRED_KEYS):
+        if not isinstance(config[key], str) or not config[key]:
+            raise RegistryError(src, f"{key}: got {config[key]!r}, expected a non-empty string")
+    params, kwargs = config.get("params") or {}, config.get("kwargs") or {}
+    for key, value in (("params", params), ("kwargs", kwargs)):
+        if not isinstance(value, Mapping):
+            raise RegistryError(src, f"{key}: got {value!r}, expected a mapping")
+    try:
+        Scenario.from_dict(params)
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(src, f"params: {exc}") from exc
+    try:
+        physical_cls = load_object(config["class_path"])
+    except ImportError as exc:
+        raise RegistryError(src, f"class_path: {exc}") from exc
+    if not callable(physical_cls):
+        raise RegistryError(src, f"class_path: {config['class_path']!r} is not callable")
+    try:
+        adapter_cls = adapter_class(config["adapter"])
+    except (KeyError, ImportError, TypeError) as exc:
+        raise RegistryError(src, f"adapter: {exc}") from exc
+    mapping_path = resolve_mapping_path(config["mapping"], source_file.parent)
+    if mapping_path is None:
+        raise RegistryError(src, f"mapping: file {config['mapping']!r} not found next to the config or in {PACKAGED_MAPPINGS_DIR}")
+    mapping = load_mapping(mapping_path, load)
+    adapter_cls(mapping, source=str(mapping_path))  # schema + template + per-rule condition checks
+    family, version = mapping["family"], int(mapping["version"])
+    for key, expected in (("family", family), ("version", version)):
+        if key in config and config[key] != expected:
+            raise RegistryError(src, f"{key}: got {config[key]!r}, but mapping {mapping_path} declares {expected!r}")
+    if not config["env_id"].startswith(f"{family}_v{version}"):
+        raise RegistryError(src, f"env_id: got {config['env_id']!r}, expected it to start with '{family}_v{version}'")
+    return EnvEntry(
+        env_id=config["env_id"],
+        family=family,
+        version=version,
+        class_path=config["class_path"],
+        params=dict(params),
+        adapter=config["adapter"],
+        mapping_path=str(mapping_path),
+        mapping=mapping,
+        source_file=src,
+        kwargs=dict(kwargs),
+        description=str(config.get("description", "")),
+    )
+
+
+def load_entry(path: Path, load: Loader | None = None) -> EnvEntry:
+    """Read and validate one env config file."""
+    try:
+        document = _read_document(path, load)
+    except RegistryError:
+        raise
+    except Exception as exc:  # whatever the injected parser raises on malformed input
+        raise RegistryError(str(path), f"unreadable: {type(exc).__name__}: {exc}") from exc
+    return entry_from_config(document, path, load)
+
+
+def config_files(config_dir: Path) -> list[Path]:
+    """The env config files of a directory, in a stable order."""
+    return sorted(p for p in Path(config_dir).iterdir() if p.is_file() and p.suffix in CONFIG_SUFFIXES)
+
+
+class EnvRegistry:
+    """Base envs declared in a config directory; ``refresh()`` picks up files added at run time."""
+
+    def __init__(self, config_dir: Path | str, load: Loader | None = None) -> None:
+        self.config_dir = Path(config_dir)
+        self.load = load
+        self._entries: dict[str, EnvEntry] = {}
+        self._lock = threading.Lock()
+        self.refresh()
+
+    def refresh(self) -> list[str]:
+        """Rescan the directory; on any bad file raise and keep the previous entries. Returns new ids."""
+        if not self.config_dir.is_dir():
+            raise RegistryError(str(self.config_dir), "config directory does not exist")
+        entries: dict[str, EnvEntry] = {}
+        for path in config_files(self.config_dir):
+            entry = load_entry(path, self.load)
+            if entry.env_id in entries:
+                raise RegistryError(str(path), f"env_id {entry.env_id!r} is already declared in {entries[entry.env_id].source_file}")
+            entries[entry.env_id] = entry
+        with self._lock:
+            added = sorted(set(entries) - set(self._entries))
+            self._entries = entries
+        return added
+
+    def entries(self) -> list[EnvEntry]:
+        """All entries, ordered by env_id."""
+        return [self._entries[k] for k in sorted(self._entries)]
+
+    def env_ids(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, env_id: str) -> EnvEntry:
+        """The entry of ``env_id``; rescans once on a miss so a newly written config is found."""
+        if env_id not in self._entries:
+            self.refresh()
+        try:
+            return self._entries[env_id]
+        except KeyError:
+            raise RegistryError(str(self.config_dir), f"unknown env_id {env_id!r}, registered: {self.env_ids()}") from None
+
+    def __contains__(self, env_id: object) -> bool:
+        return env_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+

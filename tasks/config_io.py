@@ -1,0 +1,83 @@
+"""Load ``params.yaml`` once, at the edge, into the typed :class:`AgentFlowConfig`.
+
+Every failure becomes one :class:`ConfigError` naming the file, the key path, the bad value and
+what was expected; the CLI turns it into exit code 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.errors import ConfigError
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "<root>"
+
+
+def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def parse_config(data: Any, source: str = "<params>") -> AgentFlowConfig:
+    """Validate an already-parsed mapping; the first problem becomes a :class:`ConfigError`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, "<root>", data, "a mapping with sections base, calibrate, variants, pool, explore, train, stress, report")
+    try:
+        return AgentFlowConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            expected = "no such key (unknown keys are rejected; check the spelling against params.yaml's documented sections)"
+            value = _lookup(data, loc)
+        else:
+            expected = err["msg"].removeprefix("Value error, ")
+            # Model-level validators report at the section; the input is the section then.
+            value = err.get("input", _lookup(data, loc))
+        raise ConfigError(source, _key_path(loc), value, expected) from None
+
+
+def load_config(path: str | Path = DEFAULT_PARAMS) -> AgentFlowConfig:
+    """Read and validate ``params.yaml``. A missing file, malformed YAML or bad value raises ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), "<file>", None, "an existing params.yaml (create one or pass --params)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "<file>"
+        raise ConfigError(str(path), where, getattr(exc, "problem", str(exc)), "well-formed YAML") from None
+    return parse_config(data, str(path))
+
+
+def flatten_params(cfg: AgentFlowConfig) -> dict[str, str]:
+    """``section.key.sub`` → value strings, for experiment trackers."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), sub)
+        else:
+            out[prefix] = str(value)
+
+    walk("", cfg.model_dump(mode="json"))
+    return out

@@ -1,0 +1,55 @@
+"""The dependency direction flows -> tasks -> agentflow_core, checked by parsing imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+FORBIDDEN_IN_CORE = {"prefect", "mlflow", "dvc", "yaml", "tasks", "flows"}
+FORBIDDEN_IN_TASKS = {"flows"}
+
+
+def imported_roots(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def offenders(package: str, forbidden: set[str], repo: Path) -> dict[str, set[str]]:
+    found = {}
+    for path in sorted((repo / package).rglob("*.py")):
+        bad = imported_roots(path) & forbidden
+        if bad:
+            found[str(path.relative_to(repo))] = bad
+    return found
+
+
+def test_core_imports_no_orchestration_tracking_or_yaml(repo_root: Path) -> None:
+    assert offenders("agentflow_core", FORBIDDEN_IN_CORE, repo_root) == {}
+
+
+def test_tasks_do_not_import_flows(repo_root: Path) -> None:
+    assert offenders("tasks", FORBIDDEN_IN_TASKS, repo_root) == {}
+
+
+def test_core_reads_no_environment_and_prints_nothing(repo_root: Path) -> None:
+    hits = []
+    for path in sorted((repo_root / "agentflow_core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in {"environ", "getenv"}:
+                hits.append(f"{path.name}:{node.lineno} os.{node.attr}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                hits.append(f"{path.name}:{node.lineno} print()")
+    assert hits == []
+
+
+def test_the_checker_catches_a_planted_violation(tmp_path: Path) -> None:
+    pkg = tmp_path / "agentflow_core"
+    pkg.mkdir()
+    (pkg / "bad.py").write_text("import mlflow\nfrom prefect import flow\n")
+    assert offenders("agentflow_core", FORBIDDEN_IN_CORE, tmp_path) == {"agentflow_core/bad.py": {"mlflow", "prefect"}}
