@@ -1,0 +1,134 @@
+"""Phase 0, sandbox calibration: is every env stable and correctly mapped before we train on it?
+
+For each sampled variant the reference policy (the family's scripted expert) runs ``resets``
+episodes with seeds ``seed .. seed+resets-1``. A variant is *stable* when
+
+1. it never crashes, hangs or returns NaN (any :class:`EnvError` fails it),
+2. it is deterministic: replaying the first seed gives the identical return, and
+3. the variance of its returns, in units of the goal reward (return / 10), is below
+   ``max_reward_variance`` (seed §2.2: 0.05). An expert that sometimes finishes and sometimes
+   does not produces a variance near 0.25, so a wrong mapping or a broken business rule fails
+   this gate long before PPO would have wasted days on it.
+
+``env_stability_score`` is the share of stable variants. The per-variant return statistics are
+kept (Welford) for per-env reward normalisation in training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.envs.semantic_env import SemanticEnv
+from agentflow_core.errors import EnvError
+
+GOAL_REWARD = 10.0
+
+Policy = Callable[[np.ndarray, np.ndarray], int]
+
+
+@dataclass(frozen=True)
+class VariantCalibration:
+    """Calibration outcome of one variant."""
+
+    env_id: str
+    episodes: int
+    mean_return: float
+    std_return: float
+    variance: float
+    success_rate: float
+    step_reward_mean: float
+    step_reward_std: float
+    step_count: int
+    deterministic: bool
+    stable: bool
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_episode(env: SemanticEnv, policy: Policy, seed: int, max_steps: int = 1000) -> tuple[list[float], bool]:
+    """One episode of ``policy``; returns (per-step rewards, reached the goal)."""
+    obs, info = env.reset(seed=seed)
+    rewards: list[float] = []
+    success = False
+    for _ in range(max_steps):
+        obs, reward, terminated, truncated, info = env.step(policy(obs, info["action_mask"]))
+        rewards.append(reward)
+        success = success or "PAYMENT_SUCCESS" in info["tokens"]
+        if terminated or truncated:
+            break
+    return rewards, success
+
+
+def calibrate_variant(env: SemanticEnv, policy: Policy, resets: int, seed: int, max_variance: float) -> VariantCalibration:
+    """Run the stability check on one env (which the caller owns and closes)."""
+    returns: list[float] = []
+    step_rewards: list[float] = []
+    successes = 0
+    try:
+        for i in range(resets):
+            rewards, ok = run_episode(env, policy, seed + i)
+            returns.append(sum(rewards))
+            step_rewards.extend(rewards)
+            successes += ok
+        replay = sum(run_episode(env, policy, seed)[0])
+    except EnvError as exc:
+        return VariantCalibration(env.env_id, len(returns), math.nan, math.nan, math.nan, 0.0, math.nan, math.nan,
+                                  0, False, False, f"{exc.failure_reason}: {exc}")
+    values = np.asarray(returns) / GOAL_REWARD
+    variance = float(values.var())
+    deterministic = replay == returns[0]
+    reason = None
+    if not deterministic:
+        reason = f"not deterministic: seed {seed} gave {returns[0]:.4f} then {replay:.4f}"
+    elif variance >= max_variance:
+        reason = f"reward variance {variance:.4f} >= {max_variance} (expert success {successes / resets:.0%})"
+    return VariantCalibration(env.env_id, resets, float(np.mean(returns)), float(np.std(returns)), variance,
+                              successes / resets, float(np.mean(step_rewards)), float(np.std(step_rewards)),
+                              len(step_rewards), deterministic, reason is None, reason)
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """All variants' outcomes and the gate verdict."""
+
+    variants: list[VariantCalibration]
+    env_stability_score: float
+    max_failed_fraction: float
+
+    @property
+    def failed(self) -> list[VariantCalibration]:
+        return [v for v in self.variants if not v.stable]
+
+    @property
+    def passed(self) -> bool:
+        return len(self.failed) <= self.max_failed_fraction * len(self.variants)
+
+    def summary(self) -> str:
+        head = (f"env_stability_score={self.env_stability_score:.3f} ({len(self.variants) - len(self.failed)}/"
+                f"{len(self.variants)} stable, gate allows {self.max_failed_fraction:.0%} failed)")
+        lines = [f"  {v.env_id}: {v.reason}" for v in self.failed[:10]]
+        return "\n".join([head, *lines])
+
+
+def calibrate(envs: Sequence[tuple[Callable[[], SemanticEnv], Policy]], resets: int, seed: int,
+              max_variance: float, max_failed_fraction: float,
+              progress: Callable[[int, int], None] | None = None) -> CalibrationReport:
+    """Calibrate each (env factory, reference policy) pair; envs are built and closed here."""
+    results = []
+    for i, (make, policy) in enumerate(envs):
+        env = make()
+        try:
+            results.append(calibrate_variant(env, policy, resets, seed, max_variance))
+        finally:
+            env.close()
+        if progress:
+            progress(i + 1, len(envs))
+    score = sum(v.stable for v in results) / max(len(results), 1)
+    return CalibrationReport(results, score, max_failed_fraction)
