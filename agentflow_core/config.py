@@ -101,8 +101,21 @@ class PoolConfig(_Section):
     quarantine_after: PositiveInt = 3
     max_worker_restarts: Annotated[int, Field(ge=0)] = 3
     scheduler: Literal["uniform", "round_robin", "heat", "plr_coverage"] = "plr_coverage"
-    heat_decay: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
-    cold_threshold: Annotated[float, Field(gt=0.0)] = 0.3
+    heat_decay: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(0.95, description="seed §2.1: h <- decay*h + 1 per round sampled, decay*h otherwise.")
+    cold_threshold: Annotated[float, Field(gt=0.0)] = Field(0.3, description="a variant with heat below this is cold.")
+    heat_cold_weight: Annotated[float, Field(ge=1.0)] = Field(20.0, description="heat: weight of a cold variant; a warm one weighs exp(-h/cold_threshold).")
+    plr_temperature: Annotated[float, Field(gt=0.0)] = Field(1.0, description="PLR beta: P_S ∝ (1/rank)^(1/beta).")
+    plr_staleness_coef: Fraction = Field(0.3, description="PLR rho: share of the staleness distribution.")
+    plr_token_coef: Fraction = Field(0.1, description="share of the rare-semantic-token bonus.")
+    plr_floor: Annotated[float, Field(gt=0.0, le=1.0)] = Field(0.05, description="uniform share so no variant starves.")
+    plr_score_ema: Annotated[float, Field(gt=0.0, le=1.0)] = Field(0.5, description="EMA rate of a variant's learning-signal score.")
+    plr_max_staleness: Annotated[float, Field(ge=1.0)] = Field(4.0, description="catalogue sweeps without a draw after which a variant is drawn first.")
+
+    @model_validator(mode="after")
+    def _plr_mix(self) -> PoolConfig:
+        if self.plr_staleness_coef + self.plr_token_coef > 1.0:
+            raise ValueError(f"plr_staleness_coef + plr_token_coef must not exceed 1, got {self.plr_staleness_coef + self.plr_token_coef}")
+        return self
 
 
 class ExploreConfig(_Section):
@@ -114,21 +127,41 @@ class ExploreConfig(_Section):
     epsilon_mid: Fraction = 0.3
     epsilon_low: Fraction = 0.1
     shard_rows: PositiveInt = 50_000
+    reference_pool_steps: Annotated[int, Field(ge=0, description="Pool steps of the scripted expert whose transitions are the edge-coverage reference.")] = 60
 
     @model_validator(mode="after")
     def _order(self) -> ExploreConfig:
         if not self.coverage_low < self.coverage_high:
             raise ValueError(f"coverage_low ({self.coverage_low}) must be below coverage_high ({self.coverage_high})")
+        if not self.epsilon_low <= self.epsilon_mid <= self.epsilon_high:
+            raise ValueError(f"expected epsilon_low ({self.epsilon_low}) <= epsilon_mid ({self.epsilon_mid}) <= epsilon_high ({self.epsilon_high})")
         return self
 
 
 class ShapingTerm(_Section):
-    condition: str
+    """One auxiliary reward: ``weight * reward`` paid the first time ``condition`` holds in an episode."""
+
+    condition: str = Field(description="Safe expression over token and feature names (agentflow_core.rl.safe_expr).")
     reward: float
     weight: float = 1.0
 
+    @field_validator("condition")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        # Imported here: the rl package may pull in torch, and a bad condition must fail at config load.
+        from agentflow_core.rl.safe_expr import UnsafeExpressionError, compile_condition
+        from agentflow_core.semantics import FEATURES, TOKENS
+
+        try:
+            compile_condition(value, (*TOKENS, *FEATURES))
+        except UnsafeExpressionError as exc:
+            raise ValueError(f"shaping condition {value!r} rejected: {exc.reason}") from None
+        return value
+
 
 class RewardConfig(_Section):
+    """How the training reward is computed (agentflow_core.rl.reward documents the semantics)."""
+
     mode: Literal["scalar", "token_table", "model"] = "token_table"
     token_rewards: dict[str, float] = {"PAYMENT_SUCCESS": 10.0}
     shaping: list[ShapingTerm] = []
@@ -136,10 +169,30 @@ class RewardConfig(_Section):
     model_timeout_s: Annotated[float, Field(gt=0.0)] = 0.5
     normalize: bool = True
 
+    @field_validator("token_rewards")
+    @classmethod
+    def _known_tokens(cls, value: dict[str, float]) -> dict[str, float]:
+        from agentflow_core.semantics import TOKENS
+
+        unknown = sorted(set(value) - set(TOKENS))
+        if unknown:
+            raise ValueError(f"token_rewards: unknown token(s) {unknown}; expected names from semantics.TOKENS")
+        return value
+
+    @model_validator(mode="after")
+    def _model_url(self) -> RewardConfig:
+        if self.mode == "model" and not self.model_url:
+            raise ValueError("reward mode 'model' needs model_url (the reward-model service's base URL)")
+        return self
+
 
 class TrainConfig(_Section):
+    """PPO (CleanRL names). The learner's batch is one rollout, ``num_envs`` x ``n_steps`` transitions
+    (CleanRL derives it the same way); ``batch_size`` is the size the defaults are tuned for and
+    sizes ``num_updates`` and the benchmark."""
+
     total_steps: PositiveInt = 200_000
-    num_envs: PositiveInt = 64
+    num_envs: PositiveInt = 32
     n_steps: PositiveInt = 64
     learning_rate: Annotated[float, Field(gt=0.0, lt=1.0)] = 3e-4
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99
@@ -165,24 +218,39 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _batches(self) -> TrainConfig:
-        if self.minibatch_size > self.batch_size:
-            raise ValueError(f"minibatch_size ({self.minibatch_size}) must not exceed batch_size ({self.batch_size})")
+        if self.minibatch_size > self.batch_size or self.batch_size % self.minibatch_size:
+            raise ValueError(f"minibatch_size ({self.minibatch_size}) must divide batch_size ({self.batch_size})")
         return self
+
+    @property
+    def num_updates(self) -> int:
+        """Rollout/update iterations needed to reach ``total_steps`` (rounded up)."""
+        return -(-self.total_steps // (self.num_envs * self.n_steps))
 
 
 class StressConfig(_Section):
+    """Phase 3 stress validation (agentflow_core.evaluation documents every measure)."""
+
     episodes: PositiveInt = 1000
+    variants: PositiveInt = Field(720, description="Size of the stratified catalogue sample the episodes run on.")
+    num_envs: PositiveInt = 32
     consistency_variants: PositiveInt = 100
     consistency_target: Fraction = 0.82
     failure_reward_threshold: float = 5.0
     risk_threshold: Fraction = 0.3
     risk_penalty: Annotated[float, Field(ge=0.0)] = 1.0
     hacking_reward_threshold: float = 5.0
+    handled_outcomes: list[str] = Field(["user_blocked"], description="failure_reason values that are the correct business outcome (count as success, not failure).")
+    coverage_group: str = Field("network", description="Variant dimension that groups the coverage heatmap rows (with the family).")
+    long_tail_frequency: Fraction = Field(0.01, description="Tokens seen on fewer than this share of steps are long-tail.")
 
 
 class ReportConfig(_Section):
+    """Reports and the champion/challenger canary (seed §5.3)."""
+
     formats: list[Literal["md", "html", "json"]] = ["md", "html", "json"]
     champion_slice: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    champion_episodes: PositiveInt = Field(200, description="Episodes per policy on the champion slice.")
     promote_min_consistency: Fraction = 0.85
     promote_min_reward_gain: float = 0.05
 

@@ -1,0 +1,232 @@
+"""Columnar trajectory shards: one parquet row per env step, a ``_meta.json`` card, episode reader.
+
+Row = one transition ``(s_t, a_t) → s_{t+1}``: ``obs``/``action_mask`` describe ``s_t`` (what
+the policy saw, so behaviour cloning can use the rows directly); ``tokens``, ``terminated``,
+``truncated``, ``failure_reason`` and the rewards describe the step's outcome ``s_{t+1}``.
+``step_id`` is the env's step counter after the action (1 for the first action of an episode).
+
+Shards are written atomically (temporary file + ``os.replace``), so a crash never leaves a
+truncated parquet file under its final name; the card lists every shard with its row count and
+sha256 so readers (and DVC) can verify them. Episodes may straddle shards; the reader
+regroups them by ``episode_id``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM, VOCAB_VERSION
+
+SCHEMA_VERSION = 1
+META_FILE = "_meta.json"
+
+SCHEMA = pa.schema([
+    ("episode_id", pa.string()),
+    ("env_id", pa.string()),
+    ("variant_hash", pa.string()),
+    ("env_version", pa.string()),
+    ("policy_hash", pa.string()),
+    ("seed", pa.int64()),
+    ("timestamp", pa.float64()),  # unix seconds
+    ("step_id", pa.int32()),
+    ("obs", pa.list_(pa.float32(), OBS_DIM)),
+    ("action_mask", pa.list_(pa.bool_(), N_ACTIONS)),
+    ("action", pa.int16()),
+    ("explored", pa.bool_()),  # True when the action was the ε-random one
+    ("tokens", pa.list_(pa.string())),
+    ("reward", pa.float32()),  # total training reward (base + shaping)
+    ("env_reward", pa.float32()),  # the env's business reward
+    ("base_reward", pa.float32()),
+    ("shaping_reward", pa.float32()),
+    ("terminated", pa.bool_()),
+    ("truncated", pa.bool_()),
+    ("failure_reason", pa.string()),
+    ("risk", pa.float32()),
+])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class TrajectoryWriter:
+    """Buffers rows and flushes a shard of ``shard_rows`` rows atomically; ``close`` writes the card."""
+
+    def __init__(self, out_dir: Path, shard_rows: int = 50_000, card: Mapping[str, Any] | None = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.shard_rows = shard_rows
+        self.extra_card = dict(card or {})
+        self._columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+        self.shards: list[dict[str, Any]] = []
+        self.rows = 0
+        self._episodes: set[str] = set()
+        self._goal_episodes: set[str] = set()
+        self._env_versions: dict[str, str] = {}
+        self._env_rows: Counter[str] = Counter()
+        self._policy_hashes: set[str] = set()
+        self._seeds: set[int] = set()
+        self._failures: Counter[str] = Counter()
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Add one step; every schema column must be present (``failure_reason`` may be None)."""
+        for name, column in self._columns.items():
+            column.append(row[name])
+        self.rows += 1
+        self._episodes.add(row["episode_id"])
+        if row["terminated"] and GOAL_TOKEN in row["tokens"]:
+            self._goal_episodes.add(row["episode_id"])
+        self._env_versions[row["env_id"]] = row["env_version"]
+        self._env_rows[row["env_id"]] += 1
+        self._policy_hashes.add(row["policy_hash"])
+        self._seeds.add(int(row["seed"]))
+        if row["failure_reason"]:
+            self._failures[row["failure_reason"]] += 1
+        if len(self._columns["episode_id"]) >= self.shard_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows as the next shard (no-op when empty)."""
+        n = len(self._columns["episode_id"])
+        if n == 0:
+            return
+        table = pa.table(self._columns, schema=SCHEMA)
+        name = f"part-{len(self.shards):05d}.parquet"
+        final = self.out_dir / name
+        tmp = self.out_dir / (name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+        self.shards.append({"file": name, "rows": n, "sha256": _sha256(final)})
+        self._columns = {name: [] for name in SCHEMA.names}
+
+    def close(self) -> dict[str, Any]:
+        """Flush the tail and write ``_meta.json``; returns the card."""
+        self.flush()
+        card = {
+            "schema_version": SCHEMA_VERSION,
+            "vocab_version": VOCAB_VERSION,
+            "schema": {field.name: str(field.type) for field in SCHEMA},
+            "rows": self.rows,
+            "episodes": len(self._episodes),
+            "goal_episodes": len(self._goal_episodes),
+            "env_versions": dict(sorted(self._env_versions.items())),
+            "rows_per_env": dict(sorted(self._env_rows.items())),
+            "policy_hashes": sorted(self._policy_hashes),
+            "seeds": sorted(self._seeds),
+            "failure_reasons": dict(sorted(self._failures.items())),
+            "shards": self.shards,
+            **self.extra_card,
+        }
+        _atomic_write_text(self.out_dir / META_FILE, json.dumps(card, indent=2, sort_keys=True))
+        return card
+
+
+def read_card(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / META_FILE).read_text())
+
+
+def read_steps(path: Path, verify: bool = True) -> pa.Table:
+    """All rows of a dataset directory, in shard order; checksums verified against the card."""
+    path = Path(path)
+    card = read_card(path)
+    tables = []
+    for shard in card["shards"]:
+        file = path / shard["file"]
+        if verify and _sha256(file) != shard["sha256"]:
+            raise ValueError(f"{file}: sha256 does not match {META_FILE}")
+        tables.append(pq.read_table(file, schema=SCHEMA))
+    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode's steps as arrays, ordered by ``step_id``."""
+
+    episode_id: str
+    env_id: str
+    variant_hash: str
+    obs: np.ndarray  # [T, OBS_DIM] float32
+    action_mask: np.ndarray  # [T, N_ACTIONS] bool
+    actions: np.ndarray  # [T] int64
+    rewards: np.ndarray  # [T] float32
+    env_rewards: np.ndarray  # [T] float32
+    tokens: list[list[str]]  # tokens after each step
+    terminated: bool
+    truncated: bool
+    failure_reason: str | None
+
+    @property
+    def complete(self) -> bool:
+        return self.terminated or self.truncated
+
+    @property
+    def success(self) -> bool:
+        """Reached the goal: terminated with the goal token in the final state."""
+        return self.terminated and GOAL_TOKEN in self.tokens[-1]
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+def iter_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
+    """Yield every episode (including ones cut off at the end of the run: ``complete`` is False)."""
+    table = read_steps(path, verify=verify)
+    if table.num_rows == 0:
+        return
+    ids = np.asarray(table.column("episode_id").to_pylist(), dtype=object)
+    step_ids = table.column("step_id").to_numpy()
+    order = np.lexsort((step_ids, ids))
+    ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)]
+    cols = {name: table.column(name).take(pa.array(order)) for name in table.column_names}
+    obs = np.asarray(cols["obs"].combine_chunks().flatten(), dtype=np.float32).reshape(-1, OBS_DIM)
+    masks = np.asarray(cols["action_mask"].combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool).reshape(-1, N_ACTIONS)
+    actions = cols["action"].to_numpy().astype(np.int64)
+    rewards = cols["reward"].to_numpy()
+    env_rewards = cols["env_reward"].to_numpy()
+    tokens = cols["tokens"].to_pylist()
+    env_ids, hashes = cols["env_id"].to_pylist(), cols["variant_hash"].to_pylist()
+    terminated, truncated = cols["terminated"].to_pylist(), cols["truncated"].to_pylist()
+    failures = cols["failure_reason"].to_pylist()
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield Episode(
+            episode_id=str(ids[s]), env_id=env_ids[s], variant_hash=hashes[s], obs=obs[s:e], action_mask=masks[s:e],
+            actions=actions[s:e], rewards=rewards[s:e], env_rewards=env_rewards[s:e], tokens=tokens[s:e],
+            terminated=bool(terminated[e - 1]), truncated=bool(truncated[e - 1]), failure_reason=failures[e - 1],
+        )
+
+
+def goal_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
+    """Episodes that reached the goal token -- the behaviour-cloning filter."""
+    return (ep for ep in iter_episodes(path, verify=verify) if ep.success)
+
+
+def behaviour_cloning_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(obs [M, OBS_DIM], actions [M], action_mask [M, N_ACTIONS])`` over all goal-reaching episodes."""
+    episodes = list(goal_episodes(path))
+    if not episodes:
+        return np.zeros((0, OBS_DIM), np.float32), np.zeros(0, np.int64), np.zeros((0, N_ACTIONS), bool)
+    return (np.concatenate([e.obs for e in episodes]), np.concatenate([e.actions for e in episodes]),
+            np.concatenate([e.action_mask for e in episodes]))

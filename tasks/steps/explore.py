@@ -1,0 +1,112 @@
+"""Phase 1 step: coverage-driven exploration of the variant catalogue into trajectory shards.
+
+Called by ``agentflow explore`` (and so by the DVC stage) and by the Prefect task. Outputs
+(atomically, as one directory ``out_dir``): ``part-*.parquet`` shards and their ``_meta.json``
+card (``agentflow_core.rl.trajectories``), ``coverage.json`` (the token-transition graph and the
+coverage numbers). The exit metric ``state_coverage_ratio`` also goes to ``metrics_path``.
+
+The behaviour policy is the scripted expert with coverage-driven ε-random legal actions, and the
+expert alone first runs ``explore.reference_pool_steps`` pool steps to fill the edge reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.rl.coverage import CoverageTracker
+from agentflow_core.rl.exploration import ExploreProgress, Pool, explore
+from agentflow_core.rl.reward import RewardFunction
+from agentflow_core.rl.reward_model import RewardModelClient
+from agentflow_core.rl.trajectories import TrajectoryWriter
+from agentflow_core.semantics import TOKENS, VOCAB_VERSION
+from agentflow_core.variants import VariantSpec, read_catalogue
+from tasks.io import atomic_dir, write_json
+from tasks.registry_io import load_registry
+
+PoolFactory = Callable[[Sequence[VariantSpec], AgentFlowConfig], Pool]
+
+
+def expert_policy_hash(expert: ScriptedExpert) -> str:
+    """A stable id of the scripted expert's rules (the policy that generated the rows)."""
+    text = repr([(token, int(action)) for token, action in expert.rules])
+    return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def reachable_tokens(class_paths: Collection[str]) -> list[str]:
+    """Union of the intended tokens in the env families' ``RAW_STATES`` (all tokens if none declare any)."""
+    found: set[str] = set()
+    for class_path in class_paths:
+        module = importlib.import_module(class_path.split(":")[0])
+        for _raw, token in getattr(module, "RAW_STATES", ()):
+            if token in TOKENS:
+                found.add(token)
+    return sorted(found) or list(TOKENS)
+
+
+def default_pool(variants: Sequence[VariantSpec], cfg: AgentFlowConfig) -> Pool:
+    """An in-process pool over the catalogue, envs built from the registry entries."""
+    from agentflow_core.pool.base import RegistryEnvFactory
+    from agentflow_core.pool.inprocess import InProcessPool
+
+    registry = load_registry(cfg)
+    entries = {base: registry.get(base) for base in sorted({v.base_env_id for v in variants})}
+    return InProcessPool(variants, RegistryEnvFactory(entries), cfg.explore.num_envs, cfg.pool, seed=cfg.base.seed)
+
+
+def run_explore(cfg: AgentFlowConfig, catalogue_path: Path, out_dir: Path, metrics_path: Path | None = None,
+                on_progress: Callable[[ExploreProgress], None] | None = None,
+                pool_factory: PoolFactory = default_pool,
+                class_paths: Collection[str] | None = None) -> dict[str, Any]:
+    """Explore the catalogue; write shards + card + coverage graph; return the summary."""
+    variants = read_catalogue(catalogue_path)
+    if class_paths is None:
+        registry = load_registry(cfg)
+        class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
+    tracker = CoverageTracker(reachable_tokens(class_paths))
+    expert = ScriptedExpert()
+    policy_hash = expert_policy_hash(expert)
+    reward_cfg = cfg.train.reward
+    client = RewardModelClient(reward_cfg.model_url, reward_cfg.model_timeout_s) if reward_cfg.mode == "model" and reward_cfg.model_url else None
+    pool = pool_factory(variants, cfg)
+    try:
+        reward_fn = RewardFunction(reward_cfg, pool.num_envs, client)
+        with atomic_dir(Path(out_dir)) as tmp:
+            writer = TrajectoryWriter(tmp, cfg.explore.shard_rows, card={
+                "phase": "explore", "catalogue": str(catalogue_path), "variants": len(variants),
+                "reward_mode": reward_cfg.mode, "vocab_version": VOCAB_VERSION,
+            })
+            result = explore(pool, expert.act_batch, cfg.explore, np.random.default_rng(cfg.base.seed), writer,
+                             seed=cfg.base.seed, tracker=tracker, reward_fn=reward_fn, policy_hash=policy_hash,
+                             reference_fn=expert.act_batch, reference_pool_steps=cfg.explore.reference_pool_steps,
+                             on_progress=on_progress)
+            card = writer.close()
+            write_json(tmp / "coverage.json", result.coverage_graph)
+    finally:
+        pool.close()
+        if client is not None:
+            client.close()
+    summary: dict[str, Any] = {
+        **result.metrics(),
+        "rows": card["rows"],
+        "shards": len(card["shards"]),
+        "failure_reasons": result.failure_reasons,
+        "reward_model_failures": client.failures if client is not None else 0,
+        "reachable_tokens": int(tracker.reachable.sum()),
+    }
+    if metrics_path is not None:
+        write_json(metrics_path, _metric_subset(summary))
+    return summary
+
+
+def _metric_subset(summary: Mapping[str, Any]) -> dict[str, float]:
+    keys = ("state_coverage_ratio", "token_coverage", "edge_coverage", "explore_steps", "explore_episodes",
+            "goal_episodes", "mean_epsilon", "final_epsilon")
+    return {k: float(summary[k]) for k in keys}
