@@ -15,6 +15,10 @@ from rich.tree import Tree
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError
+from tasks.cli_calibrate import calibrate_command
+from tasks.cli_envs import envs_app
+from tasks.cli_explore import explore_command
+from tasks.cli_variants import variants
 from tasks.config_io import load_config
 
 app = typer.Typer(help="AgentFlow: train one decision policy across web, SQL and HTTP channels.", no_args_is_help=True,
@@ -66,6 +70,12 @@ def validate(params: Path = PARAMS_OPTION) -> None:
     cfg = load_or_exit(params)
     console.print(plan_tree(cfg))
     console.print("[green]params.yaml is valid[/]")
+
+
+app.command("calibrate")(calibrate_command)
+app.command("variants")(variants)
+app.command("explore")(explore_command)
+app.add_typer(envs_app, name="envs")
 
 
 def main() -> None:

@@ -1,0 +1,359 @@
+"""OpenAPI 3 -> (env config, ``api`` mapping): a new HTTP channel from its spec, no code.
+
+The seed's "environment template library": given an API description, propose the semantic
+mapping that a person would otherwise write by hand, then let the mapping audit check it.
+
+* **Actions** -- each operation is matched to a semantic action by the words of its
+  ``operationId`` and path (``createSession`` / ``/session`` -> LOGIN, ``/payment/topup`` ->
+  TOP_UP_FUNDS, ...) and its method; the request body is the documented example (or the
+  required properties' examples/defaults). ``x-agentflow-action: <ACTION>`` on an operation
+  overrides the guess. RETRY is always the client's re-send.
+* **Tokens** -- documented response codes (401 -> LOGGED_OUT, 402 -> INSUFFICIENT_FUNDS, 404 ->
+  PAGE_NOT_FOUND, 5xx -> SERVER_ERROR) and the enum values of status-like properties, read in
+  the context of the object holding them (``order.status = expired`` -> ORDER_EXPIRED but
+  ``session.status = expired`` -> SESSION_EXPIRED). ``x-agentflow-tokens: {value: [TOKENS]}`` on
+  a property overrides the table. Transport outcomes (timeout, open breaker) are always mapped.
+* **Features** -- numeric/boolean properties by name (``logged_in``, ``items``, ``list_price``,
+  ...), scaled by ``1 / maximum`` where the spec documents a maximum;
+  ``x-agentflow-feature: <feature>`` overrides.
+
+The spec arrives as a dict: YAML parsing happens at the CLI edge.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from agentflow_core.adapters.base import validate_mapping
+from agentflow_core.envs.base import Scenario
+from agentflow_core.errors import MappingError
+from agentflow_core.semantics import ACTIONS, FEATURES
+
+DEFAULT_CLASS_PATH = "agentflow_core.envs.payment_api:PaymentAPIEnv"
+HTTP_METHODS = ("get", "post", "put", "patch", "delete")
+
+# (action, methods, keywords) in priority order: the more specific operations come first.
+ACTION_RULES: tuple[tuple[str, frozenset[str], frozenset[str]], ...] = (
+    ("TOP_UP_FUNDS", frozenset({"POST", "PUT"}), frozenset({"topup", "fund", "funds", "deposit", "wallet"})),
+    ("USE_BACKUP_CARD", frozenset({"POST", "PUT", "PATCH"}), frozenset({"card", "backup", "method"})),
+    ("CANCEL_ORDER", frozenset({"POST", "DELETE"}), frozenset({"cancel", "cancellation"})),
+    ("ESCALATE", frozenset({"POST"}), frozenset({"escalate", "escalation", "support", "ticket", "handoff"})),
+    ("LOGIN", frozenset({"POST"}), frozenset({"login", "session", "signin", "auth", "token"})),
+    ("CHECKOUT", frozenset({"POST"}), frozenset({"checkout"})),
+    ("SUBMIT_PAYMENT", frozenset({"POST"}), frozenset({"pay", "payment", "payments", "charge"})),
+    ("ENTER_PAYMENT", frozenset({"GET"}), frozenset({"pay", "payment", "payments"})),
+    ("ADD_TO_CART", frozenset({"POST", "PUT"}), frozenset({"cart", "basket"})),
+    ("REMOVE_FROM_CART", frozenset({"DELETE"}), frozenset({"cart", "basket"})),
+    ("VIEW_PRODUCT", frozenset({"GET"}), frozenset({"product", "products", "item", "sku", "catalog"})),
+)
+
+# The object a status-like property belongs to, recognised by the words of its path.
+CONTEXTS: dict[str, frozenset[str]] = {
+    "session": frozenset({"session", "auth", "login", "user"}),
+    "cart": frozenset({"cart", "basket"}),
+    "order": frozenset({"order", "orders"}),
+    "payment": frozenset({"payment", "charge", "transaction"}),
+    "product": frozenset({"product", "item", "sku"}),
+    "escalation": frozenset({"escalation", "ticket", "support"}),
+}
+
+# (context, enum value) -> tokens. Values are compared lower-cased.
+ENUM_TOKENS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("session", "none"): ("LOGGED_OUT",),
+    ("session", "anonymous"): ("LOGGED_OUT",),
+    ("session", "logged_out"): ("LOGGED_OUT",),
+    ("session", "active"): ("LOGGED_IN",),
+    ("session", "logged_in"): ("LOGGED_IN",),
+    ("session", "expired"): ("SESSION_EXPIRED", "LOGGED_OUT"),
+    ("session", "blocked"): ("USER_BLOCKED",),
+    ("session", "suspended"): ("USER_BLOCKED",),
+    ("cart", "empty"): ("CART_EMPTY",),
+    ("cart", "filled"): ("CART_FILLED",),
+    ("cart", "non_empty"): ("CART_FILLED",),
+    ("order", "pending"): ("CHECKOUT_STARTED", "ORDER_PENDING"),
+    ("order", "paid"): ("PAYMENT_SUCCESS",),
+    ("order", "cancelled"): ("ORDER_CANCELLED",),
+    ("order", "canceled"): ("ORDER_CANCELLED",),
+    ("order", "expired"): ("ORDER_EXPIRED",),
+    ("payment", "form_loaded"): ("PAYMENT_PAGE",),
+    ("payment", "requires_payment_method"): ("PAYMENT_PAGE",),
+    ("payment", "captured"): ("PAYMENT_SUCCESS",),
+    ("payment", "succeeded"): ("PAYMENT_SUCCESS",),
+    ("payment", "declined"): ("INVALID_CARD",),
+    ("payment", "failed"): ("PAYMENT_FAILED",),
+    ("payment", "insufficient_funds"): ("INSUFFICIENT_FUNDS",),
+    ("payment", "topped_up"): ("FUNDS_TOPPED_UP",),
+    ("product", "in_stock"): ("PRODUCT_VIEWED",),
+    ("product", "out_of_stock"): ("PRODUCT_VIEWED", "OUT_OF_STOCK"),
+    ("escalation", "open"): ("ESCALATED",),
+    ("escalation", "escalated"): ("ESCALATED",),
+}
+STATUS_PROPERTIES = frozenset({"status", "state"})
+TIER_PROPERTIES = frozenset({"tier", "level", "segment"})
+
+STATUS_TOKENS: dict[int, tuple[str, ...]] = {
+    401: ("LOGGED_OUT",),
+    402: ("INSUFFICIENT_FUNDS",),
+    404: ("PAGE_NOT_FOUND",),
+}
+
+# feature -> property names that carry it
+FEATURE_NAMES: dict[str, frozenset[str]] = {
+    "user_logged_in": frozenset({"logged_in", "authenticated"}),
+    "cart_items": frozenset({"items", "item_count", "quantity"}),
+    "payment_page_loaded": frozenset({"form_loaded", "payment_page_loaded"}),
+    "is_vip": frozenset({"is_vip", "vip"}),
+    "price_factor": frozenset({"list_price", "price_factor"}),
+    "balance_ratio": frozenset({"balance_ratio"}),
+}
+TRANSPORT_RULES: tuple[dict[str, Any], ...] = (
+    {
+        "id": "transport_timeout",
+        "when": {"json_path": "@.client.outcome", "equals": "timeout"},
+        "emit": ["NETWORK_TIMEOUT"],
+        "note": "no answer within the client timeout",
+    },
+    {
+        "id": "transport_circuit_open",
+        "when": {"json_path": "@.client.outcome", "equals": "circuit_open"},
+        "emit": ["SERVER_ERROR"],
+        "note": "the client's circuit breaker refuses to send",
+    },
+)
+
+
+def _words(text: str) -> set[str]:
+    """``createSession`` / ``/payment/top_up`` / ``{order_id}`` -> lower-case words (joined forms too)."""
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text)
+    parts = [p for p in re.split(r"[^A-Za-z0-9]+", text.lower()) if p]
+    return set(parts) | {"".join(parts[i : i + 2]) for i in range(len(parts) - 1)}
+
+
+def _resolve(
+    spec: Mapping[str, Any], schema: Any, seen: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], frozenset[str]]:
+    """Follow local ``$ref``s (``#/components/...``); cycles stop at the first repeat."""
+    while isinstance(schema, Mapping) and "$ref" in schema:
+        ref = str(schema["$ref"])
+        if ref in seen or not ref.startswith("#/"):
+            return {}, seen
+        seen = seen | {ref}
+        node: Any = spec
+        for part in ref[2:].split("/"):
+            node = node.get(part, {}) if isinstance(node, Mapping) else {}
+        schema = node
+    return (dict(schema) if isinstance(schema, Mapping) else {}), seen
+
+
+def _properties(
+    spec: Mapping[str, Any], schema: Any, path: tuple[str, ...] = (), seen: frozenset[str] = frozenset()
+) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Every (property path from the body root, property schema), through refs and combinators."""
+    schema, seen = _resolve(spec, schema, seen)
+    for combinator in ("allOf", "oneOf", "anyOf"):
+        for sub in schema.get(combinator, ()):
+            yield from _properties(spec, sub, path, seen)
+    for name, sub in (schema.get("properties") or {}).items():
+        resolved, sub_seen = _resolve(spec, sub, seen)
+        yield (*path, name), resolved
+        yield from _properties(spec, resolved, (*path, name), sub_seen)
+
+
+def _context(path: tuple[str, ...]) -> str | None:
+    for part in reversed(path[:-1]):
+        words = _words(part)
+        for context, keywords in CONTEXTS.items():
+            if words & keywords:
+                return context
+    return None
+
+
+def _rule_id(*parts: str) -> str:
+    return re.sub(r"[^a-z0-9_]+", "_", "_".join(parts).lower()).strip("_")
+
+
+def _operations(spec: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in (spec.get("paths") or {}).items():
+        for method in HTTP_METHODS:
+            if isinstance(item, Mapping) and isinstance(item.get(method), Mapping):
+                yield str(path), method.upper(), dict(item[method])
+
+
+def _example_body(spec: Mapping[str, Any], operation: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The documented request example, else required properties from their example/default/enum."""
+    request, _ = _resolve(spec, operation.get("requestBody"))
+    media = (request.get("content") or {}).get("application/json")
+    if not isinstance(media, Mapping):
+        return None
+    if isinstance(media.get("example"), Mapping):
+        return dict(media["example"])
+    schema, _ = _resolve(spec, media.get("schema"))
+    if isinstance(schema.get("example"), Mapping):
+        return dict(schema["example"])
+    body: dict[str, Any] = {}
+    for name in schema.get("required", ()):
+        prop, _ = _resolve(spec, (schema.get("properties") or {}).get(name, {}))
+        for key in ("example", "default"):
+            if key in prop:
+                body[name] = prop[key]
+                break
+        else:
+            if prop.get("enum"):
+                body[name] = prop["enum"][0]
+    return body
+
+
+def _action_of(path: str, method: str, operation: Mapping[str, Any]) -> str | None:
+    explicit = operation.get("x-agentflow-action")
+    if explicit:
+        return str(explicit) if explicit in ACTIONS else None
+    if "{" in path:  # parameterised reads (order by id) are not a semantic action
+        return None
+    words = _words(str(operation.get("operationId", ""))) | _words(path)
+    for action, methods, keywords in ACTION_RULES:
+        if method in methods and words & keywords:
+            return action
+    return None
+
+
+def _actions(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    actions: dict[str, dict[str, Any]] = {}
+    for path, method, operation in _operations(spec):
+        action = _action_of(path, method, operation)
+        if action is None or action in actions:
+            continue
+        native: dict[str, Any] = {"type": "http", "method": method, "path": path}
+        body = _example_body(spec, operation)
+        if body is not None:
+            native["body"] = body
+        elif method in ("POST", "PUT", "PATCH"):
+            native["body"] = {}
+        actions[action] = native
+    actions["RETRY"] = {"type": "retry"}
+    return {name: actions[name] for name in ACTIONS if name in actions}
+
+
+def _status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    codes: dict[str, str] = {}
+    for _, _, operation in _operations(spec):
+        for code, response in (operation.get("responses") or {}).items():
+            resolved, _ = _resolve(spec, response)
+            codes.setdefault(str(code).upper(), str(resolved.get("description", "")))
+    rules: list[dict[str, Any]] = []
+    for code in sorted(codes):
+        if code.isdigit() and int(code) in STATUS_TOKENS:
+            rules.append(
+                {"id": f"status_{code}", "when": {"status": int(code)}, "emit": list(STATUS_TOKENS[int(code)])}
+            )
+        elif code == "403" and "block" in codes[code].lower():
+            rules.append({"id": "status_403", "when": {"status": 403}, "emit": ["USER_BLOCKED"]})
+    if any(c == "5XX" or (c.isdigit() and 500 <= int(c) <= 599) for c in codes):
+        rules.append({"id": "status_5xx", "when": {"status_range": [500, 599]}, "emit": ["SERVER_ERROR"]})
+    return rules
+
+
+def _response_schemas(spec: Mapping[str, Any]) -> Iterator[Any]:
+    for _, _, operation in _operations(spec):
+        for response in (operation.get("responses") or {}).values():
+            resolved, _ = _resolve(spec, response)
+            media = (resolved.get("content") or {}).get("application/json")
+            if isinstance(media, Mapping) and "schema" in media:
+                yield media["schema"]
+
+
+def _body_properties(spec: Mapping[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Every property any JSON response documents, first description wins, in spec order."""
+    found: dict[tuple[str, ...], dict[str, Any]] = {}
+    for schema in _response_schemas(spec):
+        for path, prop in _properties(spec, schema):
+            found.setdefault(path, prop)
+    return found
+
+
+def _enum_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    for path, prop in properties.items():
+        json_path = "$." + ".".join(path)
+        overrides = prop.get("x-agentflow-tokens") or {}
+        context = _context(path)
+        for value in prop.get("enum") or ():
+            if not isinstance(value, str):
+                continue
+            tokens = overrides.get(value)
+            if tokens is None and path[-1] in STATUS_PROPERTIES and context is not None:
+                tokens = ENUM_TOKENS.get((context, value.lower()))
+            if tokens is None and path[-1] in TIER_PROPERTIES and value.lower() == "vip":
+                tokens = ("VIP_USER",)
+            if tokens:
+                rules.append(
+                    {
+                        "id": _rule_id("enum", *path, value),
+                        "when": {"json_path": json_path, "equals": value},
+                        "emit": list(tokens),
+                    }
+                )
+    return rules
+
+
+def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list[dict[str, Any]]:
+    rules: dict[str, dict[str, Any]] = {}
+    for path, prop in properties.items():
+        if prop.get("type") not in ("number", "integer", "boolean"):
+            continue
+        feature = prop.get("x-agentflow-feature") or next(
+            (f for f, names in FEATURE_NAMES.items() if path[-1] in names), None
+        )
+        if feature not in FEATURES or feature in rules:
+            continue
+        rule: dict[str, Any] = {"id": _rule_id("f", feature), "feature": feature, "source": "$." + ".".join(path)}
+        maximum = prop.get("maximum")
+        if prop.get("type") != "boolean" and isinstance(maximum, (int, float)) and maximum > 0 and maximum != 1:
+            rule["scale"] = 1.0 / float(maximum)
+        rules[feature] = rule
+    rules["retries_used"] = {
+        "id": "f_retries_used",
+        "feature": "retries_used",
+        "source": "@.client.retries",
+        "scale": 0.5,
+    }
+    return [rules[f] for f in FEATURES if f in rules]
+
+
+def generate_mapping(spec: Mapping[str, Any], family: str, version: int = 1) -> dict[str, Any]:
+    """The ``api`` mapping document proposed for a spec (validated before it is returned)."""
+    properties = _body_properties(spec)
+    token_rules = [*_status_rules(spec), *_enum_rules(properties), *(dict(r) for r in TRANSPORT_RULES)]
+    title = str((spec.get("info") or {}).get("title", family))
+    mapping = {
+        "family": family,
+        "template": "api",
+        "version": version,
+        "description": f"generated from the OpenAPI spec {title!r} by agentflow_core.adapters.openapi",
+        "token_rules": token_rules,
+        "feature_rules": _feature_rules(properties),
+        "actions": _actions(spec),
+    }
+    return validate_mapping(mapping, f"<openapi:{title}>", expected_template="api")
+
+
+def generate_from_openapi(
+    spec: Mapping[str, Any], family: str, version: int = 1
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(env config in the ``configs/envs/*.yaml`` shape, ``api`` mapping) for an OpenAPI 3 spec."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", family):
+        raise MappingError("<openapi>", "$", f"family: got {family!r}, expected ^[a-z][a-z0-9_]*$")
+    if not str(spec.get("openapi", "")).startswith("3"):
+        raise MappingError("<openapi>", "$.openapi", f"got {spec.get('openapi')!r}, expected an OpenAPI 3.x document")
+    mapping = generate_mapping(spec, family, version)
+    info = spec.get("info") or {}
+    config = {
+        "env_id": f"{family}_v{version}",
+        "description": str(info.get("description") or info.get("title") or family).strip().splitlines()[0],
+        "class_path": str(spec.get("x-agentflow-class-path", DEFAULT_CLASS_PATH)),
+        "adapter": "api",
+        "mapping": f"{family}_v{version}.json",
+        "params": Scenario().to_dict(),
+    }
+    return config, mapping

@@ -1,0 +1,506 @@
+"""The payment HTTP JSON API that :class:`~agentflow_core.envs.payment_api.PaymentAPIEnv` talks to.
+
+A real server on ``127.0.0.1`` (port 0 = a free port): ``http.server.ThreadingHTTPServer`` in a
+daemon thread. One server per process is shared by every env (:func:`acquire_shared_server` /
+:func:`release_shared_server`, refcounted), each env holding one *episode* on it, addressed by the
+``X-Episode-Id`` header. The business process is the table of ``docs/ARCHITECTURE.md``.
+
+Network faults are carried in the request, drawn by the client from its seeded generator, so a
+seed fixes them: ``X-Fault: drop | status=<5xx> | none`` and ``X-Fault-Latency: <seconds>``. The
+server never sleeps: it echoes the simulated latency in ``X-Sim-Latency``; a dropped request, or
+one whose latency exceeds the client's ``X-Request-Timeout`` (deadline propagation), is *not
+applied* and is answered with ``X-Sim-Outcome: dropped`` / ``deadline_exceeded`` and no body --
+the client reads that as "no response" (a timeout). Business randomness (card declines) comes
+from a per-episode generator seeded by the client at episode creation. ``X-Step`` is the agent's
+logical clock: session and pending-order ages are counted in steps, as in the other channels.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.envs.base import Scenario
+
+logger = logging.getLogger("agentflow.payment_api")
+
+ORDER_EXPIRY_STEPS = 15
+CART_LIMIT = 10
+NEXT_PRODUCT_STOCK = 20
+IDEMPOTENCY_CACHE = 8
+
+Response = tuple[int, dict[str, Any] | None, dict[str, str]]
+
+
+@dataclass
+class _Episode:
+    """Server-side business state of one env's episode."""
+
+    scenario: Scenario
+    rng: np.random.Generator
+    session: str = "none"  # none | active | expired | blocked
+    login_step: int = 0
+    product_index: int | None = None
+    stock: list[int] = field(default_factory=list)
+    cart_items: int = 0
+    order: dict[str, Any] | None = None
+    order_seq: int = 0
+    payment: str = "none"  # none | form_loaded | declined | failed | insufficient_funds | topped_up | captured
+    card: str = "primary"
+    balance: float = 0.0
+    escalation: dict[str, str] | None = None
+    closed: bool = False
+    replies: OrderedDict[str, Response] = field(default_factory=OrderedDict)
+
+    @property
+    def due(self) -> float:
+        if self.order is not None:
+            return float(self.order["total"])
+        return self.cart_items * self.scenario.unit_price or self.scenario.unit_price
+
+
+def _new_episode(scenario: Scenario, seed: int) -> _Episode:
+    ep = _Episode(
+        scenario=scenario,
+        rng=np.random.default_rng(seed),
+        balance=scenario.balance,
+        stock=[scenario.inventory, max(scenario.inventory, NEXT_PRODUCT_STOCK)],
+    )
+    stage = scenario.start_stage
+    if stage == "login":
+        return ep
+    if scenario.user_tier == "blocked":
+        ep.session = "blocked"  # a blocked account never holds a live session
+        return ep
+    ep.session, ep.product_index = "active", 1
+    if stage in ("checkout", "payment"):
+        ep.cart_items, ep.stock[1] = 1, ep.stock[1] - 1
+    if stage == "payment":
+        _create_order(ep, step=0)
+        ep.payment = "form_loaded"
+    return ep
+
+
+def _create_order(ep: _Episode, step: int) -> None:
+    ep.order_seq += 1
+    total = round(ep.cart_items * ep.scenario.unit_price, 2)
+    ep.order = {"id": f"ord-{ep.order_seq}", "status": "pending", "total": total, "created_step": step}
+    ep.payment = "none"
+
+
+def _age(ep: _Episode, step: int) -> None:
+    """Lazy expiry on the agent's logical clock: sessions and pending orders time out."""
+    if ep.session == "active" and step - ep.login_step > ep.scenario.session_timeout_steps:
+        ep.session = "expired"
+    if (
+        ep.order is not None
+        and ep.order["status"] == "pending"
+        and step - ep.order["created_step"] > ORDER_EXPIRY_STEPS
+    ):
+        ep.order["status"] = "expired"
+        ep.payment = "none"
+
+
+def _view(ep: _Episode, **extra: Any) -> dict[str, Any]:
+    """The resource state every business response carries (the client's view of its account)."""
+    session: dict[str, Any] = {"status": ep.session, "logged_in": ep.session == "active"}
+    body: dict[str, Any] = {"session": session}
+    if ep.session != "active":
+        body.update(extra)
+        return body
+    tier = ep.scenario.user_tier
+    session.update(tier=tier, is_vip=tier == "vip")
+    order = None if ep.order is None else {k: ep.order[k] for k in ("id", "status", "total")}
+    body.update(
+        cart={
+            "status": "filled" if ep.cart_items else "empty",
+            "items": ep.cart_items,
+            "total": round(ep.cart_items * ep.scenario.unit_price, 2),
+        },
+        order=order,
+        payment={"status": ep.payment, "form_loaded": ep.payment not in ("none", "captured"), "card": ep.card},
+        account={"balance": round(ep.balance, 2), "balance_ratio": round(min(ep.balance / ep.due, 1.0), 4)},
+        pricing={"list_price": round(100.0 * ep.scenario.price_factor, 2), "unit_price": ep.scenario.unit_price},
+    )
+    body.update(extra)
+    return body
+
+
+def _error(ep: _Episode, status: int, code: str, **extra: Any) -> Response:
+    return status, _view(ep, error={"code": code}, **extra), {}
+
+
+def _product(ep: _Episode) -> dict[str, Any]:
+    index = ep.product_index or 0
+    stock = ep.stock[index]
+    return {
+        "id": f"sku-{index + 1}",
+        "status": "in_stock" if stock > 0 else "out_of_stock",
+        "stock": stock,
+        "price": ep.scenario.unit_price,
+    }
+
+
+def _authorised(ep: _Episode) -> Response | None:
+    if ep.session == "blocked":
+        return _error(ep, 403, "account_blocked")
+    if ep.session == "expired":
+        return _error(ep, 401, "session_expired")
+    if ep.session != "active":
+        return _error(ep, 401, "unauthenticated")
+    return None
+
+
+def _pending_order(ep: _Episode) -> Response | None:
+    if ep.order is None or ep.order["status"] in ("paid", "cancelled"):
+        return _error(ep, 409, "no_pending_order")
+    if ep.order["status"] == "expired":
+        return _error(ep, 409, "order_expired")
+    return None
+
+
+# ---------------------------------------------------------------------- business endpoints
+def _login(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    if ep.scenario.user_tier == "blocked":
+        ep.session = "blocked"
+        return _error(ep, 403, "account_blocked")
+    if ep.session == "active":
+        return _error(ep, 409, "already_authenticated")
+    ep.session, ep.login_step = "active", step
+    return 200, _view(ep), {}
+
+
+def _get_product(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    ep.product_index = 0 if ep.product_index is None else (ep.product_index + 1) % len(ep.stock)
+    return 200, _view(ep, product=_product(ep)), {}
+
+
+def _add_to_cart(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    if ep.product_index is None:
+        return _error(ep, 409, "no_product_selected")
+    if ep.stock[ep.product_index] <= 0:
+        return _error(ep, 409, "out_of_stock", product=_product(ep))
+    if ep.cart_items >= CART_LIMIT:
+        return _error(ep, 409, "cart_full")
+    ep.cart_items += 1
+    ep.stock[ep.product_index] -= 1
+    return 200, _view(ep), {}
+
+
+def _empty_cart(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    if ep.cart_items == 0:
+        return _error(ep, 409, "cart_empty")
+    ep.stock[ep.product_index or 0] += ep.cart_items
+    ep.cart_items = 0
+    return 200, _view(ep), {}
+
+
+def _get_cart(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    return 200, _view(ep), {}
+
+
+def _checkout(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    if ep.cart_items == 0:
+        return _error(ep, 409, "cart_empty")
+    if ep.order is not None and ep.order["status"] == "pending":
+        return _error(ep, 409, "order_exists")
+    _create_order(ep, step)
+    return 201, _view(ep), {}
+
+
+def _payment_form(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    refused = _pending_order(ep)
+    if refused:
+        return refused
+    ep.payment = "form_loaded"
+    return 200, _view(ep), {}
+
+
+def _submit_payment(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    refused = _pending_order(ep)
+    if refused:
+        return refused
+    assert ep.order is not None
+    if ep.payment == "none":
+        return _error(ep, 409, "payment_form_not_loaded")
+    if ep.payment in ("declined", "failed"):
+        ep.payment = "failed"  # the same declined card, submitted again
+        return _error(ep, 422, "payment_failed")
+    total = float(ep.order["total"])
+    if ep.balance < total:
+        ep.payment = "insufficient_funds"
+        return _error(ep, 402, "insufficient_funds")
+    if ep.card == "primary" and ep.rng.random() < ep.scenario.card_decline_rate:
+        ep.payment = "declined"
+        return _error(ep, 422, "card_declined")
+    ep.balance -= total
+    ep.order["status"], ep.payment, ep.cart_items, ep.closed = "paid", "captured", 0, True
+    return 200, _view(ep), {}
+
+
+def _top_up(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    refused = _pending_order(ep)
+    if refused:
+        return refused
+    shortfall = ep.due - ep.balance
+    if shortfall <= 0:
+        return _error(ep, 409, "no_shortfall")
+    ep.balance += shortfall
+    ep.payment = "topped_up"
+    return 200, _view(ep), {}
+
+
+def _switch_card(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    refused = _pending_order(ep)
+    if refused:
+        return refused
+    if ep.payment == "none":
+        return _error(ep, 409, "payment_form_not_loaded")
+    ep.card, ep.payment = str(body.get("card", "backup")), "form_loaded"
+    return 200, _view(ep), {}
+
+
+def _cancel(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    if ep.order is None or ep.order["status"] not in ("pending", "expired"):
+        return _error(ep, 409, "no_cancellable_order")
+    ep.order["status"], ep.payment, ep.closed = "cancelled", "none", True
+    return 200, _view(ep), {}
+
+
+def _escalate(ep: _Episode, step: int, body: dict[str, Any]) -> Response:
+    reason = "user_blocked" if ep.session == "blocked" else "customer_request"
+    ep.escalation, ep.closed = {"status": "open", "reason": reason}, True
+    return 200, _view(ep, escalation=ep.escalation), {}
+
+
+def _order_status(ep: _Episode, order_id: str) -> Response:
+    if ep.order is None or ep.order["id"] != order_id:
+        return _error(ep, 404, "order_not_found")
+    return 200, _view(ep), {}
+
+
+# (method, path) -> (handler, needs an authorised session)
+ROUTES: dict[tuple[str, str], tuple[Any, bool]] = {
+    ("POST", "/session"): (_login, False),
+    ("GET", "/product"): (_get_product, True),
+    ("GET", "/cart"): (_get_cart, True),
+    ("POST", "/cart"): (_add_to_cart, True),
+    ("DELETE", "/cart"): (_empty_cart, True),
+    ("POST", "/checkout"): (_checkout, True),
+    ("GET", "/payment"): (_payment_form, True),
+    ("POST", "/payment"): (_submit_payment, True),
+    ("POST", "/payment/topup"): (_top_up, True),
+    ("POST", "/payment/card"): (_switch_card, True),
+    ("POST", "/order/cancel"): (_cancel, True),
+    ("POST", "/escalate"): (_escalate, False),
+}
+ORDER_PREFIX = "/order/"
+
+
+class PaymentAPIState:
+    """All episodes of one server, behind one lock (the handlers are short and CPU-bound)."""
+
+    def __init__(self) -> None:
+        self.episodes: dict[str, _Episode] = {}
+        self.lock = threading.Lock()
+        self._next_id = 0
+
+    def create(self, scenario: Scenario, seed: int, replace: str | None = None) -> str:
+        with self.lock:
+            if replace:
+                self.episodes.pop(replace, None)
+            self._next_id += 1
+            episode_id = f"ep-{self._next_id}"
+            self.episodes[episode_id] = _new_episode(scenario, seed)
+            return episode_id
+
+    def delete(self, episode_id: str) -> bool:
+        with self.lock:
+            return self.episodes.pop(episode_id, None) is not None
+
+    def handle(self, method: str, path: str, headers: Any, body: dict[str, Any]) -> Response:
+        """Apply faults, then idempotency replay, then the business endpoint."""
+        fault = headers.get("X-Fault", "none")
+        latency = float(headers.get("X-Fault-Latency", 0.0))
+        deadline = float(headers.get("X-Request-Timeout", "inf"))
+        sim = {"X-Sim-Latency": f"{latency:.6f}"}
+        if fault == "drop":
+            return 200, None, {**sim, "X-Sim-Outcome": "dropped"}
+        if latency > deadline:
+            return 200, None, {**sim, "X-Sim-Outcome": "deadline_exceeded"}
+        if fault.startswith("status="):
+            return int(fault.partition("=")[2]), {"error": {"code": "service_unavailable"}}, sim
+        with self.lock:
+            ep = self.episodes.get(headers.get("X-Episode-Id", ""))
+            if ep is None:
+                return 404, {"error": {"code": "unknown_episode"}}, sim
+            key = headers.get("Idempotency-Key")
+            if key and key in ep.replies:
+                status, reply, extra = ep.replies[key]
+                return status, reply, {**extra, **sim, "Idempotent-Replayed": "true"}
+            status, reply, extra = self._route(ep, method, path, int(headers.get("X-Step", 0)), body)
+            if key:
+                ep.replies[key] = (status, reply, extra)
+                while len(ep.replies) > IDEMPOTENCY_CACHE:
+                    ep.replies.popitem(last=False)
+            return status, reply, {**extra, **sim}
+
+    @staticmethod
+    def _route(ep: _Episode, method: str, path: str, step: int, body: dict[str, Any]) -> Response:
+        _age(ep, step)
+        if method == "GET" and path.startswith(ORDER_PREFIX) and path != ORDER_PREFIX + "cancel":
+            return _authorised(ep) or _order_status(ep, path[len(ORDER_PREFIX) :])
+        route = ROUTES.get((method, path))
+        if route is None:
+            return _error(ep, 404, "not_found")
+        handler, needs_session = route
+        if ep.closed:
+            return _error(ep, 409, "episode_closed")
+        refused = _authorised(ep) if needs_session else None
+        return refused or handler(ep, step, body)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: one TCP connection serves many requests
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        """The core prints nothing; access logs are off."""
+
+    def _read_json(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return {}
+        data = json.loads(self.rfile.read(length))
+        return data if isinstance(data, dict) else {}
+
+    def _reply(self, status: int, body: dict[str, Any] | None, headers: dict[str, str]) -> None:
+        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if payload:
+            self.wfile.write(payload)
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            body = self._read_json()
+        except ValueError:
+            self._reply(400, {"error": {"code": "invalid_json"}}, {})
+            return
+        state = self.server.state
+        path = self.path.split("?", 1)[0]
+        if path == "/episodes" and method == "POST":
+            scenario = Scenario.from_dict(body.get("scenario", {}))
+            episode_id = state.create(scenario, int(body.get("seed", 0)), body.get("replace"))
+            self._reply(201, {"episode_id": episode_id}, {})
+        elif path.startswith("/episodes/") and method == "DELETE":
+            found = state.delete(path[len("/episodes/") :])
+            self._reply(200 if found else 404, {"deleted": found}, {})
+        else:
+            self._reply(*state.handle(method, path, self.headers, body))
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    state: PaymentAPIState
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-reply is routine here; log it instead of printing a traceback."""
+        logger.debug("payment API: error serving %s", client_address, exc_info=True)
+
+
+class PaymentAPIServer:
+    """One threaded HTTP server on 127.0.0.1 serving every episode of this process."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._httpd = _Server((host, port), _Handler)
+        self._httpd.state = PaymentAPIState()
+        self._thread: threading.Thread | None = None
+        self.pid = os.getpid()
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
+
+    @property
+    def state(self) -> PaymentAPIState:
+        return self._httpd.state
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> PaymentAPIServer:
+        """Serve in a daemon thread (idempotent)."""
+        if not self.running:
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="payment-api-server", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close the listening socket and join the serving thread."""
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+
+_shared_lock = threading.Lock()
+_shared: PaymentAPIServer | None = None
+_shared_refs = 0
+
+
+def acquire_shared_server() -> PaymentAPIServer:
+    """The process-wide server, started on first use; every acquire needs one release."""
+    global _shared, _shared_refs
+    with _shared_lock:
+        if _shared is None or _shared.pid != os.getpid():  # a forked child starts its own
+            _shared, _shared_refs = PaymentAPIServer().start(), 0
+        _shared_refs += 1
+        return _shared
+
+
+def release_shared_server(server: PaymentAPIServer) -> bool:
+    """Drop one reference; the last one stops the server. Returns whether it stopped."""
+    global _shared, _shared_refs
+    with _shared_lock:
+        if server is not _shared:
+            return False
+        _shared_refs -= 1
+        if _shared_refs > 0:
+            return False
+        _shared, _shared_refs = None, 0
+    server.stop()
+    return True
+
+
+def shared_server_refs() -> int:
+    """How many holders the process-wide server has (0 when none runs)."""
+    with _shared_lock:
+        return _shared_refs if _shared is not None else 0

@@ -1,0 +1,50 @@
+"""``agentflow calibrate``: Phase 0, the sandbox calibration gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentflow_core.errors import ConfigError
+from tasks.config_io import load_config
+from tasks.paths import DataPaths
+from tasks.registry_io import configure_adapter_debug
+from tasks.steps.calibrate import run_calibrate
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def calibrate_command(
+    params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml)."),
+) -> None:
+    """Run the calibration gate: expert stability per sampled variant, mapping audit, reward statistics.
+
+    Exits 1 when the gate fails (too many unstable variants or mapping-audit errors).
+    """
+    try:
+        cfg = load_config(params)
+    except ConfigError as exc:
+        err_console.print(f"[bold red]configuration error[/]: {exc}")
+        raise typer.Exit(code=2) from None
+    configure_adapter_debug()
+    paths = DataPaths.of(cfg)
+    with Progress(TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("calibrate", total=None)
+        summary = run_calibrate(cfg, paths.calibration, paths.metrics_file("calibrate"),
+                                progress=lambda done, total: progress.update(task, completed=done, total=total))
+    table = Table("metric", "value", title="Phase 0: calibration")
+    for key in ("env_stability_score", "variants", "failed", "audit_errors"):
+        table.add_row(key, f"{summary[key]:.3f}" if isinstance(summary[key], float) else str(summary[key]))
+    console.print(table)
+    for env_id, reason in summary["quarantine"].items():
+        console.print(f"[yellow]quarantined[/] {env_id}: {reason}")
+    if not summary["passed"]:
+        err_console.print(f"[bold red]calibration gate failed[/]: {summary['message']}")
+        raise typer.Exit(code=1)
+    console.print(f"[green]calibration gate passed[/] -> {paths.calibration}")
