@@ -144,7 +144,7 @@ def test_vip_user_gets_the_discount(drive: Any) -> None:
     d.act(A.CHECKOUT)
     assert d.raw["json"]["order"]["total"] == 90.0
     features = ADAPTER.adapt_observation(d.raw).features
-    assert features["is_vip"] == 1.0 and features["cart_items"] == pytest.approx(0.1)
+    assert features["is_vip"] == 1.0 and features["cart_items"] == pytest.approx(0.2)
     assert features["price_factor"] == pytest.approx(0.5) and features["user_logged_in"] == 1.0
 
 
@@ -192,7 +192,7 @@ def test_card_decline_then_backup_card(drive: Any) -> None:
 def test_insufficient_funds_then_top_up(drive: Any) -> None:
     d = drive(start_stage="payment", balance=50.0, card_decline_rate=0.0)
     d.reset()
-    assert ADAPTER.adapt_observation(d.env.reset(seed=0)[0]).features["balance_ratio"] == pytest.approx(0.5)
+    assert ADAPTER.adapt_observation(d.env.reset(seed=0)[0]).features["balance_ratio"] == pytest.approx(0.25)
     tokens, reward, terminated, *_ = d.act(A.SUBMIT_PAYMENT)
     assert "INSUFFICIENT_FUNDS" in tokens and d.raw["status_code"] == 402 and not terminated
     assert "FUNDS_TOPPED_UP" in d.act(A.TOP_UP_FUNDS)[0]

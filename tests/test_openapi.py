@@ -82,7 +82,7 @@ def test_status_codes_and_enums_become_tokens(generated: tuple[dict[str, Any], d
     assert by_when['{"equals": "cancelled", "json_path": "$.order.status"}'] == ["ORDER_CANCELLED"]
     assert "SESSION_EXPIRED" in by_when['{"equals": "expired", "json_path": "$.session.status"}']
     features = {r["feature"]: r for r in mapping["feature_rules"]}
-    assert features["cart_items"]["scale"] == pytest.approx(0.1) and features["price_factor"]["scale"] == pytest.approx(
+    assert features["cart_items"]["scale"] == pytest.approx(0.2) and features["price_factor"]["scale"] == pytest.approx(
         0.005
     )
     assert "scale" not in features["balance_ratio"] and features["retries_used"]["source"] == "@.client.retries"

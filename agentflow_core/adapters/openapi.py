@@ -316,7 +316,7 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
         "id": "f_retries_used",
         "feature": "retries_used",
         "source": "@.client.retries",
-        "scale": 0.5,
+        "scale": 0.2,
     }
     return [rules[f] for f in FEATURES if f in rules]
 

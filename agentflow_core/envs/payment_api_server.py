@@ -127,7 +127,7 @@ def _view(ep: _Episode, **extra: Any) -> dict[str, Any]:
         },
         order=order,
         payment={"status": ep.payment, "form_loaded": ep.payment not in ("none", "captured"), "card": ep.card},
-        account={"balance": round(ep.balance, 2), "balance_ratio": round(min(ep.balance / ep.due, 1.0), 4)},
+        account={"balance": round(ep.balance, 2), "balance_ratio": round(ep.balance / ep.due, 4)},
         pricing={"list_price": round(100.0 * ep.scenario.price_factor, 2), "unit_price": ep.scenario.unit_price},
     )
     body.update(extra)
