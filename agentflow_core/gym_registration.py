@@ -14,7 +14,7 @@ Scenario's limit.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ GYM_ENVS: dict[str, dict[str, str]] = {
 _BY_BASE_ID = {config["env_id"]: config for config in GYM_ENVS.values()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def packaged_entry(base_env_id: str) -> EnvEntry:
     """The validated entry of one packaged base env (mapping from the installed package)."""
     return entry_from_config(_BY_BASE_ID[base_env_id], Path(__file__))

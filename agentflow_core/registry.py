@@ -62,7 +62,9 @@ class EnvEntry:
         """``<family>_v<version>_<date>[_<suffix>]``, the env_id a made env reports."""
         return make_env_id(self.family, self.version, suffix=suffix)
 
-    def make(self, overrides: Mapping[str, Any] | None = None, env_id: str | None = None, *, suffix: str = "") -> SemanticEnv:
+    def make(
+        self, overrides: Mapping[str, Any] | None = None, env_id: str | None = None, *, suffix: str = ""
+    ) -> SemanticEnv:
         """Build physical env + adapter as one :class:`SemanticEnv`.
 
         ``env_id`` (a variant's full id) takes precedence; otherwise the id is derived from
@@ -113,7 +115,9 @@ def entry_from_config(config: Any, source_file: Path, load: Loader | None = None
         raise RegistryError(src, f"expected a mapping at the top level, got {type(config).__name__}")
     unknown = sorted(set(config) - REQUIRED_KEYS - OPTIONAL_KEYS)
     if unknown:
-        raise RegistryError(src, f"unknown key(s) {unknown}, expected a subset of {sorted(REQUIRED_KEYS | OPTIONAL_KEYS)}")
+        raise RegistryError(
+            src, f"unknown key(s) {unknown}, expected a subset of {sorted(REQUIRED_KEYS | OPTIONAL_KEYS)}"
+        )
     missing = sorted(REQUIRED_KEYS - set(config))
     if missing:
         raise RegistryError(src, f"missing key(s) {missing}")
@@ -140,7 +144,9 @@ def entry_from_config(config: Any, source_file: Path, load: Loader | None = None
         raise RegistryError(src, f"adapter: {exc}") from exc
     mapping_path = resolve_mapping_path(config["mapping"], source_file.parent)
     if mapping_path is None:
-        raise RegistryError(src, f"mapping: file {config['mapping']!r} not found next to the config or in {PACKAGED_MAPPINGS_DIR}")
+        raise RegistryError(
+            src, f"mapping: file {config['mapping']!r} not found next to the config or in {PACKAGED_MAPPINGS_DIR}"
+        )
     mapping = load_mapping(mapping_path, load)
     adapter_cls(mapping, source=str(mapping_path))  # schema + template + per-rule condition checks
     family, version = mapping["family"], int(mapping["version"])
@@ -164,19 +170,28 @@ def entry_from_config(config: Any, source_file: Path, load: Loader | None = None
     )
 
 
-def load_entry(path: Path, load: Loader | None = None) -> EnvEntry:
-    """Read and validate one env config file."""
+def read_config(path: Path, load: Loader | None = None) -> Any:
+    """Parse one config file; parser errors become a RegistryError naming the file."""
     try:
-        document = _read_document(path, load)
+        return _read_document(path, load)
     except RegistryError:
         raise
     except Exception as exc:  # whatever the injected parser raises on malformed input
         raise RegistryError(str(path), f"unreadable: {type(exc).__name__}: {exc}") from exc
-    return entry_from_config(document, path, load)
+
+
+def is_mapping_document(document: Any) -> bool:
+    """Mapping files may sit next to the env configs (``from-openapi`` writes both there)."""
+    return isinstance(document, Mapping) and "token_rules" in document
+
+
+def load_entry(path: Path, load: Loader | None = None) -> EnvEntry:
+    """Read and validate one env config file."""
+    return entry_from_config(read_config(path, load), path, load)
 
 
 def config_files(config_dir: Path) -> list[Path]:
-    """The env config files of a directory, in a stable order."""
+    """Candidate env config files of a directory, in a stable order (JSON mappings are skipped later)."""
     return sorted(p for p in Path(config_dir).iterdir() if p.is_file() and p.suffix in CONFIG_SUFFIXES)
 
 
@@ -196,9 +211,14 @@ class EnvRegistry:
             raise RegistryError(str(self.config_dir), "config directory does not exist")
         entries: dict[str, EnvEntry] = {}
         for path in config_files(self.config_dir):
-            entry = load_entry(path, self.load)
+            document = read_config(path, self.load)
+            if path.suffix == ".json" and is_mapping_document(document):
+                continue
+            entry = entry_from_config(document, path, self.load)
             if entry.env_id in entries:
-                raise RegistryError(str(path), f"env_id {entry.env_id!r} is already declared in {entries[entry.env_id].source_file}")
+                raise RegistryError(
+                    str(path), f"env_id {entry.env_id!r} is already declared in {entries[entry.env_id].source_file}"
+                )
             entries[entry.env_id] = entry
         with self._lock:
             added = sorted(set(entries) - set(self._entries))
@@ -219,11 +239,12 @@ class EnvRegistry:
         try:
             return self._entries[env_id]
         except KeyError:
-            raise RegistryError(str(self.config_dir), f"unknown env_id {env_id!r}, registered: {self.env_ids()}") from None
+            raise RegistryError(
+                str(self.config_dir), f"unknown env_id {env_id!r}, registered: {self.env_ids()}"
+            ) from None
 
     def __contains__(self, env_id: object) -> bool:
         return env_id in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)
-

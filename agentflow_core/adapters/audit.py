@@ -6,7 +6,8 @@ the token that state should carry. Running the adapter over them finds, before a
 * ``unmapped_raw_state``  -- a raw state no rule fires on (the policy would see only features);
 * ``wrong_token``         -- the intended token is not produced;
 * ``collapsed_meaning``   -- two states that mean different things read the same to the policy
-  (e.g. ORDER_CANCELLED and ORDER_EXPIRED mapped to one token), naming the rules responsible;
+  (e.g. ORDER_CANCELLED and ORDER_EXPIRED mapped to one token), or one reading asserts two
+  meanings that exclude each other (:data:`EXCLUSIVE_TOKENS`), naming the rules responsible;
 * ``unproducible_token``  -- a vocabulary token no rule can emit (severity ``info``: a channel
   need not have every state).
 """
@@ -27,6 +28,22 @@ from agentflow_core.semantics import TOKENS
 FindingKind = Literal["unmapped_raw_state", "unproducible_token", "collapsed_meaning", "wrong_token"]
 Severity = Literal["error", "info"]
 NO_RULE = "-"
+
+# Meanings that cannot hold at once (one session, one cart, one order, one payment outcome). Two
+# states may legitimately read the same when their tokens are compatible (logged in with an
+# empty cart); when a reading holds two of these at once, the policy cannot know which is true.
+EXCLUSIVE_TOKENS: tuple[frozenset[str], ...] = (
+    frozenset({"LOGGED_OUT", "LOGGED_IN"}),
+    frozenset({"CART_EMPTY", "CART_FILLED"}),
+    frozenset({"ORDER_PENDING", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
+    frozenset({"PAYMENT_SUCCESS", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
+    frozenset({"PAYMENT_SUCCESS", "PAYMENT_FAILED", "INVALID_CARD", "INSUFFICIENT_FUNDS"}),
+)
+
+
+def exclusive(a: str, b: str) -> bool:
+    """True when tokens ``a`` and ``b`` can never both describe one state."""
+    return a != b and any(a in group and b in group for group in EXCLUSIVE_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -86,10 +103,23 @@ def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, 
     findings: list[AuditFinding] = []
     for r in readings:
         if not r.fired:
-            findings.append(AuditFinding("unmapped_raw_state", file, NO_RULE, f"RAW_STATES[{r.index}] (intended {r.intended}) matches no rule: {_short(r.raw)}"))
+            findings.append(
+                AuditFinding(
+                    "unmapped_raw_state",
+                    file,
+                    NO_RULE,
+                    f"RAW_STATES[{r.index}] (intended {r.intended}) matches no rule: {_short(r.raw)}",
+                )
+            )
         elif r.intended not in r.tokens:
-            findings.append(AuditFinding("wrong_token", file, _join(rule for rule, _ in r.fired),
-                                         f"RAW_STATES[{r.index}] should carry {r.intended}, got {sorted(r.tokens)}: {_short(r.raw)}"))
+            findings.append(
+                AuditFinding(
+                    "wrong_token",
+                    file,
+                    _join(rule for rule, _ in r.fired),
+                    f"RAW_STATES[{r.index}] should carry {r.intended}, got {sorted(r.tokens)}: {_short(r.raw)}",
+                )
+            )
     findings.extend(_collapses(readings, file))
     findings.extend(
         AuditFinding("unproducible_token", file, NO_RULE, f"no rule emits {token}", severity="info")
@@ -100,26 +130,43 @@ def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, 
 
 
 def _collapses(readings: list[_Reading], file: str) -> list[AuditFinding]:
-    """Pairs of differently-meant states the policy cannot tell apart, once per pair of meanings."""
+    """States whose distinct meanings the policy cannot tell apart, once per pair of meanings."""
     found: dict[frozenset[str], AuditFinding] = {}
     mapped = [r for r in readings if r.fired]
+    for r in mapped:
+        # one reading asserting two meanings that exclude each other: the rules emitting them clash
+        for t1, t2 in sorted((t1, t2) for t1 in r.tokens for t2 in r.tokens if t1 < t2 and exclusive(t1, t2)):
+            if frozenset((t1, t2)) not in found:
+                found[frozenset((t1, t2))] = AuditFinding(
+                    "collapsed_meaning",
+                    file,
+                    _join(r.rules_emitting(t1) + r.rules_emitting(t2)),
+                    f"RAW_STATES[{r.index}] ({r.intended}) reads as both {t1} and {t2}: {sorted(r.tokens)}",
+                )
     for a in mapped:
         for b in mapped:
             pair = frozenset((a.intended, b.intended))
             if a.index >= b.index or len(pair) < 2 or pair in found:
                 continue
-            if a.tokens == b.tokens and not _same_raw(a.raw, b.raw):
+            both_shown = a.intended in a.tokens and b.intended in a.tokens and not exclusive(a.intended, b.intended)
+            if a.tokens == b.tokens and not both_shown and not _same_raw(a.raw, b.raw):
                 # Identical readings of different raw states: every rule firing on either is to blame.
-                rules = _join([rule for rule, _ in a.fired] + [rule for rule, _ in b.fired])
-                found[pair] = AuditFinding("collapsed_meaning", file, rules,
-                                           f"RAW_STATES[{a.index}] ({a.intended}) and RAW_STATES[{b.index}] ({b.intended}) both read as {sorted(a.tokens)}")
+                found[pair] = AuditFinding(
+                    "collapsed_meaning",
+                    file,
+                    _join([rule for rule, _ in a.fired] + [rule for rule, _ in b.fired]),
+                    f"RAW_STATES[{a.index}] ({a.intended}) and RAW_STATES[{b.index}] ({b.intended}) both read as {sorted(a.tokens)}",
+                )
                 continue
             for x, y in ((a, b), (b, a)):
                 # x lost its own meaning and shows y's instead: the rules emitting y's token collapse them.
                 if x.intended not in x.tokens and y.intended in x.tokens and y.intended in y.tokens:
-                    rules = _join(x.rules_emitting(y.intended) + y.rules_emitting(y.intended))
-                    found[pair] = AuditFinding("collapsed_meaning", file, rules,
-                                               f"RAW_STATES[{x.index}] ({x.intended}) and RAW_STATES[{y.index}] ({y.intended}) both map to {y.intended}")
+                    found[pair] = AuditFinding(
+                        "collapsed_meaning",
+                        file,
+                        _join(x.rules_emitting(y.intended) + y.rules_emitting(y.intended)),
+                        f"RAW_STATES[{x.index}] ({x.intended}) and RAW_STATES[{y.index}] ({y.intended}) both map to {y.intended}",
+                    )
                     break
     return list(found.values())
 

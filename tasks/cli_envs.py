@@ -1,0 +1,268 @@
+"""``agentflow envs``: list the registered envs, check them, and generate one from an OpenAPI spec.
+
+Edge code: this module parses YAML (injected into the core registry), reads ``DEBUG_ADAPTER``
+and writes files. ``DEBUG_ADAPTER=1`` logs every adapter decision (rule fired, tokens emitted)
+on the ``agentflow.adapter`` logger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from gymnasium.utils.env_checker import check_env
+from rich.console import Console
+from rich.table import Table
+
+from agentflow_core.adapters.audit import AuditFinding, audit_entry
+from agentflow_core.errors import AgentFlowError
+from agentflow_core.registry import (
+    EnvEntry,
+    EnvRegistry,
+    config_files,
+    entry_from_config,
+    is_mapping_document,
+    read_config,
+)
+from tasks.registry_io import configure_adapter_debug, load_registry
+
+envs_app = typer.Typer(
+    help="Env registry: list, check, generate from OpenAPI.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+CONFIG_DIR_OPTION = typer.Option(Path("configs/envs"), "--config-dir", "-c", help="Directory of env configs (*.yaml).")
+
+
+def open_registry(config_dir: Path) -> EnvRegistry:
+    """The env registry of a config directory, with the YAML parser injected."""
+    return load_registry(config_dir=config_dir)
+
+
+@envs_app.callback()
+def _envs_root() -> None:
+    """Env registry commands (set DEBUG_ADAPTER=1 to log adapter decisions)."""
+    configure_adapter_debug()
+
+
+def _registry_or_exit(config_dir: Path) -> EnvRegistry:
+    try:
+        return open_registry(config_dir)
+    except AgentFlowError as exc:
+        err_console.print(f"[bold red]registry error[/]: {exc}")
+        raise typer.Exit(code=1) from None
+
+
+@envs_app.command("list")
+def list_envs(config_dir: Path = CONFIG_DIR_OPTION) -> None:
+    """Show every registered base env."""
+    registry = _registry_or_exit(config_dir)
+    table = Table(title=f"envs in {config_dir}")
+    for column in ("env_id", "family", "version", "adapter", "mapping", "class"):
+        table.add_column(column)
+    for e in registry.entries():
+        table.add_row(e.env_id, e.family, str(e.version), e.adapter, _short_path(e.mapping_path), e.class_path)
+    console.print(table)
+
+
+def _short_path(path: str) -> str:
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+@dataclass
+class EnvCheck:
+    """The outcome of checking one env config file."""
+
+    source: str
+    env_id: str
+    loaded: bool = True
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    findings: list[AuditFinding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not any(f.severity == "error" for f in self.findings)
+
+
+def check_entry(entry: EnvEntry) -> EnvCheck:
+    """gymnasium's check_env on a made env plus the mapping audit."""
+    result = EnvCheck(entry.source_file, entry.env_id)
+    try:
+        env = entry.make()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env, skip_render_check=True)
+        result.warnings.extend(str(w.message) for w in caught)
+        env.close()
+    except Exception as exc:  # report every failure of every env, not just the first
+        hint = f" (info keys differing for one seed: {nondeterministic_info_keys(entry)})" if "info" in str(exc) else ""
+        result.errors.append(f"check_env: {type(exc).__name__}: {exc}{hint}")
+    try:
+        result.findings = audit_entry(entry)
+    except AgentFlowError as exc:
+        result.errors.append(f"audit: {exc}")
+    return result
+
+
+def nondeterministic_info_keys(entry: EnvEntry, seed: int = 123) -> list[str]:
+    """Info keys that differ between two envs reset with the same seed and given the same action."""
+    infos = []
+    for _ in range(2):
+        env = entry.make()
+        env.reset(seed=seed)
+        infos.append(env.step(0)[4])
+        env.close()
+    first, second = infos
+    return sorted(k for k in set(first) | set(second) if repr(first.get(k)) != repr(second.get(k)))
+
+
+def check_config_dir(config_dir: Path) -> list[EnvCheck]:
+    """Check each config file on its own, so one bad file does not hide the others."""
+    results: list[EnvCheck] = []
+    seen: dict[str, str] = {}
+    for path in config_files(config_dir):
+        document: Any = None
+        try:
+            document = read_config(path, yaml.safe_load)
+            if path.suffix == ".json" and is_mapping_document(document):
+                continue
+            entry = entry_from_config(document, path, yaml.safe_load)
+        except AgentFlowError as exc:
+            env_id = document.get("env_id", path.stem) if isinstance(document, dict) else path.stem
+            results.append(EnvCheck(str(path), str(env_id), loaded=False, errors=[str(exc)]))
+            continue
+        result = check_entry(entry)
+        if entry.env_id in seen:
+            result.errors.append(f"env_id {entry.env_id!r} is already declared in {seen[entry.env_id]}")
+        seen.setdefault(entry.env_id, str(path))
+        results.append(result)
+    return results
+
+
+INFO_OPTION = typer.Option(False, "--info", help="Also list info findings (tokens a channel never emits).")
+
+
+@envs_app.command("check")
+def check(config_dir: Path = CONFIG_DIR_OPTION, show_info: bool = INFO_OPTION) -> None:
+    """check_env + mapping audit for every registered env; exit 1 on any error."""
+    results = check_config_dir(config_dir)
+    table = Table(title=f"env check: {config_dir}")
+    for column in ("env_id", "config", "check_env", "audit errors", "audit info", "status"):
+        table.add_column(column)
+    for r in results:
+        n_err = sum(f.severity == "error" for f in r.findings)
+        env_check = "config error" if not r.loaded else "fail" if r.errors else f"ok ({len(r.warnings)} warnings)"
+        table.add_row(
+            r.env_id,
+            _short_path(r.source),
+            env_check,
+            str(n_err),
+            str(len(r.findings) - n_err),
+            "[green]ok[/]" if r.ok else "[bold red]FAIL[/]",
+        )
+    console.print(table)
+    for r in results:
+        for message in r.errors:
+            console.print(f"[bold red]error[/] {r.env_id}: {message}")
+        for message in r.warnings:
+            console.print(f"[yellow]warning[/] {r.env_id}: {message}")
+        for finding in r.findings:
+            if finding.severity == "error" or show_info:
+                style = "bold red" if finding.severity == "error" else "dim"
+                console.print(
+                    f"[{style}]{finding.severity}[/] {r.env_id}: {finding.kind}: rule(s) {finding.rule}: {finding.detail}",
+                    markup=True,
+                    highlight=False,
+                )
+    if not results:
+        err_console.print(f"[bold red]no env configs in {config_dir}[/]")
+        raise typer.Exit(code=1)
+    if not all(r.ok for r in results):
+        raise typer.Exit(code=1)
+    console.print(f"[green]{len(results)} env(s) ok[/]")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_generated_env(
+    env_config: dict[str, Any], mapping: dict[str, Any], out_dir: Path, force: bool = False
+) -> tuple[Path, Path]:
+    """Validate a generated env config + mapping as a registry entry, then write both atomically."""
+    env_id = str(env_config.get("env_id", ""))
+    if not env_id:
+        raise typer.BadParameter("the generated env config has no env_id")
+    mapping_name = Path(
+        str(env_config.get("mapping") or f"{mapping.get('family')}_v{mapping.get('version')}.json")
+    ).name
+    config = {**env_config, "mapping": mapping_name}
+    config_path, mapping_path = out_dir / f"{env_id}.yaml", out_dir / mapping_name
+    existing = [p for p in (config_path, mapping_path) if p.exists()]
+    if existing and not force:
+        raise FileExistsError(f"refusing to overwrite {', '.join(map(str, existing))} (use --force)")
+    config_text = yaml.safe_dump(config, sort_keys=False)
+    mapping_text = json.dumps(mapping, indent=2) + "\n"
+    with tempfile.TemporaryDirectory() as staging:  # validate exactly what will be written
+        (Path(staging) / mapping_name).write_text(mapping_text)
+        (Path(staging) / config_path.name).write_text(config_text)
+        entry_from_config(yaml.safe_load(config_text), Path(staging) / config_path.name, yaml.safe_load)
+    for path in config_files(out_dir) if out_dir.is_dir() else []:
+        if path != config_path:
+            other = read_config(path, yaml.safe_load)
+            if isinstance(other, dict) and not is_mapping_document(other) and other.get("env_id") == env_id:
+                raise FileExistsError(f"env_id {env_id!r} is already declared in {path}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(mapping_path, mapping_text)
+    _atomic_write(config_path, config_text)
+    return config_path, mapping_path
+
+
+SPEC_ARGUMENT = typer.Argument(..., exists=True, dir_okay=False, help="OpenAPI 3 spec (YAML or JSON).")
+FAMILY_OPTION = typer.Option(..., "--family", help="Family name of the new env (lower_snake_case).")
+OUT_DIR_OPTION = typer.Option(Path("configs/envs"), "--out-dir", help="Where to write the env YAML and mapping JSON.")
+FORCE_OPTION = typer.Option(False, "--force", help="Overwrite existing files.")
+
+
+@envs_app.command("from-openapi")
+def from_openapi(
+    spec: Path = SPEC_ARGUMENT, family: str = FAMILY_OPTION, out_dir: Path = OUT_DIR_OPTION, force: bool = FORCE_OPTION
+) -> None:
+    """Generate an API env config + mapping from an OpenAPI spec and add it to the registry."""
+    from agentflow_core.adapters.openapi import generate_from_openapi
+
+    document = yaml.safe_load(spec.read_text(encoding="utf-8"))
+    try:
+        env_config, mapping = generate_from_openapi(document, family)
+        config_path, mapping_path = write_generated_env(dict(env_config), dict(mapping), out_dir, force)
+        entry = open_registry(out_dir).get(str(env_config["env_id"]))
+    except (AgentFlowError, FileExistsError, ValueError) as exc:
+        err_console.print(f"[bold red]error[/]: {exc}")
+        raise typer.Exit(code=1) from None
+    console.print(f"wrote [bold]{config_path}[/] and [bold]{mapping_path}[/]")
+    console.print(
+        f"registered {entry.env_id} ({entry.family} v{entry.version}, {len(entry.mapping['token_rules'])} token rules)"
+    )
