@@ -101,15 +101,15 @@ class PoolConfig(_Section):
     quarantine_after: PositiveInt = 3
     max_worker_restarts: Annotated[int, Field(ge=0)] = 3
     scheduler: Literal["uniform", "round_robin", "heat", "plr_coverage"] = "plr_coverage"
-    heat_decay: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(0.95, description="seed §2.1: h <- decay*h + 1 per round sampled, decay*h otherwise.")
-    cold_threshold: Annotated[float, Field(gt=0.0)] = Field(0.3, description="a variant with heat below this is cold.")
-    heat_cold_weight: Annotated[float, Field(ge=1.0)] = Field(20.0, description="heat: weight of a cold variant; a warm one weighs exp(-h/cold_threshold).")
-    plr_temperature: Annotated[float, Field(gt=0.0)] = Field(1.0, description="PLR beta: P_S ∝ (1/rank)^(1/beta).")
-    plr_staleness_coef: Fraction = Field(0.3, description="PLR rho: share of the staleness distribution.")
-    plr_token_coef: Fraction = Field(0.1, description="share of the rare-semantic-token bonus.")
-    plr_floor: Annotated[float, Field(gt=0.0, le=1.0)] = Field(0.05, description="uniform share so no variant starves.")
-    plr_score_ema: Annotated[float, Field(gt=0.0, le=1.0)] = Field(0.5, description="EMA rate of a variant's learning-signal score.")
-    plr_max_staleness: Annotated[float, Field(ge=1.0)] = Field(4.0, description="catalogue sweeps without a draw after which a variant is drawn first.")
+    heat_decay: Annotated[float, Field(gt=0.0, lt=1.0, description="seed §2.1: h <- decay*h + 1 per round sampled, decay*h otherwise.")] = 0.95
+    cold_threshold: Annotated[float, Field(gt=0.0, description="a variant with heat below this is cold.")] = 0.3
+    heat_cold_weight: Annotated[float, Field(ge=1.0, description="heat: weight of a cold variant (a warm one weighs 1).")] = 20.0
+    plr_temperature: Annotated[float, Field(gt=0.0, description="PLR beta: P_S ∝ (1/rank)^(1/beta).")] = 1.0
+    plr_staleness_coef: Annotated[float, Field(ge=0.0, le=1.0, description="PLR rho: share of the staleness distribution.")] = 0.3
+    plr_token_coef: Annotated[float, Field(ge=0.0, le=1.0, description="share of the rare-semantic-token bonus.")] = 0.1
+    plr_floor: Annotated[float, Field(gt=0.0, le=1.0, description="uniform share so no variant starves.")] = 0.05
+    plr_score_ema: Annotated[float, Field(gt=0.0, le=1.0, description="EMA rate of a variant's learning-signal score.")] = 0.5
+    plr_max_staleness: Annotated[float, Field(ge=1.0, description="catalogue sweeps without a draw after which a variant is drawn first.")] = 4.0
 
     @model_validator(mode="after")
     def _plr_mix(self) -> PoolConfig:

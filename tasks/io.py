@@ -20,6 +20,7 @@ def write_json(path: Path, data: Any) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, sort_keys=True, default=str)
             fh.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -31,6 +32,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a temp folder beside ``target``; on success it replaces ``target`` whole."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    tmp.chmod(0o755)  # mkdtemp makes 0700
     try:
         yield tmp
         old = target.with_name(f".{target.name}.old")

@@ -1,0 +1,70 @@
+"""Variants step: generate the variant catalogue from ``params.yaml`` and write it atomically.
+
+Called by ``agentflow variants`` (and so by the DVC stage) and by the Prefect task. Output,
+under ``data/variants/``: ``catalogue.parquet`` (one row per variant) and ``_meta.json`` (the
+generator parameters, seed, counts by family and dimension, the catalogue's sha256). The
+variant count also goes to ``data/metrics/variants.json`` when a metrics path is given.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta, write_catalogue
+from tasks.config_io import load_config
+from tasks.io import write_json
+from tasks.paths import DataPaths
+from tasks.registry_io import load_registry
+
+
+def base_env_infos(cfg: AgentFlowConfig) -> list[BaseEnvInfo]:
+    """Family and version of each configured base env, from the env registry."""
+    registry = load_registry(cfg)
+    return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
+
+
+def run_variants(cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None = None) -> dict[str, Any]:
+    """Generate and write the catalogue; returns the summary (counts, path, sha256)."""
+    started = time.perf_counter()
+    v = cfg.variants
+    bases = base_env_infos(cfg)
+    variants = generate_variants(bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed)
+    meta = {
+        "generator": "agentflow_core.variants.generate_variants",
+        "seed": cfg.base.seed,
+        "base_envs": [{"base_env_id": b.base_env_id, "family": b.family, "version": b.version} for b in bases],
+        "dimensions": v.dimensions,
+        "perturbations": {name: spec.model_dump(exclude_none=True) for name, spec in v.perturbations.items()},
+        "samples_per_combination": v.samples_per_combination,
+    }
+    path = write_catalogue(variants, out_dir, meta)
+    card = read_meta(out_dir)
+    summary = {
+        "catalogue": str(path),
+        "variants": card["counts"]["total"],
+        "by_family": card["counts"]["by_family"],
+        "by_dimension": card["counts"]["by_dimension"],
+        "catalogue_sha256": card["catalogue_sha256"],
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    if metrics_path is not None:
+        write_json(metrics_path, {"variants": summary["variants"], "by_family": summary["by_family"]})
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """DVC entry point: ``python -m tasks.steps.variants [params.yaml] [out_dir]``."""
+    args = sys.argv[1:] if argv is None else argv
+    cfg = load_config(Path(args[0]) if args else Path("params.yaml"))
+    paths = DataPaths.of(cfg)
+    out = Path(args[1]) if len(args) > 1 else paths.variants
+    run_variants(cfg, out, paths.metrics_file("variants"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
