@@ -72,6 +72,59 @@ def validate(params: Path = PARAMS_OPTION) -> None:
     console.print("[green]params.yaml is valid[/]")
 
 
+@app.command()
+def run(params: Path = PARAMS_OPTION,
+        resume: bool = typer.Option(False, "--resume", help="Continue PPO from the last checkpoint."),
+        run_name: str | None = typer.Option(None, "--run-name", help="MLflow parent run name.")) -> None:
+    """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> train -> stress -> report)."""
+    from tasks.runtime import configure_services
+
+    cfg = load_or_exit(params)
+    services = configure_services(cfg)  # before prefect/mlflow are imported
+    console.print(plan_tree(cfg))
+    for name, where in services.items():
+        console.print(f"  {name}: {where}")
+    from flows.training_cycle import training_cycle
+    from tasks.prefect_tasks import GateFailed
+
+    try:
+        results = training_cycle(params_path=str(params), resume=resume, run_name=run_name)
+    except GateFailed as exc:
+        err_console.print(f"[bold red]gate failed[/]: {exc}")
+        raise typer.Exit(code=1) from None
+    console.print(where_to_look(cfg, results))
+
+
+def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
+    """The end-of-run pointer list: report, Prefect UI, MLflow UI."""
+    from tasks.paths import DataPaths
+    from tasks.runtime import mlflow_uri
+
+    tree = Tree("[bold green]cycle finished[/]")
+    tree.add(f"report: {DataPaths.of(cfg).reports}/report.md (also .html, .json)")
+    tree.add(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}")
+    tree.add("Prefect runs: PREFECT_HOME=.agentflow/prefect prefect server start  -> http://127.0.0.1:4200")
+    report = results.get("report", {})
+    if "promotion_reason" in report:
+        tree.add(f"champion/challenger: {report['promotion_reason']}")
+    return tree
+
+
+@app.command()
+def serve(params: Path = PARAMS_OPTION,
+          cron: str = typer.Option("0 3 * * *", "--cron", help="Schedule of recurring retrains (cron syntax)."),
+          name: str = typer.Option("agentflow-cycle", "--name", help="Deployment name.")) -> None:
+    """Serve the training cycle as a scheduled Prefect deployment (trigger it from the Prefect UI)."""
+    from tasks.runtime import configure_services
+
+    cfg = load_or_exit(params)
+    configure_services(cfg)
+    from flows.training_cycle import training_cycle
+
+    training_cycle.serve(name=name, cron=cron, parameters={"params_path": str(params.resolve())},
+                         description="AgentFlow training cycle: calibrate -> variants -> explore -> train -> stress -> report")
+
+
 app.command("calibrate")(calibrate_command)
 app.command("variants")(variants)
 app.command("explore")(explore_command)

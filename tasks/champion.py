@@ -1,0 +1,62 @@
+"""Champion/challenger in the MLflow Model Registry (seed §5.3 canary).
+
+Every trained candidate is registered as a new version of ``base.tracking.registered_model``;
+only a promoted one gets the ``champion`` alias. The decision itself (consistency and reward
+gain on a slice of the variants) is made by ``tasks.steps.report.run_champion_challenger``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.exceptions import MlflowException
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.rl.checkpoint import best_checkpoint, latest_checkpoint
+from tasks.paths import DataPaths
+from tasks.policy_model import CHECKPOINT_ARTIFACT, log_policy_model
+from tasks.tracking import MlflowTracker
+
+CHAMPION = "champion"
+
+
+def candidate_checkpoint(cfg: AgentFlowConfig) -> Path:
+    """The best checkpoint of the last training run (the latest if none was ranked)."""
+    root = DataPaths.of(cfg).checkpoints / "checkpoints"
+    found = best_checkpoint(root) or latest_checkpoint(root)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint under {root}: run `agentflow train` first")
+    return found
+
+
+def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:
+    """Download the current champion's checkpoint folder, or None if there is no champion yet."""
+    try:
+        version = tracker.client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return None
+    local = mlflow.artifacts.download_artifacts(artifact_uri=version.source, tracking_uri=tracker.tracking_uri)
+    return Path(local) / "artifacts" / CHECKPOINT_ARTIFACT
+
+
+def promote_if_better(cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str) -> dict[str, Any]:
+    """Register the candidate; move the ``champion`` alias to it only if the canary test passes."""
+    from tasks.steps.report import run_champion_challenger
+
+    name = cfg.base.tracking.registered_model
+    challenger = candidate_checkpoint(cfg)
+    champion = champion_checkpoint(tracker, name)
+    decision = run_champion_challenger(cfg, challenger, champion)
+    model_uri = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
+    try:
+        tracker.client.get_registered_model(name)
+    except MlflowException:
+        tracker.client.create_registered_model(name, description="AgentFlow semantic policy (one network, all channels)")
+    version = tracker.client.create_model_version(name, model_uri, run_id=train_run_id,
+                                                  tags={"promotion": str(decision["promote"]),
+                                                        "reason": str(decision["reason"])[:5000]})
+    if decision["promote"]:
+        tracker.client.set_registered_model_alias(name, CHAMPION, version.version)
+    return {**decision, "model_version": version.version, "model_uri": model_uri}

@@ -1,0 +1,161 @@
+"""Prefect tasks: thin wrappers that call the phase step functions and track them in MLflow.
+
+Each task takes small serialisable arguments (a params path, run ids, hashes), loads the
+config itself, opens its nested MLflow run under the cycle's parent run (explicit ``run_id``
+everywhere: Prefect runs tasks on worker threads and the fluent MLflow run is thread-local),
+calls the same step function that ``agentflow <phase>`` and the DVC stage call, and publishes
+a Prefect artifact. Deterministic phases persist their result with an inputs + task-source
+cache policy, so a rerun after a crash reuses them; training resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+
+from agentflow_core.config import AgentFlowConfig
+from tasks.config_io import load_config
+from tasks.paths import DataPaths
+from tasks.tracking import MlflowTracker
+
+DETERMINISTIC = INPUTS + TASK_SOURCE
+
+
+class GateFailed(RuntimeError):
+    """A phase's exit gate failed; downstream phases must not run."""
+
+
+def _open(params_path: str, tracking_uri: str, experiment: str) -> tuple[AgentFlowConfig, DataPaths, MlflowTracker]:
+    cfg = load_config(params_path)
+    return cfg, DataPaths.of(cfg), MlflowTracker(tracking_uri, experiment)
+
+
+def _numeric(summary: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _publish(key: str, title: str, summary: dict[str, Any]) -> None:
+    rows = [{"metric": k, "value": v} for k, v in _numeric(summary).items()]
+    text = f"## {title}\n\n" + "\n".join(f"- **{r['metric']}**: {r['value']:.4g}" for r in rows)
+    if summary.get("message"):
+        text += f"\n\n```\n{summary['message']}\n```"
+    create_markdown_artifact(markdown=text, key=key, description=title)
+    if rows:
+        create_table_artifact(table=rows, key=f"{key}-metrics", description=f"{title}: exit metrics")
+
+
+def section_fingerprint(params_path: str, *sections: str) -> str:
+    """The JSON of the config sections a phase depends on: a cache key input that changes with them."""
+    cfg = load_config(params_path)
+    dump = cfg.model_dump(mode="json")
+    return json.dumps({s: dump[s] for s in sections}, sort_keys=True)
+
+
+@task(name="calibrate", retries=1, retry_delay_seconds=2)
+def calibrate_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, Any]:
+    """Phase 0: the calibration gate."""
+    from tasks.steps.calibrate import run_calibrate
+
+    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    run_id = tracker.start_phase(parent_run_id, "calibrate")
+    summary = run_calibrate(cfg, paths.calibration, paths.metrics_file("calibrate"))
+    tracker.log_metrics(run_id, _numeric(summary))
+    tracker.log_artifacts(run_id, paths.calibration, "calibration")
+    tracker.end(run_id, "FINISHED" if summary["passed"] else "FAILED")
+    _publish("calibration", "Phase 0: calibration gate", summary)
+    get_run_logger().info("calibration: %s", summary["message"])
+    return summary
+
+
+@task(name="variants", retries=1, persist_result=True, cache_policy=DETERMINISTIC)
+def variants_task(params_path: str, fingerprint: str, data_dir: str) -> dict[str, Any]:
+    """Variant generation (deterministic for its config section: cached across reruns)."""
+    from tasks.steps.variants import run_variants
+
+    cfg = load_config(params_path)
+    summary = run_variants(cfg, DataPaths.of(cfg).variants)
+    _publish("variants", "Variant catalogue", summary)
+    return summary
+
+
+@task(name="explore", retries=1, persist_result=True, cache_policy=DETERMINISTIC)
+def explore_task(params_path: str, fingerprint: str, catalogue_hash: str) -> dict[str, Any]:
+    """Phase 1: coverage-driven exploration into trajectory shards (cached for the same inputs)."""
+    from tasks.steps.explore import run_explore
+
+    cfg = load_config(params_path)
+    paths = DataPaths.of(cfg)
+    logger = get_run_logger()
+    summary = run_explore(cfg, paths.variants, paths.trajectories, paths.metrics_file("explore"),
+                          on_progress=lambda p: logger.debug("explore %s/%s", p.steps, p.total_steps))
+    _publish("exploration", "Phase 1: exploration", summary)
+    return summary
+
+
+def track_phase(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, phase: str,
+                summary: dict[str, Any], artifacts: Path | None) -> None:
+    """Log a phase that ran (or came from cache) into its nested MLflow run."""
+    tracker = MlflowTracker(tracking_uri, experiment)
+    run_id = tracker.start_phase(parent_run_id, phase)
+    tracker.log_metrics(run_id, _numeric(summary))
+    if artifacts is not None:
+        for card in sorted(artifacts.glob("*.json"))[:5]:
+            tracker.log_artifacts(run_id, card, phase)
+    tracker.end(run_id)
+
+
+@task(name="train", retries=0)
+def train_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, resume: bool) -> dict[str, Any]:
+    """Phase 2: PPO refinement with checkpoints; resumes from the last checkpoint when asked."""
+    from tasks.steps.train import run_train
+
+    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    run_id = tracker.start_phase(parent_run_id, "train")
+    sink = tracker.sink(run_id, prefix="train/")
+    summary = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=resume, sink=sink)
+    sink.flush()
+    tracker.log_metrics(run_id, _numeric(summary))
+    for plot in sorted(paths.plots.glob("train*")):
+        tracker.log_artifacts(run_id, plot, "plots")
+    tracker.end(run_id)
+    _publish("training", "Phase 2: PPO refinement", summary)
+    return {**summary, "train_run_id": run_id}
+
+
+@task(name="stress", retries=1)
+def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, Any]:
+    """Phase 3: stress validation of the best checkpoint."""
+    from tasks.steps.stress import run_stress
+
+    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    run_id = tracker.start_phase(parent_run_id, "stress")
+    summary = run_stress(cfg)
+    tracker.log_metrics(run_id, _numeric(summary))
+    tracker.log_artifacts(run_id, paths.stress, "stress")
+    tracker.end(run_id)
+    _publish("stress", "Phase 3: stress validation", summary)
+    return summary
+
+
+@task(name="report", retries=1)
+def report_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str,
+                train_run_id: str) -> dict[str, Any]:
+    """Report + champion/challenger: register the checkpoint and move the ``champion`` alias if promoted."""
+    from tasks.champion import promote_if_better
+    from tasks.steps.report import run_report
+
+    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    run_id = tracker.start_phase(parent_run_id, "report")
+    summary = run_report(cfg)
+    decision = promote_if_better(cfg, tracker, train_run_id)
+    summary = {**summary, "promoted": decision["promote"], "promotion_reason": decision["reason"]}
+    tracker.log_artifacts(run_id, paths.reports, "reports")
+    tracker.set_tags(run_id, {"promotion": decision["reason"][:500]})
+    tracker.end(run_id)
+    create_markdown_artifact(markdown=f"## Champion / challenger\n\n{decision['reason']}", key="champion")
+    return summary
