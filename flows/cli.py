@@ -18,6 +18,7 @@ from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.cli_calibrate import calibrate_command
 from tasks.cli_envs import envs_app
 from tasks.cli_explore import explore_command
+from tasks.cli_stress import report_command, stress_command
 from tasks.cli_variants import variants
 from tasks.config_io import load_config
 
@@ -128,6 +129,8 @@ def serve(params: Path = PARAMS_OPTION,
 app.command("calibrate")(calibrate_command)
 app.command("variants")(variants)
 app.command("explore")(explore_command)
+app.command("stress")(stress_command)
+app.command("report")(report_command)
 app.add_typer(envs_app, name="envs")
 
 

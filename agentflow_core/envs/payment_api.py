@@ -46,6 +46,7 @@ THINK_TIME_S = 0.25  # simulated time between two agent actions (lets an open br
 REWARD_SUCCESS = 10.0
 REWARD_BLOCKED_ESCALATION = 1.0
 REWARD_CANCELLED = -2.0
+CANCEL_RISK = 0.5  # the declared risk of CANCEL_ORDER (semantics.ACTION_RISK), realised only when it applies
 REWARD_ESCALATED = -1.0
 REWARD_STEP = -0.01
 REWARD_NOT_APPLICABLE = -0.05
@@ -160,7 +161,11 @@ class PaymentAPIEnv:
         truncated = not terminated and self.step_id >= self.scenario.max_episode_steps
         if truncated:
             failure = "max_steps"
-        return StepResult(raw, reward, terminated, truncated, self._info(failure))
+        info = self._info(failure)
+        info["applied"] = result.status_code is not None and 200 <= result.status_code < 300
+        if failure == "order_cancelled":
+            info["risk"] = CANCEL_RISK  # a paid-for order was really cancelled
+        return StepResult(raw, reward, terminated, truncated, info)
 
     def _noop(self) -> StepResult:
         """An unknown native action: nothing is sent, the state is unchanged, the step is wasted."""

@@ -78,10 +78,19 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         reward = self.adapter.adapt_reward(result.reward, semantic, result.info)
         if not np.isfinite(reward):
             raise EnvInvalidError(self.env_id, self.step_id, f"non-finite reward {reward!r}")
-        risk = float(result.info.get("risk", ACTION_RISK.get(SemanticAction(action), 0.0)))
+        risk = self._risk(action, result.info)
         info = self._info(result.info, semantic, risk)
         info["raw_reward"] = float(result.reward)
         return vec, float(reward), bool(result.terminated), bool(result.truncated), info
+
+    @staticmethod
+    def _risk(action: int, channel_info: dict[str, Any]) -> float:
+        """The channel's own risk figure, else the action's declared risk if the channel applied it."""
+        if "risk" in channel_info:
+            return float(channel_info["risk"])
+        if channel_info.get("applied"):
+            return ACTION_RISK.get(SemanticAction(action), 0.0)
+        return 0.0
 
     def _info(self, channel_info: dict[str, Any], semantic: SemanticObs, risk: float) -> dict[str, Any]:
         info = dict(channel_info)

@@ -1,0 +1,6 @@
+"""Stress validation and evaluation reports (Phase 3): pure functions over step/episode records.
+
+Modules: ``records`` (the schema), ``stress`` (stratified sample + pool rollouts), ``consistency``,
+``coverage``, ``root_causes``, ``hacking``, ``risk``, ``robustness`` (one analysis + the exit
+metric), ``champion`` (the canary decision) and ``report`` (JSON document, tree, markdown, HTML).
+"""

@@ -1,0 +1,76 @@
+"""Champion / challenger canary (seed §5.3): promote a new policy only when it is both close and better.
+
+The seed's canary runs the new policy on 10% of the traffic and switches over when its action
+consistency exceeds 85% *and* reward improves by more than 5%. Here the "traffic" is a stable
+slice of the catalogue (sha256 of the env_id, so every process and every run picks the same
+variants) and both policies are evaluated on it with the same seeds. The numbers:
+
+* ``consistency`` -- *action consistency*: the share of states visited on the slice in which the
+  challenger's greedy action equals the champion's (states from both policies' rollouts and the
+  canonical probes of the slice's variants, each state counted once per visit);
+* ``reward_gain`` -- ``(R_challenger - R_champion) / max(|R_champion|, 1e-8)`` over the mean
+  *evaluated* return (risk penalty included).
+
+Promote iff ``consistency >= min_consistency`` and ``reward_gain >= min_reward_gain``; with no
+champion the challenger is promoted ("no champion yet").
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    """Whether to move the ``champion`` alias, why (with the numbers), and the numbers themselves."""
+
+    promote: bool
+    reason: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"promote": self.promote, "reason": self.reason, "numbers": self.numbers}
+
+
+def slice_position(env_id: str) -> float:
+    """A stable position of a variant in [0, 1) (sha256, so it is the same in every process)."""
+    digest = hashlib.sha256(env_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def champion_slice(variants: Sequence[V], fraction: float, key: Any = None) -> list[V]:
+    """The variants whose stable position is below ``fraction`` (at least one: the lowest)."""
+    key = key or (lambda v: v.env_id)
+    if not variants:
+        return []
+    chosen = [v for v in variants if slice_position(key(v)) < fraction]
+    return chosen or [min(variants, key=lambda v: slice_position(key(v)))]
+
+
+def reward_gain(challenger_return: float, champion_return: float) -> float:
+    """Relative improvement of the mean evaluated return (the denominator is ``|champion|``)."""
+    return (challenger_return - champion_return) / max(abs(champion_return), 1e-8)
+
+
+def decide_promotion(challenger_return: float, champion_return: float | None, consistency: float | None,
+                     min_consistency: float = 0.85, min_reward_gain: float = 0.05) -> PromotionDecision:
+    """The canary rule: promote iff consistent with the champion AND better by the required margin."""
+    if champion_return is None:
+        return PromotionDecision(True, f"no champion yet: promote the challenger (mean evaluated return {challenger_return:.3f})",
+                                 {"challenger_return": challenger_return})
+    gain = reward_gain(challenger_return, champion_return)
+    numbers = {"challenger_return": challenger_return, "champion_return": champion_return, "reward_gain": gain,
+               "consistency": consistency, "min_consistency": min_consistency, "min_reward_gain": min_reward_gain}
+    consistent = consistency is not None and consistency >= min_consistency
+    better = gain >= min_reward_gain
+    detail = (f"consistency {consistency if consistency is not None else float('nan'):.3f} (need >= {min_consistency:.2f}), "
+              f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%} (need >= {min_reward_gain:+.0%})")
+    if consistent and better:
+        return PromotionDecision(True, f"promote: {detail}", numbers)
+    why = [w for w, bad in (("actions diverge from the champion", not consistent), ("reward does not improve enough", not better)) if bad]
+    return PromotionDecision(False, f"keep the champion ({' and '.join(why)}): {detail}", numbers)

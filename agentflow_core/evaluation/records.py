@@ -1,0 +1,82 @@
+"""The evaluation trajectory schema: one record per env step and one per finished episode.
+
+Every evaluation measure (consistency, coverage, root causes, reward hacking, risk) is a pure
+function of these records, so it is testable on synthetic trajectories with known answers and
+runs the same on records read back from disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# failure_reason values the pool assigns when an env (or its worker) misbehaves (pool.base.POOL_FAILURES).
+CRASH_REASONS: frozenset[str] = frozenset({"env_crash", "env_timeout", "env_invalid", "worker_lost"})
+
+PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""A batched greedy policy: ``(obs [N, OBS_DIM], action_mask [N, N_ACTIONS]) -> actions [N]``."""
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One transition: the state the action was taken in (``state_tokens``) and its outcome."""
+
+    episode_id: str
+    env_id: str
+    family: str
+    params: Mapping[str, Any]
+    step_id: int
+    state_tokens: frozenset[str]
+    action: int
+    tokens: frozenset[str]
+    reward: float
+    shaped_reward: float
+    risk: float
+    terminated: bool
+    truncated: bool
+    failure_reason: str | None
+
+
+@dataclass(slots=True)
+class EpisodeRecord:
+    """One finished episode.
+
+    ``success`` is the business outcome: PAYMENT_SUCCESS reached, or a *handled* ending (a
+    ``failure_reason`` in ``StressConfig.handled_outcomes``, e.g. escalating a blocked user, for
+    whom paying is impossible). ``evaluated_return`` is the env return minus the risk penalty.
+    """
+
+    episode_id: str
+    env_id: str
+    family: str
+    params: Mapping[str, Any]
+    length: int
+    env_return: float
+    shaped_return: float
+    evaluated_return: float
+    reached_goal: bool
+    success: bool
+    failure_reason: str | None
+    risky_steps: int
+    token_path: list[frozenset[str]] = field(default_factory=list)
+    initial_features: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def crashed(self) -> bool:
+        """The episode was closed by an env or worker failure, not by the business process."""
+        return self.failure_reason in CRASH_REASONS
+
+    def last_tokens(self, k: int = 3) -> list[frozenset[str]]:
+        """The outcome token sets of the last ``k`` steps (the lead-up to how it ended)."""
+        return self.token_path[-k:]
+
+
+def dimension_value(episode: EpisodeRecord, dimension: str) -> str:
+    """The episode's value of a variant dimension as text (``family`` is a dimension too)."""
+    if dimension == "family":
+        return episode.family
+    value = episode.params.get(dimension)
+    return "-" if value is None else str(value)

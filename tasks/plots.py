@@ -1,0 +1,78 @@
+"""Evaluation plots (matplotlib, Agg backend): plotting lives at the edge, the core returns tables.
+
+Each function takes the JSON form of a core result (so a report can be re-rendered from a saved
+stress summary) and writes one PNG atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen before pyplot loads)
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the plots are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_coverage_heatmap(coverage: Mapping[str, Any], path: Path) -> Path:
+    """Token frequency by ``family · group`` row; long-tail tokens in red, unseen ones struck with '∅'."""
+    rows, tokens = coverage["rows"], coverage["tokens"]
+    freq = np.asarray(coverage["frequency"], dtype=float).reshape(len(rows), len(tokens))
+    tail, unseen = set(coverage["long_tail"]), set(coverage["unseen"])
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(tokens)), max(3.0, 0.4 * len(rows) + 1.5)))
+    image = ax.imshow(np.sqrt(freq), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(len(tokens)))
+    ax.set_xticklabels([f"{t} ∅" if t in unseen else t for t in tokens], rotation=70, ha="right", fontsize=8)
+    for label, token in zip(ax.get_xticklabels(), tokens, strict=True):
+        if token in tail or token in unseen:
+            label.set_color("red")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(rows, fontsize=8)
+    for (r, t), value in np.ndenumerate(freq):
+        if 0.0 < value < 0.01:
+            ax.text(t, r, "•", ha="center", va="center", color="red", fontsize=9)
+    bar = fig.colorbar(image, ax=ax)
+    bar.set_label("share of visited states (sqrt scale)")
+    ax.set_title(f"State coverage by family × {coverage['group_dimension']} — coverage {coverage['state_coverage']:.1%}; "
+                 f"red = long tail (<1%) or unseen", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_consistency_matrix(canonical: Mapping[str, Any], per_variant: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """The K×K greedy-action agreement matrix, with each variant's success rate beside it."""
+    matrix = np.asarray(canonical["matrix"], dtype=float)
+    k = matrix.shape[0]
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(9.5, 7.5), gridspec_kw={"width_ratios": [12, 1]})
+    image = ax.imshow(matrix if k else np.zeros((1, 1)), cmap="magma", vmin=0.0, vmax=1.0)
+    ax.set_title(f"Policy consistency on canonical states: {canonical['score']:.1%} over {k} variants", fontsize=10)
+    ax.set_xlabel("variant")
+    ax.set_ylabel("variant")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02, label="agreement")
+    success = np.array([[r["success_rate"] for r in per_variant]], dtype=float).T if per_variant else np.zeros((1, 1))
+    side.imshow(np.nan_to_num(success, nan=0.0), cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+    side.set_xticks([0])
+    side.set_xticklabels(["success"], rotation=70)
+    side.set_yticks([])
+    return _save(fig, path)

@@ -1,0 +1,147 @@
+"""Report step: the evaluation report (md / html / json + PNGs) and the champion/challenger canary.
+
+``run_report`` renders ``data/reports/`` (atomically, as one directory) from the stress summary
+of the same checkpoint, running the stress phase first when ``data/stress/summary.json`` is
+missing or belongs to another policy. ``run_champion_challenger`` evaluates a challenger against
+the champion on a stable ``report.champion_slice`` of the catalogue and returns the decision of
+``agentflow_core.evaluation.champion.decide_promotion``; the MLflow alias is moved by the caller
+(``tasks/tracking.py``), not here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.evaluation.champion import champion_slice, decide_promotion
+from agentflow_core.evaluation.consistency import (
+    CANONICAL_STATES,
+    DEFAULT_CART_SCALE,
+    canonical_consistency,
+    policy_agreement,
+    probe_observation,
+)
+from agentflow_core.evaluation.records import PolicyFn
+from agentflow_core.evaluation.report import build_report, render_html, render_markdown, report_tree, tree_text
+from agentflow_core.evaluation.robustness import consistency_variants
+from agentflow_core.evaluation.stress import StressRollout
+from agentflow_core.semantics import N_ACTIONS
+from agentflow_core.variants import VariantSpec
+from tasks.io import atomic_dir, write_json
+from tasks.paths import DataPaths
+from tasks.steps.stress import (
+    LoadedPolicy,
+    PoolFactory,
+    cart_scales,
+    default_pool,
+    load_policy,
+    load_variants,
+    resolve_checkpoint,
+    run_stress,
+    stress_rollout,
+    write_plots,
+)
+
+
+def load_stress_summary(stress_dir: Path) -> dict[str, Any] | None:
+    """``summary.json`` of a stress run, or None when there is none."""
+    path = stress_dir / "summary.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def write_report(summary: Mapping[str, Any], out_dir: Path, formats: Sequence[str],
+                 champion: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Render the report of a stress summary into ``out_dir`` (atomically); returns the document."""
+    with atomic_dir(out_dir) as tmp:
+        plots = write_plots(summary, tmp)
+        report = build_report(summary, summary["policy"], summary.get("checkpoint"), summary["created_at"], plots, champion)
+        if "json" in formats:
+            write_json(tmp / "report.json", report)
+        if "md" in formats:
+            (tmp / "report.md").write_text(render_markdown(report), encoding="utf-8")
+        if "html" in formats:
+            images = {name: (tmp / file).read_bytes() for name, file in plots.items()}
+            (tmp / "report.html").write_text(render_html(report, images), encoding="utf-8")
+    return report
+
+
+def run_report(cfg: AgentFlowConfig, checkpoint: str | Path | None = None, stress_dir: Path | None = None,
+               out_dir: Path | None = None, *, champion: Mapping[str, Any] | None = None,
+               pool_factory: PoolFactory = default_pool) -> dict[str, Any]:
+    """Write ``report.{json,md,html}`` and the plots; returns the metrics, verdict, tree and paths."""
+    paths = DataPaths.of(cfg)
+    stress_dir = stress_dir or paths.stress
+    out_dir = out_dir or paths.reports
+    ref = resolve_checkpoint(cfg, checkpoint)
+    summary = load_stress_summary(stress_dir)
+    if summary is None or summary.get("checkpoint") != ref:
+        summary = run_stress(cfg, ref, out_dir=stress_dir, pool_factory=pool_factory)
+    report = write_report(summary, out_dir, cfg.report.formats, champion)
+    return {**report["metrics"], "passed": report["passed"], "policy": report["policy"], "checkpoint": ref,
+            "recommendation": report["recommendation"], "tree": "\n".join(tree_text(report_tree(report))),
+            "report_dir": str(out_dir), "files": sorted(p.name for p in out_dir.iterdir())}
+
+
+class RecordingPolicy:
+    """Wraps a policy and keeps every observation it was asked about (the states it visited)."""
+
+    def __init__(self, act: PolicyFn) -> None:
+        self.act = act
+        self.obs: list[np.ndarray] = []
+
+    def __call__(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        self.obs.append(np.array(obs, copy=True))
+        return self.act(obs, mask)
+
+
+def _slice_eval(cfg: AgentFlowConfig, policy: LoadedPolicy, variants: Sequence[VariantSpec], episodes: int,
+                pool_factory: PoolFactory) -> tuple[dict[str, float], np.ndarray, StressRollout]:
+    """Mean evaluated return and success on the slice, the observations the policy saw, the rollout."""
+    recorder = RecordingPolicy(policy.act)
+    rollout = stress_rollout(cfg, LoadedPolicy(policy.name, policy.checkpoint, recorder), variants, episodes,
+                             pool_factory=pool_factory)
+    eps = rollout.episodes
+    stats = {"mean_evaluated_return": float(np.mean([e.evaluated_return for e in eps])),
+             "success_rate": float(np.mean([e.success for e in eps])), "crash_episodes": sum(e.crashed for e in eps)}
+    return stats, np.concatenate(recorder.obs), rollout
+
+
+def run_champion_challenger(cfg: AgentFlowConfig, challenger_ckpt: str | Path, champion_ckpt: str | Path | None, *,
+                            catalogue: Path | None = None, pool_factory: PoolFactory = default_pool) -> dict[str, Any]:
+    """Evaluate challenger vs champion on the stable slice; returns ``PromotionDecision.to_dict()`` plus context.
+
+    Both policies play ``report.champion_episodes`` episodes on the slice with the same seed.
+    ``consistency`` is the share of states on which their greedy actions agree: the states both
+    visited on the slice plus the canonical probes of the slice's variants (see
+    ``agentflow_core.evaluation.champion``). No champion: promote with reason "no champion yet".
+    """
+    rc = cfg.report
+    variants = load_variants(cfg, catalogue)
+    sliced = champion_slice(variants, rc.champion_slice)
+    challenger = load_policy(resolve_checkpoint(cfg, challenger_ckpt))
+    ch_stats, ch_obs, ch_rollout = _slice_eval(cfg, challenger, sliced, rc.champion_episodes, pool_factory)
+    context: dict[str, Any] = {"challenger": challenger.name, "challenger_checkpoint": challenger.checkpoint,
+                               "slice_variants": len(sliced), "episodes": rc.champion_episodes,
+                               "challenger_stats": ch_stats}
+    if champion_ckpt is None:
+        decision = decide_promotion(ch_stats["mean_evaluated_return"], None, None, rc.promote_min_consistency, rc.promote_min_reward_gain)
+        return {**decision.to_dict(), **context, "champion": None}
+    champion = load_policy(resolve_checkpoint(cfg, champion_ckpt))
+    cp_stats, cp_obs, _ = _slice_eval(cfg, champion, sliced, rc.champion_episodes, pool_factory)
+    scales = cart_scales(cfg)
+    ids, features, families = consistency_variants(ch_rollout, [v.env_id for v in sliced], cfg.stress.consistency_variants)
+    probes = [probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE))
+              for feats, fam in zip(features, families, strict=True) for state in CANONICAL_STATES]
+    states = np.concatenate([ch_obs, cp_obs, *([np.stack(probes)] if probes else [])])
+    masks = np.ones((len(states), N_ACTIONS), dtype=bool)
+    consistency = policy_agreement(challenger.act(states, masks), champion.act(states, masks))
+    own = canonical_consistency(challenger.act, ids, features, [scales.get(f, DEFAULT_CART_SCALE) for f in families]).score
+    decision = decide_promotion(ch_stats["mean_evaluated_return"], cp_stats["mean_evaluated_return"], consistency,
+                                rc.promote_min_consistency, rc.promote_min_reward_gain)
+    return {**decision.to_dict(), **context, "champion": champion.name, "champion_checkpoint": champion.checkpoint,
+            "champion_stats": cp_stats, "states_compared": int(len(states)), "challenger_consistency": own}
