@@ -1,0 +1,288 @@
+"""Pool benchmark: semantic overhead, Ray speedup, memory, scheduler coverage, recovery after a kill.
+
+Everything is measured side by side in one run and reported as ratios, so machine speed cancels:
+
+- ``semantic_overhead``: (pool step cost with adapters + scheduler) / (raw step cost) - 1, where the
+  raw side is ``gymnasium.vector.SyncVectorEnv`` over thin envs that drive the same physical envs
+  with precomputed native actions and no semantic mapping. Same variants, same action sequence.
+- ``ray_speedup_2_workers``: in-process pool time / Ray pool (2 actors) time, same variants, slots, actions.
+- memory (``*_mb``): RSS growth measured in fresh spawned processes (psutil), so one probe's
+  allocations cannot hide another's: the empty pool (1 variant, 1 slot), the whole catalogue
+  (1 slot), 300 live envs, and every variant live at once (or extrapolated, flagged).
+- scheduler coverage: :func:`agentflow_core.bench.scheduler_bench.run_scheduler_bench`.
+- recovery: SIGKILL one Ray worker at a fixed step; time to detect, until its envs step again,
+  env-steps lost, and throughput 5 s after the kill relative to before.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import psutil
+
+from agentflow_core.config import PoolConfig, RayConfig
+from agentflow_core.pool.base import EnvFactory, VariantLike
+from agentflow_core.pool.driver import PoolDriver
+from agentflow_core.pool.inprocess import InProcessPool
+from agentflow_core.semantics import N_ACTIONS
+
+TARGETS = {"semantic_overhead": 0.25, "ray_speedup_2_workers": 1.3, "catalogue_7200_mb": 20.0, "live_300_mb": 300.0,
+           "recovery_s": 2.0, "throughput_after_5s_ratio": 0.9}
+
+
+class RawPhysicalEnv(gym.Env[np.ndarray, np.int64]):
+    """The physical env behind a thin Gymnasium face: native actions from a table, no semantic mapping."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(N_ACTIONS)
+
+    def __init__(self, physical: Any, native_actions: Sequence[dict[str, Any]]) -> None:
+        self.physical, self.native_actions = physical, list(native_actions)
+        self._obs = np.zeros(1, dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self.physical.reset(seed=seed)
+        return self._obs, {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        result = self.physical.step(self.native_actions[int(action)])
+        return self._obs, float(result.reward), bool(result.terminated), bool(result.truncated), {}
+
+    def close(self) -> None:
+        self.physical.close()
+
+
+class _InfoFree(gym.Wrapper):
+    """SemanticEnv for SyncVectorEnv: the semantic mapping runs, the per-env info dict is not batched."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, _ = self.env.reset(**kwargs)
+        return obs, {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        return obs, reward, terminated, truncated, {}
+
+
+def _raw_env(factory: EnvFactory, variant: VariantLike) -> RawPhysicalEnv:
+    semantic = factory(variant)
+    adapter = semantic.adapter  # type: ignore[attr-defined]
+    return RawPhysicalEnv(semantic.physical, [adapter.adapt_action(a) for a in range(N_ACTIONS)])  # type: ignore[attr-defined]
+
+
+def _mixed_sample(variants: Sequence[VariantLike], n: int, rng: np.random.Generator) -> list[VariantLike]:
+    """``n`` variants spread evenly over families (the catalogue order groups them)."""
+    picks = rng.choice(len(variants), size=min(n, len(variants)), replace=False)
+    return [variants[i] for i in sorted(picks.tolist())]
+
+
+def _drive(pool: PoolDriver, steps: int, rng: np.random.Generator, first_mask: np.ndarray) -> tuple[float, np.ndarray]:
+    """Step with random legal actions; returns (seconds, last action mask)."""
+    mask = first_mask
+    started = time.perf_counter()
+    for _ in range(steps):
+        mask = pool.step(np.argmax(rng.random(mask.shape) * mask, axis=1)).action_mask
+    return time.perf_counter() - started, mask
+
+
+def semantic_overhead(variants: Sequence[VariantLike], factory: EnvFactory, num_envs: int = 64, steps: int = 200,
+                      scheduler: str = "plr_coverage", seed: int = 0, warmup: int = 50, blocks: int = 5) -> dict[str, Any]:
+    """Pool (adapters + scheduler + bookkeeping) vs raw SyncVectorEnv over the same physical envs.
+
+    Both sides warm up first (the pool creates envs lazily as the scheduler spreads slots over
+    variants), then run in alternating blocks so background load hits both alike; the ratio
+    is of the median block times.
+    """
+    rng = np.random.default_rng(seed)
+    sample = _mixed_sample(variants, num_envs, rng)
+    block = max(steps // blocks, 1)
+    actions = rng.integers(0, N_ACTIONS, size=(warmup + block * blocks, len(sample)))
+    raw = gym.vector.SyncVectorEnv([lambda v=v: _raw_env(factory, v) for v in sample],
+                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    semantic = gym.vector.SyncVectorEnv([lambda v=v: _InfoFree(factory(v)) for v in sample],
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    pool = InProcessPool(sample, factory, len(sample), PoolConfig(num_workers=1, scheduler=scheduler), seed=seed)
+    raw.reset(seed=seed)
+    semantic.reset(seed=seed)
+    pool.reset(seed=seed)
+    for t in range(warmup):
+        raw.step(actions[t])
+        semantic.step(actions[t])
+        pool.step(actions[t])
+    raw_s: list[float] = []
+    semantic_s: list[float] = []
+    pool_s: list[float] = []
+    for b in range(blocks):
+        rows = actions[warmup + b * block: warmup + (b + 1) * block]
+        for step_fn, times in ((raw.step, raw_s), (semantic.step, semantic_s), (pool.step, pool_s)):
+            started = time.perf_counter()
+            for a in rows:
+                step_fn(a)
+            times.append(time.perf_counter() - started)
+    created = pool.stats()["workers"][0]["created"]
+    raw.close()
+    semantic.close()
+    pool.close()
+    per_block = block * len(sample)
+    raw_med, semantic_med, pool_med = float(np.median(raw_s)), float(np.median(semantic_s)), float(np.median(pool_s))
+    # Split: adapters alone (SyncVectorEnv over SemanticEnv) vs the pool's own share on top of them.
+    return {"semantic_overhead": pool_med / raw_med - 1.0, "raw_step_us": raw_med / per_block * 1e6,
+            "adapter_only_overhead": semantic_med / raw_med - 1.0, "pool_vs_semantic_vector": pool_med / semantic_med - 1.0,
+            "semantic_vector_step_us": semantic_med / per_block * 1e6,
+            "pool_step_us": pool_med / per_block * 1e6, "overhead_envs": len(sample), "overhead_steps": block * blocks,
+            "overhead_pool_envs_created": int(created)}
+
+
+# --------------------------------------------------------------------------------------- memory
+def _memory_probe(variant_json: list[str], factory: EnvFactory, num_envs: int, max_live: int) -> dict[str, float]:
+    """Runs in a fresh process: RSS growth of parsing the catalogue, building the pool and resetting it."""
+    from agentflow_core.variants import VariantSpec
+
+    gc.collect()
+    process = psutil.Process()
+    base = process.memory_info().rss
+    variants = [VariantSpec.from_json(text) for text in variant_json]
+    config = PoolConfig(num_workers=1, scheduler="round_robin", max_live_per_worker=max_live)
+    started = time.perf_counter()
+    pool = InProcessPool(variants, factory, num_envs, config, seed=0)
+    pool.reset(seed=0)
+    elapsed = time.perf_counter() - started
+    gc.collect()
+    live = pool.stats()["live_envs"]
+    return {"mb": (process.memory_info().rss - base) / 2**20, "live_envs": float(live), "build_s": elapsed}
+
+
+def _probe(variant_json: list[str], factory: EnvFactory, num_envs: int, max_live: int) -> dict[str, float]:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as workers:
+        return workers.apply(_memory_probe, (variant_json, factory, num_envs, max_live))
+
+
+def memory_footprint(variants: Sequence[VariantLike], factory: EnvFactory, live: int = 300,
+                     measure_all_live: bool = True) -> dict[str, Any]:
+    """Catalogue, 300-live and all-live memory beyond an empty pool, each probe in its own process."""
+    texts = [v.to_json() for v in variants]  # type: ignore[attr-defined]
+    empty = _probe(texts[:1], factory, 1, 1)
+    catalogue = _probe(texts, factory, 1, 1)
+    live_probe = _probe(texts, factory, live, live)
+    per_env_mb = (live_probe["mb"] - catalogue["mb"]) / max(live_probe["live_envs"], 1.0)
+    out: dict[str, Any] = {
+        "n_variants": len(texts),
+        "catalogue_7200_mb": catalogue["mb"] - empty["mb"],
+        "live_300_mb": live_probe["mb"] - catalogue["mb"],
+        "live_300_envs": int(live_probe["live_envs"]),
+        "per_env_kb": per_env_mb * 1024,
+    }
+    if measure_all_live:
+        all_live = _probe(texts, factory, len(texts), len(texts))
+        out.update(all_live_7200_mb=all_live["mb"] - catalogue["mb"], all_live_7200_extrapolated=False,
+                   all_live_7200_envs=int(all_live["live_envs"]), all_live_7200_build_s=all_live["build_s"])
+    else:
+        out.update(all_live_7200_mb=per_env_mb * len(texts), all_live_7200_extrapolated=True)
+    return out
+
+
+# --------------------------------------------------------------------------------------- ray
+def ray_speedup_and_recovery(variants: Sequence[VariantLike], factory: EnvFactory, num_envs: int = 300,
+                             steps: int = 30, seed: int = 0, config: PoolConfig | None = None,
+                             ray_config: RayConfig | None = None, window_s: float = 2.0,
+                             recovery: bool = True) -> dict[str, Any]:
+    """In-process vs Ray (2 workers) on the same variants, then a SIGKILL of one Ray worker."""
+    from agentflow_core.pool.ray_pool import RayPool
+
+    base = config or PoolConfig()
+    config = base.model_copy(update={"num_workers": 2, "max_live_per_worker": max(base.max_live_per_worker, num_envs)})
+    timings: dict[str, float] = {}
+    pools: dict[str, PoolDriver] = {}
+    for name in ("inprocess", "ray"):
+        pool: PoolDriver = (InProcessPool(variants, factory, num_envs, config, seed=seed) if name == "inprocess"
+                            else RayPool(variants, factory, num_envs, config, seed=seed, ray_config=ray_config))
+        rng = np.random.default_rng(seed)
+        _, mask = _drive(pool, 10, rng, pool.reset(seed=seed).action_mask)  # warm-up: envs created lazily
+        timings[name], _ = _drive(pool, steps, rng, mask)
+        pools[name] = pool
+    pools["inprocess"].close()
+    out: dict[str, Any] = {
+        "ray_speedup_2_workers": timings["inprocess"] / timings["ray"],
+        "inprocess_env_steps_per_s": steps * num_envs / timings["inprocess"],
+        "ray_env_steps_per_s": steps * num_envs / timings["ray"],
+        "ray_num_envs": num_envs, "ray_steps": steps,
+    }
+    if recovery:
+        out.update(_recovery(pools["ray"], seed, window_s))  # type: ignore[arg-type]
+    pools["ray"].close()
+    return out
+
+
+def _throughput(pool: PoolDriver, rng: np.random.Generator, mask: np.ndarray, seconds: float) -> tuple[float, np.ndarray]:
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        mask = pool.step(np.argmax(rng.random(mask.shape) * mask, axis=1)).action_mask
+        steps += 1
+    return steps * pool.num_envs / (time.perf_counter() - started), mask
+
+
+def _recovery(pool: Any, seed: int, window_s: float) -> dict[str, Any]:
+    rng = np.random.default_rng(seed + 1)
+    mask = pool.step(np.zeros(pool.num_envs, np.int64)).action_mask
+    before, mask = _throughput(pool, rng, mask, window_s)
+    killed_at = time.monotonic()
+    os.kill(pool.worker_pids()[0], signal.SIGKILL)
+    batch = pool.step(np.argmax(rng.random(mask.shape) * mask, axis=1))
+    lost = sum(info["failure_reason"] == "worker_lost" for info in batch.infos)
+    batch = pool.step(np.argmax(rng.random(batch.action_mask.shape) * batch.action_mask, axis=1))
+    stepping_again = time.monotonic() - killed_at  # every slot, the victim's included, has stepped again
+    mask = batch.action_mask
+    while time.monotonic() - killed_at < 5.0:
+        mask = pool.step(np.argmax(rng.random(mask.shape) * mask, axis=1)).action_mask
+    after, _ = _throughput(pool, rng, mask, window_s)
+    event = pool.loss_events[-1] if pool.loss_events else {"detected_at": float("nan"), "restored_at": float("nan")}
+    return {"recovery_detect_s": event["detected_at"] - killed_at, "recovery_restart_s": event["restored_at"] - killed_at,
+            "recovery_s": stepping_again, "recovery_steps_lost": int(lost),
+            "throughput_before_env_steps_per_s": before, "throughput_after_5s_env_steps_per_s": after,
+            "throughput_after_5s_ratio": after / before}
+
+
+# --------------------------------------------------------------------------------------- all
+def scheduler_coverage(config: PoolConfig, n_variants: int = 1000, draws: int = 50_000, seed: int = 0) -> dict[str, Any]:
+    """The configured strategy's coverage ratios from the scheduler benchmark."""
+    from agentflow_core.bench.scheduler_bench import run_scheduler_bench
+
+    result = run_scheduler_bench(n_variants=n_variants, draws=draws, seed=seed, cfg=config,
+                                 strategies=(config.scheduler,))
+    metrics = result["strategies"][config.scheduler]
+    return {"scheduler": config.scheduler, "scheduler_n_variants": n_variants, "scheduler_draws": draws,
+            **{k: metrics[k] for k in ("cold_share_vs_round_robin", "max_visit_gap_over_n", "draws_to_90pct_vs_round_robin")}}
+
+
+def run_pool_bench(variants: Sequence[VariantLike], factory: EnvFactory, *, config: PoolConfig | None = None,
+                   ray_config: RayConfig | None = None, num_envs: int = 300, steps: int = 30,
+                   overhead_envs: int = 64, overhead_steps: int = 200, measure_all_live: bool = True,
+                   scheduler_draws: int = 50_000, seed: int = 0) -> dict[str, Any]:
+    """Run every pool measurement; returns one flat dict of numbers plus targets and their verdicts."""
+    config = config or PoolConfig()
+    started = time.perf_counter()
+    out: dict[str, Any] = {"machine_cpus": os.cpu_count(), "n_variants": len(variants)}
+    out.update(semantic_overhead(variants, factory, overhead_envs, overhead_steps, config.scheduler, seed))
+    out.update(memory_footprint(variants, factory, live=num_envs, measure_all_live=measure_all_live))
+    out.update(scheduler_coverage(config, draws=scheduler_draws, seed=seed))
+    out.update(ray_speedup_and_recovery(variants, factory, num_envs, steps, seed, config, ray_config))
+    out["targets"] = dict(TARGETS)
+    out["targets_met"] = {
+        "semantic_overhead": out["semantic_overhead"] <= TARGETS["semantic_overhead"],
+        "ray_speedup_2_workers": out["ray_speedup_2_workers"] >= TARGETS["ray_speedup_2_workers"],
+        "catalogue_7200_mb": out["catalogue_7200_mb"] <= TARGETS["catalogue_7200_mb"],
+        "live_300_mb": out["live_300_mb"] <= TARGETS["live_300_mb"],
+        "recovery_s": out.get("recovery_s", float("inf")) <= TARGETS["recovery_s"],
+        "throughput_after_5s_ratio": out.get("throughput_after_5s_ratio", 0.0) >= TARGETS["throughput_after_5s_ratio"],
+    }
+    out["wall_s"] = time.perf_counter() - started
+    return out

@@ -1,0 +1,153 @@
+"""The env-pool contract: what every pool returns (:class:`PoolBatch`) and how envs are built.
+
+A pool steps ``num_envs`` slots at once and returns numpy arrays, so the learner runs the policy
+once per step over every slot. Autoreset is explicit SAME_STEP (Gymnasium's
+``AutoresetMode.SAME_STEP``): when a slot's episode ends, the pool's scheduler picks the slot's
+next variant, ``obs`` already holds that episode's first observation and ``final_obs`` keeps the
+last observation of the finished one for bootstrapping on truncation.
+
+Env factories are picklable callables from a variant spec to a :class:`SemanticEnv`-like env,
+so a Ray worker builds its envs from data (the registry's :class:`EnvEntry` travels, live envs
+never do).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from agentflow_core.errors import AgentFlowError
+
+# failure_reason values the pool itself assigns (the channel assigns max_steps, user_blocked, ...).
+ENV_CRASH = "env_crash"
+ENV_TIMEOUT = "env_timeout"
+ENV_INVALID = "env_invalid"
+WORKER_LOST = "worker_lost"
+POOL_FAILURES = frozenset({ENV_CRASH, ENV_TIMEOUT, ENV_INVALID, WORKER_LOST})
+
+
+class PoolError(AgentFlowError):
+    """The pool cannot go on (workers keep dying, every variant is quarantined, ...)."""
+
+
+class VariantLike(Protocol):
+    """What the pool needs of a variant spec (``agentflow_core.variants.VariantSpec`` satisfies it)."""
+
+    @property
+    def env_id(self) -> str: ...
+
+    @property
+    def base_env_id(self) -> str: ...
+
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
+    @property
+    def content_hash(self) -> str: ...
+
+
+@runtime_checkable
+class PoolEnv(Protocol):
+    """The env surface a pool steps: Gymnasium reset/step plus the mask of legal actions."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]: ...
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]: ...
+
+    def action_masks(self) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+class EnvFactory(Protocol):
+    """Builds the env of one variant. Must be picklable: Ray workers receive it by value."""
+
+    def __call__(self, variant: VariantLike) -> PoolEnv: ...
+
+
+@dataclass(frozen=True)
+class RegistryEnvFactory:
+    """Build variants' envs from registry entries (plain data), sharing one adapter per base env.
+
+    Adapters are stateless rule engines over their mapping, so one instance per base env serves
+    every live env of a worker; building it per env would re-validate the mapping schema each time
+    and multiply the memory of the compiled rules by the number of live envs.
+    """
+
+    entries: Mapping[str, Any]  # base_env_id -> agentflow_core.registry.EnvEntry
+    _adapters: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def __call__(self, variant: VariantLike) -> PoolEnv:
+        from agentflow_core.adapters import adapter_class, load_object
+        from agentflow_core.envs.semantic_env import SemanticEnv
+
+        entry = self.entries[variant.base_env_id]
+        scenario = entry.scenario(variant.params)
+        with self._lock:
+            adapter = self._adapters.get(entry.env_id)
+            if adapter is None:
+                adapter = adapter_class(entry.adapter)(entry.mapping, source=entry.mapping_path)
+                self._adapters[entry.env_id] = adapter
+        physical = load_object(entry.class_path)(scenario, variant.env_id, **entry.kwargs)
+        return SemanticEnv(physical, adapter, max_episode_steps=scenario.max_episode_steps)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"entries": dict(self.entries)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        object.__setattr__(self, "entries", state["entries"])
+        object.__setattr__(self, "_adapters", {})
+        object.__setattr__(self, "_lock", threading.Lock())
+
+
+@dataclass
+class PoolBatch:
+    """One step of every slot (see the module docstring for the SAME_STEP autoreset semantics).
+
+    ``infos[i]`` describes the step slot ``i`` just took: env_id, variant_index, variant_hash,
+    step_id, failure_reason, tokens, risk; at episode end also episode_return, episode_length,
+    success and ``next_env_id`` / ``next_variant_index`` naming the episode whose first
+    observation is in ``obs[i]``.
+    """
+
+    obs: np.ndarray
+    action_mask: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+    infos: list[dict[str, Any]]
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.terminated | self.truncated
+
+
+class EnvPool(Protocol):
+    """Step ``num_envs`` semantic envs as one batch; :class:`InProcessPool` and ``RayPool`` implement it."""
+
+    num_envs: int
+
+    def reset(self, seed: int) -> PoolBatch: ...
+
+    def step(self, actions: np.ndarray) -> PoolBatch: ...
+
+    def close(self) -> None: ...
+
+
+def as_variant_list(variants: Sequence[VariantLike]) -> list[VariantLike]:
+    """Validate a catalogue for a pool: non-empty and unique env_ids (they key the LRU and routing)."""
+    items = list(variants)
+    if not items:
+        raise PoolError("the variant catalogue is empty")
+    seen: set[str] = set()
+    for v in items:
+        if v.env_id in seen:
+            raise PoolError(f"duplicate variant env_id {v.env_id!r} in the catalogue")
+        seen.add(v.env_id)
+    return items

@@ -1,0 +1,303 @@
+"""Driver-side pool logic shared by :class:`InProcessPool` and :class:`RayPool`.
+
+The driver owns the slots: which variant each slot is playing, episode returns and lengths,
+the scheduler, per-variant failure counts and quarantine. Workers only host envs. A pool step is
+at most two rounds of worker calls (all workers in parallel each round): step every live slot,
+then reset the slots whose episodes ended on the variants the scheduler picked (SAME_STEP).
+Subclasses supply the transport (:meth:`PoolDriver._invoke`) and worker recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.config import PoolConfig
+from agentflow_core.pool.base import POOL_FAILURES, WORKER_LOST, PoolBatch, PoolError, VariantLike, as_variant_list
+from agentflow_core.pool.scheduler import EpisodeStats
+from agentflow_core.pool.worker import WorkerBatch
+from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, N_TOKENS, OBS_DIM, TOKEN_INDEX, TOKENS
+from agentflow_core.variants import stable_worker
+
+logger = logging.getLogger("agentflow.pool")
+
+# A slot whose resets keep failing (every sampled variant broken) stops the pool instead of spinning.
+MAX_RESET_ROUNDS = 16
+_GOAL = TOKEN_INDEX[GOAL_TOKEN]
+_TOKEN_NAMES = np.array(TOKENS, dtype=object)
+
+
+@dataclass
+class _StepRows:
+    """The whole step as arrays over slots (filled per worker, then autoreset in place)."""
+
+    obs: np.ndarray
+    action_mask: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    step_id: np.ndarray
+    risk: np.ndarray
+    failure_reason: list[str | None]
+
+    @classmethod
+    def zeros(cls, n: int) -> _StepRows:
+        return cls(np.zeros((n, OBS_DIM), np.float32), np.ones((n, N_ACTIONS), bool), np.zeros(n, np.float32),
+                   np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.float32), [None] * n)
+
+    def scatter(self, res: WorkerBatch) -> None:
+        s = res.slots
+        self.obs[s], self.action_mask[s], self.reward[s] = res.obs, res.action_mask, res.reward
+        self.terminated[s], self.truncated[s], self.step_id[s], self.risk[s] = res.terminated, res.truncated, res.step_id, res.risk
+        for slot, reason in zip(s.tolist(), res.failure_reason, strict=True):
+            self.failure_reason[slot] = reason
+
+
+class PoolDriver:
+    """Slots, scheduling, SAME_STEP autoreset and fault accounting over ``n_workers`` env workers."""
+
+    def __init__(self, variants: Sequence[VariantLike], num_envs: int, config: PoolConfig, scheduler: Any,
+                 n_workers: int, seed: int = 0) -> None:
+        if num_envs < 1:
+            raise PoolError(f"num_envs must be >= 1, got {num_envs}")
+        self.variants = as_variant_list(variants)
+        self.num_envs = int(num_envs)
+        self.config = config
+        self.scheduler = scheduler
+        self.n_workers = max(int(n_workers), 1)
+        self.env_ids = [v.env_id for v in self.variants]
+        self.variant_hashes = [v.content_hash for v in self.variants]
+        self.worker_of = np.fromiter((stable_worker(e, self.n_workers) for e in self.env_ids), np.int64, len(self.env_ids))
+        self._rng = np.random.default_rng(seed)
+        n = self.num_envs
+        self._slot_variant = np.full(n, -1, np.int64)
+        self._slot_live = np.zeros(n, bool)
+        self._obs = np.zeros((n, OBS_DIM), np.float32)
+        self._ep_return = np.zeros(n, np.float64)
+        self._ep_length = np.zeros(n, np.int64)
+        self._step_id = np.zeros(n, np.int64)
+        self._ep_tokens = np.zeros((n, N_TOKENS), bool)
+        self._value_loss = np.full(len(self.variants), np.nan)
+        self.failures = np.zeros(len(self.variants), np.int64)
+        self.quarantined: dict[int, str] = {}
+        self.worker_restarts = 0
+        self.counters: dict[str, int] = {"steps": 0, "episodes": 0, "successes": 0, **{r: 0 for r in sorted(POOL_FAILURES)}}
+
+    # ------------------------------------------------------------------ transport (subclasses)
+    def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
+        """Run ``{worker: (method, args)}`` concurrently; ``None`` marks a worker lost (and recovered)."""
+        raise NotImplementedError
+
+    def _worker_call(self, worker: int, method: str, *args: Any) -> Any:
+        """One call on one worker, for stats and bookkeeping (not on the hot path)."""
+        raise NotImplementedError
+
+    def _worker_lost(self, worker: int, error: BaseException) -> None:
+        """Count a lost worker; past ``max_worker_restarts`` the pool stops with :class:`PoolError`."""
+        self.worker_restarts += 1
+        logger.error("pool: worker %d lost (%s: %s); restart %d of %d", worker, type(error).__name__, error,
+                     self.worker_restarts, self.config.max_worker_restarts)
+        if self.worker_restarts > self.config.max_worker_restarts:
+            raise PoolError(f"worker {worker} lost again ({type(error).__name__}); the pool already restarted workers "
+                            f"{self.worker_restarts - 1} times (max_worker_restarts={self.config.max_worker_restarts})") from error
+
+    # ------------------------------------------------------------------ public API
+    def reset(self, seed: int) -> PoolBatch:
+        """Start a fresh episode in every slot; the scheduler picks the variants."""
+        self._rng = np.random.default_rng(seed)
+        live = np.flatnonzero(self._slot_live)
+        if live.size:
+            for w, slots in self._by_worker(live, self.worker_of[self._slot_variant[live]]).items():
+                self._worker_call(w, "release", slots)
+        self._slot_live[:] = False
+        rows = _StepRows.zeros(self.num_envs)
+        rows.truncated[:] = True  # no episode is running: a worker lost here closes none
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self._autoreset(list(range(self.num_envs)), rows, infos, rows.obs.copy())
+        for slot, info in enumerate(infos):
+            v = int(self._slot_variant[slot])
+            info.update(env_id=self.env_ids[v], variant_index=v, variant_hash=self.variant_hashes[v], step_id=0,
+                        failure_reason=None, tokens=self._tokens(rows.obs[slot]), risk=0.0)
+            for key in ("next_env_id", "next_variant_index", "next_variant_hash"):
+                info.pop(key, None)
+        self._obs = rows.obs
+        zeros = np.zeros(self.num_envs, bool)
+        return PoolBatch(rows.obs, rows.action_mask, np.zeros(self.num_envs, np.float32), zeros, zeros.copy(),
+                         rows.obs.copy(), infos)
+
+    def step(self, actions: np.ndarray) -> PoolBatch:
+        """Advance every slot by its action; ended episodes autoreset in the same step."""
+        actions = np.asarray(actions).reshape(self.num_envs)
+        if not self._slot_live.all():
+            raise PoolError("step() before reset(): every slot needs a live episode")
+        rows = _StepRows.zeros(self.num_envs)
+        hosts = self.worker_of[self._slot_variant]
+        calls = {w: ("step", (slots, actions[slots])) for w, slots in self._by_worker(np.arange(self.num_envs), hosts).items()}
+        lost = np.zeros(self.num_envs, bool)
+        for w, res in self._invoke(calls).items():
+            if res is None:
+                lost[calls[w][1][0]] = True
+            else:
+                rows.scatter(res)
+        if lost.any():
+            self._mark_lost(rows, np.flatnonzero(lost), self._obs)
+        failed = [i for i, r in enumerate(rows.failure_reason) if r in POOL_FAILURES]
+        rows.truncated[failed] = True
+        rows.terminated[failed] = False
+        # A failed step has no valid observation: the episode's last good one is its final obs.
+        rows.obs[failed] = self._obs[failed]
+        rows.step_id[failed] = self._step_id[failed] + 1
+        self._ep_return += rows.reward
+        self._ep_tokens |= rows.obs[:, :N_TOKENS] > 0.5
+        self._ep_length += ~lost
+        self._step_id = rows.step_id.copy()
+        self.counters["steps"] += self.num_envs
+        infos = self._infos(rows)
+        done = rows.terminated | rows.truncated
+        final_obs = rows.obs.copy()
+        ended = np.flatnonzero(done).tolist()
+        self._finish_episodes(ended, rows, infos)
+        self._autoreset(ended, rows, infos, final_obs)
+        self._obs = rows.obs
+        return PoolBatch(rows.obs, rows.action_mask, rows.reward, rows.terminated, rows.truncated, final_obs, infos)
+
+    def slot_variants(self) -> np.ndarray:
+        """Variant index each slot is playing now (for feeding per-variant scores back)."""
+        return self._slot_variant.copy()
+
+    def set_value_loss(self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray) -> None:
+        """Learner feedback (PLR's learning signal): reported with each variant's next finished episode."""
+        idx = np.asarray(variant_indices, dtype=np.int64)
+        self._value_loss[idx] = np.asarray(value_loss, dtype=np.float64)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, quarantined variants (env_id -> reason), restarts and per-worker env counts."""
+        workers = [self._worker_call(w, "stats") for w in range(self.n_workers)]
+        return {
+            **self.counters,
+            "num_envs": self.num_envs,
+            "n_variants": len(self.variants),
+            "worker_restarts": self.worker_restarts,
+            "quarantined": {self.env_ids[v]: reason for v, reason in sorted(self.quarantined.items())},
+            "failing_variants": {self.env_ids[v]: int(c) for v, c in enumerate(self.failures) if c},
+            "live_envs": int(sum(w["live"] for w in workers)),
+            "workers": workers,
+        }
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _by_worker(slots: np.ndarray, hosts: np.ndarray) -> dict[int, np.ndarray]:
+        order = np.argsort(hosts, kind="stable")
+        slots, hosts = slots[order], hosts[order]
+        bounds = np.flatnonzero(np.diff(hosts)) + 1
+        return {int(h[0]): s for s, h in zip(np.split(slots, bounds), np.split(hosts, bounds), strict=True) if len(s)}
+
+    @staticmethod
+    def _tokens(obs_row: np.ndarray) -> list[str]:
+        return _TOKEN_NAMES[obs_row[:N_TOKENS] > 0.5].tolist()
+
+    def _infos(self, rows: _StepRows) -> list[dict[str, Any]]:
+        v = self._slot_variant.tolist()
+        step_id, risk = rows.step_id.tolist(), rows.risk.tolist()
+        hot = rows.obs[:, :N_TOKENS] > 0.5
+        return [{"env_id": self.env_ids[v[i]], "variant_index": v[i], "variant_hash": self.variant_hashes[v[i]],
+                 "step_id": step_id[i], "failure_reason": rows.failure_reason[i], "tokens": _TOKEN_NAMES[hot[i]].tolist(),
+                 "risk": risk[i]} for i in range(self.num_envs)]
+
+    def _mark_lost(self, rows: _StepRows, slots: np.ndarray, last_obs: np.ndarray) -> None:
+        rows.obs[slots] = last_obs[slots]
+        rows.truncated[slots], rows.terminated[slots], rows.reward[slots] = True, False, 0.0
+        rows.step_id[slots] = self._step_id[slots]
+        for s in slots.tolist():
+            rows.failure_reason[s] = WORKER_LOST
+
+    def _finish_episodes(self, slots: Sequence[int], rows: _StepRows, infos: list[dict[str, Any]]) -> None:
+        """Episode-end bookkeeping: infos, scheduler update, failure counts and quarantine."""
+        for s in slots:
+            v = int(self._slot_variant[s])
+            reason = rows.failure_reason[s]
+            success = bool(rows.terminated[s] and rows.obs[s, _GOAL] > 0.5)
+            ret, length = float(self._ep_return[s]), int(self._ep_length[s])
+            infos[s].update(episode_return=ret, episode_length=length, success=success)
+            self._slot_live[s] = False
+            self.counters["episodes"] += 1
+            self.counters["successes"] += success
+            if reason in POOL_FAILURES:
+                self.counters[reason] += 1
+                self._count_failure(v, reason)
+            loss = self._value_loss[v]
+            self.scheduler.update(v, EpisodeStats(return_=ret, success=success, length=length, failure_reason=reason,
+                                                  tokens=frozenset(_TOKEN_NAMES[self._ep_tokens[s]].tolist()),
+                                                  value_loss=None if np.isnan(loss) else float(loss)))
+
+    def _count_failure(self, v: int, reason: str) -> None:
+        if reason == WORKER_LOST:  # the worker died, not this variant
+            return
+        self.failures[v] += 1
+        if self.failures[v] >= self.config.quarantine_after and v not in self.quarantined:
+            self.quarantined[v] = reason
+            self.scheduler.quarantine(v, reason)
+            logger.warning("pool: variant %s quarantined after %d failures (last: %s)", self.env_ids[v],
+                           int(self.failures[v]), reason)
+
+    def _sample(self, n: int) -> np.ndarray:
+        try:
+            return np.asarray(self.scheduler.sample(n), dtype=np.int64)
+        except Exception as exc:  # e.g. every variant quarantined
+            raise PoolError(f"the scheduler cannot pick variants: {exc} (quarantined: {len(self.quarantined)} "
+                            f"of {len(self.variants)})") from exc
+
+    def _autoreset(self, slots: list[int], rows: _StepRows, infos: list[dict[str, Any]], final_obs: np.ndarray) -> None:
+        """Reset ``slots`` on scheduler-picked variants, retrying failed resets and lost workers."""
+        pending = list(slots)
+        for _ in range(MAX_RESET_ROUNDS):
+            if not pending:
+                return
+            slot_arr = np.asarray(pending, np.int64)
+            variants = self._sample(len(pending))
+            seeds = self._rng.integers(0, 2**31 - 1, size=len(pending))
+            hosts = self.worker_of[variants]
+            calls: dict[int, tuple[str, tuple[Any, ...]]] = {}
+            for w in np.unique(hosts).tolist():
+                sel = hosts == w
+                calls[w] = ("reset", (slot_arr[sel], variants[sel], seeds[sel]))
+            pending = []
+            for w, res in self._invoke(calls).items():
+                w_slots, w_variants = calls[w][1][0], calls[w][1][1]
+                if res is None:
+                    pending.extend(w_slots.tolist())
+                    pending.extend(self._orphans_of(w, rows, infos, final_obs))
+                    continue
+                for row, (s, v) in enumerate(zip(w_slots.tolist(), w_variants.tolist(), strict=True)):
+                    reason = res.failure_reason[row]
+                    if reason is not None:
+                        self.counters[reason] = self.counters.get(reason, 0) + 1
+                        self._count_failure(v, reason)
+                        self.scheduler.update(v, EpisodeStats(return_=0.0, success=False, length=0, failure_reason=reason))
+                        pending.append(s)
+                        continue
+                    self._slot_variant[s], self._slot_live[s] = v, True
+                    self._ep_return[s], self._ep_length[s], self._step_id[s] = 0.0, 0, 0
+                    self._ep_tokens[s] = res.obs[row, :N_TOKENS] > 0.5
+                    rows.obs[s], rows.action_mask[s] = res.obs[row], res.action_mask[row]
+                    infos[s].update(next_env_id=self.env_ids[v], next_variant_index=v,
+                                    next_variant_hash=self.variant_hashes[v])
+        if pending:
+            raise PoolError(f"could not start episodes in slots {pending[:8]} after {MAX_RESET_ROUNDS} rounds of resets "
+                            f"(quarantined {len(self.quarantined)} of {len(self.variants)} variants)")
+
+    def _orphans_of(self, worker: int, rows: _StepRows, infos: list[dict[str, Any]], final_obs: np.ndarray) -> list[int]:
+        """Slots whose live episode sat on a worker that was just lost: close them as worker_lost."""
+        live = np.flatnonzero(self._slot_live & (self.worker_of[np.maximum(self._slot_variant, 0)] == worker))
+        closing = [s for s in live.tolist() if not (rows.terminated[s] or rows.truncated[s])]
+        for s in closing:  # stepped fine this step, but the episode is gone with its worker
+            rows.truncated[s], rows.failure_reason[s] = True, WORKER_LOST
+            infos[s]["failure_reason"] = WORKER_LOST
+            final_obs[s] = rows.obs[s]
+        self._finish_episodes(closing, rows, infos)
+        self._slot_live[live] = False
+        return live.tolist()

@@ -1,0 +1,350 @@
+"""The batched env worker: owns a slice of the variant catalogue and steps many envs per call.
+
+One :class:`EnvWorker` lives in the driver process (``InProcessPool``) or inside a Ray actor
+(``RayPool``); either way one call advances every slot the worker hosts, never one env per call.
+Envs are created lazily on first use and kept in an LRU cache of idle envs, so the live count
+stays under ``max_live`` however large the slice is.
+
+Fault isolation: each env is stepped under a watchdog (:class:`BatchWatchdog`). An env that
+raises (``env_crash``), returns NaN/inf (``env_invalid``) or does not answer within
+``step_timeout_s`` (``env_timeout``) ends its own episode with that failure reason and is
+discarded; the other rows of the batch are unaffected. Ray never detects a hung call, so the
+timeout has to live here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.errors import EnvError
+from agentflow_core.pool.base import ENV_CRASH, ENV_INVALID, ENV_TIMEOUT, WORKER_LOST, EnvFactory, PoolEnv, VariantLike
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+
+logger = logging.getLogger("agentflow.pool")
+
+
+class _Timeout:
+    """Result marker of an item abandoned by the watchdog."""
+
+
+TIMED_OUT = _Timeout()
+
+
+@dataclass
+class _Job:
+    fn: Callable[[Any], Any]
+    items: Sequence[Any]
+    start: int
+    results: list[Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    current: int = -1
+    started: float = 0.0
+    abandoned: bool = False
+
+
+class BatchWatchdog:
+    """Run ``fn`` over items in a helper thread; an item past ``timeout_s`` is abandoned.
+
+    One thread steps the whole batch (a future per env would cost more than a semantic env step);
+    the caller waits on the deadline of the item in progress. On a hang the stuck thread is left
+    behind (a daemon, so it cannot block interpreter exit) and the rest of the batch continues
+    on a fresh thread.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = float(timeout_s)
+        self.abandoned_threads = 0
+        self._queue: queue.SimpleQueue[_Job | None] | None = None
+
+    def _spawn(self) -> queue.SimpleQueue[_Job | None]:
+        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, args=(jobs,), name="agentflow-env-step", daemon=True).start()
+        return jobs
+
+    @staticmethod
+    def _loop(jobs: queue.SimpleQueue[_Job | None]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            for i in range(job.start, len(job.items)):
+                with job.lock:
+                    if job.abandoned:
+                        return
+                    job.current, job.started = i, time.perf_counter()
+                try:
+                    out: Any = job.fn(job.items[i])
+                except BaseException as exc:  # isolate whatever the env raised
+                    out = exc
+                with job.lock:
+                    if job.abandoned:  # this thread was given up on; its late answer is dropped
+                        return
+                    job.results[i] = out
+            job.done.set()
+
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """``[fn(item) or the exception it raised or TIMED_OUT]`` in item order."""
+        results: list[Any] = [None] * len(items)
+        start = 0
+        while start < len(items):
+            if self._queue is None:
+                self._queue = self._spawn()
+            job = _Job(fn, items, start, results)
+            self._queue.put(job)
+            start = len(items)
+            while not job.done.wait(max(job.started + self.timeout_s - time.perf_counter(), 0.0) if job.current >= 0 else self.timeout_s):
+                with job.lock:
+                    if job.done.is_set():
+                        break
+                    if job.current >= 0 and time.perf_counter() - job.started >= self.timeout_s:
+                        job.abandoned = True
+                        results[job.current] = TIMED_OUT
+                        start = job.current + 1
+                        self._queue = None  # the stuck thread keeps its queue; the next job gets a new thread
+                        self.abandoned_threads += 1
+                        break
+        return results
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._queue = None
+
+
+@dataclass
+class WorkerBatch:
+    """Rows of one worker call, aligned with ``slots`` (plain arrays: cheap to pickle through Ray)."""
+
+    slots: np.ndarray
+    obs: np.ndarray
+    action_mask: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    step_id: np.ndarray
+    risk: np.ndarray
+    failure_reason: list[str | None]
+
+    @classmethod
+    def empty(cls, slots: np.ndarray) -> WorkerBatch:
+        k = len(slots)
+        return cls(
+            slots=np.asarray(slots, dtype=np.int64),
+            obs=np.zeros((k, OBS_DIM), dtype=np.float32),
+            action_mask=np.ones((k, N_ACTIONS), dtype=bool),
+            reward=np.zeros(k, dtype=np.float32),
+            terminated=np.zeros(k, dtype=bool),
+            truncated=np.zeros(k, dtype=bool),
+            step_id=np.zeros(k, dtype=np.int64),
+            risk=np.zeros(k, dtype=np.float32),
+            failure_reason=[None] * k,
+        )
+
+
+def _failure_of(out: Any) -> str:
+    if out is TIMED_OUT:
+        return ENV_TIMEOUT
+    if isinstance(out, EnvError):
+        return out.failure_reason
+    return ENV_CRASH
+
+
+@dataclass
+class _Active:
+    variant_index: int
+    env: PoolEnv
+
+
+class EnvWorker:
+    """Hosts the envs of its catalogue slice; ``reset`` and ``step`` take many slots per call."""
+
+    def __init__(self, factory: EnvFactory, variants: Mapping[int, VariantLike], max_live: int,
+                 step_timeout_s: float, worker_index: int = 0) -> None:
+        self.factory = factory
+        self.variants = dict(variants)
+        self.max_live = int(max_live)
+        self.worker_index = worker_index
+        self.watchdog = BatchWatchdog(step_timeout_s)
+        self._active: dict[int, _Active] = {}
+        # variant index -> idle envs of that variant, least recently used variant first
+        self._idle: OrderedDict[int, list[PoolEnv]] = OrderedDict()
+        self._n_idle = 0
+        self.counters = {"created": 0, "evicted": 0, ENV_CRASH: 0, ENV_TIMEOUT: 0, ENV_INVALID: 0, "steps": 0,
+                         "step_calls": 0, "reset_calls": 0}
+
+    # ------------------------------------------------------------------ introspection
+    def pid(self) -> int:
+        """OS process id (the fault tests kill a Ray worker by it)."""
+        return os.getpid()
+
+    def ping(self) -> int:
+        return self.worker_index
+
+    @property
+    def live_count(self) -> int:
+        return len(self._active) + self._n_idle
+
+    def stats(self) -> dict[str, Any]:
+        """Counters plus live/active/idle env counts."""
+        return {**self.counters, "worker": self.worker_index, "live": self.live_count, "active": len(self._active),
+                "idle": self._n_idle, "catalogue": len(self.variants), "abandoned_threads": self.watchdog.abandoned_threads}
+
+    # ------------------------------------------------------------------ env lifecycle
+    def _discard(self, env: PoolEnv, hung: bool) -> None:
+        if hung:
+            return  # its thread may still be inside step(); never touch it again
+        try:
+            env.close()
+        except Exception:  # closing a broken env may fail too; it is dropped either way
+            logger.debug("worker %d: close() of a failed env raised", self.worker_index, exc_info=True)
+
+    def _park(self, variant_index: int, env: PoolEnv) -> None:
+        """Return an env whose episode ended to the LRU cache (its variant becomes most recent)."""
+        self._idle.setdefault(variant_index, []).append(env)
+        self._idle.move_to_end(variant_index)
+        self._n_idle += 1
+        self._evict()
+
+    def _take_idle(self, variant_index: int) -> PoolEnv | None:
+        envs = self._idle.get(variant_index)
+        if not envs:
+            return None
+        env = envs.pop()
+        self._n_idle -= 1
+        if not envs:
+            del self._idle[variant_index]
+        return env
+
+    def _evict(self) -> None:
+        while self.live_count > self.max_live and self._idle:
+            variant_index, envs = next(iter(self._idle.items()))
+            env = envs.pop()
+            self._n_idle -= 1
+            if not envs:
+                del self._idle[variant_index]
+            self._discard(env, hung=False)
+            self.counters["evicted"] += 1
+
+    def release(self, slots: Sequence[int] | np.ndarray) -> None:
+        """End the slots' episodes without stepping (pool reset); their envs go to the cache."""
+        for slot in np.asarray(slots, dtype=np.int64).tolist():
+            active = self._active.pop(slot, None)
+            if active is not None:
+                self._park(active.variant_index, active.env)
+
+    # ------------------------------------------------------------------ batched calls
+    def reset(self, slots: np.ndarray, variant_indices: np.ndarray, seeds: np.ndarray) -> WorkerBatch:
+        """Start one episode per slot on the given variants; a failing reset is a row with failure_reason."""
+        slots = np.asarray(slots, dtype=np.int64)
+        self.counters["reset_calls"] += 1
+        self.release(slots)
+        items: list[tuple[int, PoolEnv | None, int]] = []
+        for v, seed in zip(np.asarray(variant_indices).tolist(), np.asarray(seeds).tolist(), strict=True):
+            items.append((v, self._take_idle(v), seed))
+        results = self.watchdog.run(self._reset_one, items)
+        out = WorkerBatch.empty(slots)
+        for row, (slot, (v, cached, _), res) in enumerate(zip(slots.tolist(), items, results, strict=True)):
+            if isinstance(res, tuple):
+                env, obs, mask = res
+                out.obs[row], out.action_mask[row] = obs, mask
+                self._active[slot] = _Active(v, env)
+            else:
+                self._record_failure(row, out, res, cached, v)
+        self._evict()
+        return out
+
+    def _reset_one(self, item: tuple[int, PoolEnv | None, int]) -> tuple[PoolEnv, np.ndarray, np.ndarray]:
+        v, env, seed = item
+        if env is None:
+            env = self.factory(self.variants[v])
+            self.counters["created"] += 1
+        obs, info = env.reset(seed=seed)
+        self._check_finite(obs, 0.0, v, 0)
+        mask = info.get("action_mask")
+        return env, obs, env.action_masks() if mask is None else mask
+
+    def step(self, slots: np.ndarray, actions: np.ndarray) -> WorkerBatch:
+        """Advance every given slot by one action; ended episodes park their env in the cache."""
+        slots = np.asarray(slots, dtype=np.int64)
+        actions = np.asarray(actions)
+        out = WorkerBatch.empty(slots)
+        items: list[tuple[PoolEnv, int] | None] = []
+        for slot, action in zip(slots.tolist(), actions.tolist(), strict=True):
+            active = self._active.get(slot)
+            items.append(None if active is None else (active.env, action))
+        results = self.watchdog.run(self._step_one, items)
+        self.counters["steps"] += len(items)
+        self.counters["step_calls"] += 1
+        for row, (slot, res) in enumerate(zip(slots.tolist(), results, strict=True)):
+            if items[row] is None:  # the slot has no episode here (this worker was restarted)
+                out.truncated[row] = True
+                out.failure_reason[row] = WORKER_LOST
+                continue
+            active = self._active[slot]
+            if not isinstance(res, tuple):
+                del self._active[slot]
+                self._record_failure(row, out, res, active.env, active.variant_index)
+                continue
+            obs, reward, terminated, truncated, info, mask = res
+            out.obs[row], out.action_mask[row], out.reward[row] = obs, mask, reward
+            out.terminated[row], out.truncated[row] = terminated, truncated
+            out.step_id[row] = info.get("step_id", 0)
+            out.risk[row] = info.get("risk", 0.0)
+            out.failure_reason[row] = info.get("failure_reason")
+            if terminated or truncated:
+                del self._active[slot]
+                self._park(active.variant_index, active.env)
+        return out
+
+    def _step_one(self, item: tuple[PoolEnv, int] | None) -> tuple[Any, ...] | None:
+        if item is None:
+            return None
+        env, action = item
+        obs, reward, terminated, truncated, info = env.step(action)
+        self._check_finite(obs, reward, info.get("env_id", "?"), info.get("step_id", -1))
+        mask = info.get("action_mask")
+        return obs, reward, terminated, truncated, info, env.action_masks() if mask is None else mask
+
+    @staticmethod
+    def _check_finite(obs: np.ndarray, reward: float, env_id: Any, step_id: int) -> None:
+        # SemanticEnv already raises EnvInvalidError; this guards any other PoolEnv the same way.
+        if not (np.isfinite(reward) and np.isfinite(obs).all()):
+            from agentflow_core.errors import EnvInvalidError
+
+            raise EnvInvalidError(str(env_id), int(step_id), "non-finite observation or reward")
+
+    def _record_failure(self, row: int, out: WorkerBatch, res: Any, env: PoolEnv | None, variant_index: int) -> None:
+        reason = _failure_of(res)
+        self.counters[reason] += 1
+        out.truncated[row] = True
+        out.failure_reason[row] = reason
+        if isinstance(res, EnvError):
+            out.step_id[row] = res.step_id
+        variant = self.variants.get(variant_index)
+        logger.warning("worker %d: %s on %s: %s", self.worker_index, reason,
+                       getattr(variant, "env_id", variant_index), "no answer within the step timeout" if res is TIMED_OUT else res)
+        if env is not None:
+            self._discard(env, hung=res is TIMED_OUT)
+
+    def close(self) -> None:
+        """Close every env this worker holds."""
+        for active in self._active.values():
+            self._discard(active.env, hung=False)
+        for envs in self._idle.values():
+            for env in envs:
+                self._discard(env, hung=False)
+        self._active.clear()
+        self._idle.clear()
+        self._n_idle = 0
+        self.watchdog.close()
