@@ -15,10 +15,13 @@ from rich.tree import Tree
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError
+from tasks.cli_bench import bench_app
 from tasks.cli_calibrate import calibrate_command
+from tasks.cli_pool import profile_envs_cmd
 from tasks.cli_envs import envs_app
 from tasks.cli_explore import explore_command
 from tasks.cli_stress import report_command, stress_command
+from tasks.cli_train import train_command
 from tasks.cli_variants import variants
 from tasks.config_io import load_config
 
@@ -129,9 +132,12 @@ def serve(params: Path = PARAMS_OPTION,
 app.command("calibrate")(calibrate_command)
 app.command("variants")(variants)
 app.command("explore")(explore_command)
+app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)
+app.command("profile-envs")(profile_envs_cmd)
 app.add_typer(envs_app, name="envs")
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

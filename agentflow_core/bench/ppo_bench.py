@@ -1,0 +1,298 @@
+"""PPO benchmark: throughput against stable-baselines3, update latency, and learning vs references.
+
+Measured side by side in one process, so machine speed cancels in the ratios:
+
+- ``sps_ratio_vs_sb3``: end-to-end training throughput (env steps / s, rollout + update) of our
+  PPO over :class:`GymVectorPool` (SyncVectorEnv, SAME_STEP) vs SB3 ``PPO("MlpPolicy")`` over ``DummyVecEnv``, both on the same
+  registered Gymnasium env built by ``gymnasium.make`` (same wrapper stack), with matched
+  hyperparameters: n_envs, n_steps, minibatch size, epochs, learning rate, clip, gamma/lambda,
+  ent/vf coefficients, grad clip and the 64x64 Tanh actor/critic. The two runs alternate
+  (SB3, ours, SB3, ours) and the ratio uses each side's best repeat. SB3 keeps its defaults
+  otherwise (no masking: it cannot mask), single torch thread on both sides.
+  ``inprocess_pool_sps_ratio_vs_sb3`` is the same run of ours over the catalogue pool
+  (``InProcessPool``: scheduler, fault isolation, per-slot infos) for transparency.
+- ``update_s_2048``: one PPO update on 2,048 samples, 4 epochs x 4 minibatches of 512 (median of
+  repeats); ``sb3_update_s_2048`` is SB3's ``train()`` on the same sizes for reference.
+- ``heldout_success_vs_expert`` / ``heldout_success_vs_exploration``: a small training run on the
+  demo catalogue (three families) and held-out PAYMENT_SUCCESS rates of the trained policy, the
+  exploration policy (epsilon-greedy 0.95 around the untrained policy) and the scripted experts,
+  plus learning curves for the figure.
+
+Pure: returns a dict (the CLI writes ``data/bench/ppo.json`` and the PNG).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+
+from agentflow_core.config import PoolConfig, TrainConfig, VariantsConfig
+from agentflow_core.pool.base import PoolBatch, RegistryEnvFactory
+from agentflow_core.pool.inprocess import InProcessPool
+from agentflow_core.rl.convergence import split_heldout
+from agentflow_core.rl.evaluate import evaluate_policy, expert_policy, exploration_policy, greedy_policy
+from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.rl.ppo import PPO, MemorySink
+from agentflow_core.semantics import GOAL_TOKEN, OBS_DIM, TOKEN_INDEX
+from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants
+
+GOAL_INDEX = TOKEN_INDEX[GOAL_TOKEN]
+
+TARGETS = {"sps_ratio_vs_sb3": 3.0, "update_s_2048": 0.1, "heldout_success_vs_expert": 0.8,
+           "heldout_success_vs_exploration": 2.0}
+
+
+@dataclass(frozen=True)
+class GymIdEnv:
+    """A ``gymnasium.make`` env (full wrapper stack) exposing the pool's env surface."""
+
+    env: Any
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return self.env.step(action)
+
+    def action_masks(self) -> np.ndarray:
+        return self.env.unwrapped.action_masks()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@dataclass(frozen=True)
+class GymIdFactory:
+    """Env factory building every slot from one registered Gymnasium id (picklable)."""
+
+    gym_id: str
+
+    def __call__(self, variant: Any) -> GymIdEnv:
+        import agentflow_core.gym_registration  # noqa: F401  (registers the ids)
+
+        return GymIdEnv(gymnasium.make(self.gym_id))
+
+
+class GymVectorPool:
+    """EnvPool over ``n`` ``gymnasium.make`` envs of one registered id, SAME_STEP autoreset.
+
+    The lightest pool for a single Gymnasium id (no catalogue, scheduler, fault isolation or info
+    aggregation): a plain loop over the envs, as SB3's ``DummyVecEnv`` is, so the throughput
+    comparison measures the learners rather than the vector-env machinery.
+    """
+
+    def __init__(self, gym_id: str, num_envs: int) -> None:
+        import agentflow_core.gym_registration  # noqa: F401
+
+        self.num_envs = num_envs
+        self.envs = [gymnasium.make(gym_id) for _ in range(num_envs)]
+        self._return = np.zeros(num_envs)
+        self._length = np.zeros(num_envs, dtype=np.int64)
+
+    def _masks(self) -> np.ndarray:
+        return np.stack([e.unwrapped.action_masks() for e in self.envs])  # type: ignore[attr-defined]
+
+    def reset(self, seed: int) -> PoolBatch:
+        obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
+        self._return[:], self._length[:] = 0.0, 0
+        zeros = np.zeros(self.num_envs, dtype=bool)
+        return PoolBatch(obs, self._masks(), np.zeros(self.num_envs, np.float32), zeros, zeros.copy(), obs.copy(),
+                         [{} for _ in range(self.num_envs)])
+
+    def step(self, actions: np.ndarray) -> PoolBatch:
+        n = self.num_envs
+        obs = np.empty((n, OBS_DIM), np.float32)
+        final_obs = np.empty((n, OBS_DIM), np.float32)
+        reward = np.empty(n, np.float32)
+        terminated = np.empty(n, bool)
+        truncated = np.empty(n, bool)
+        infos: list[dict[str, Any]] = [{} for _ in range(n)]
+        for i, (env, action) in enumerate(zip(self.envs, actions.tolist(), strict=True)):
+            o, r, te, tr, _ = env.step(action)
+            final_obs[i], reward[i], terminated[i], truncated[i] = o, r, te, tr
+            self._return[i] += r
+            self._length[i] += 1
+            if te or tr:
+                infos[i] = {"episode_return": float(self._return[i]), "episode_length": int(self._length[i]),
+                            "success": bool(te and o[GOAL_INDEX] > 0.5)}
+                self._return[i], self._length[i] = 0.0, 0
+                o, _ = env.reset()
+            obs[i] = o
+        return PoolBatch(obs, self._masks(), reward, terminated, truncated, final_obs, infos)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _matched_train_config(n_envs: int, n_steps: int, minibatch: int, epochs: int, total_steps: int) -> TrainConfig:
+    return TrainConfig(total_steps=total_steps, num_envs=n_envs, n_steps=n_steps, batch_size=n_envs * n_steps,
+                       minibatch_size=minibatch, n_epochs=epochs, learning_rate=3e-4, clip_range=0.2, ent_coef=0.01,
+                       vf_coef=0.5, max_grad_norm=0.5, gamma=0.99, gae_lambda=0.95, hidden_sizes=[64, 64])
+
+
+def _gym_pool(gym_id: str, n_envs: int, seed: int) -> InProcessPool:
+    spec = VariantSpec(f"bench_{gym_id.replace('/', '_')}", gym_id, "bench", {}, content_hash(gym_id, {}))
+    return InProcessPool([spec], GymIdFactory(gym_id), n_envs, PoolConfig(num_workers=0, scheduler="uniform"), seed=seed)
+
+
+def _ours_sps(gym_id: str, cfg: TrainConfig, seed: int, catalogue_pool: bool = False) -> tuple[float, PPO]:
+    pool: Any = _gym_pool(gym_id, cfg.num_envs, seed) if catalogue_pool else GymVectorPool(gym_id, cfg.num_envs)
+    try:
+        torch.manual_seed(seed)
+        ppo = PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), pool, cfg, seed=seed)
+        t0 = time.perf_counter()
+        for _ in range(cfg.num_updates):
+            ppo.train_iteration()
+        return ppo.global_step / (time.perf_counter() - t0), ppo
+    finally:
+        pool.close()
+
+
+def _sb3_model(gym_id: str, cfg: TrainConfig, seed: int) -> Any:
+    from stable_baselines3 import PPO as SB3PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    import agentflow_core.gym_registration  # noqa: F401
+
+    # A callable, not the id: make_vec_env would pass render_mode, which the Scenario-kwargs entry point rejects.
+    venv = make_vec_env(lambda: gymnasium.make(gym_id), n_envs=cfg.num_envs, seed=seed)
+    return SB3PPO("MlpPolicy", venv, n_steps=cfg.n_steps, batch_size=cfg.minibatch_size, n_epochs=cfg.n_epochs,
+                  learning_rate=cfg.learning_rate, clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
+                  max_grad_norm=cfg.max_grad_norm, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, seed=seed, device="cpu",
+                  policy_kwargs={"net_arch": {"pi": list(cfg.hidden_sizes), "vf": list(cfg.hidden_sizes)},
+                                 "activation_fn": torch.nn.Tanh})
+
+
+def _sb3_sps(gym_id: str, cfg: TrainConfig, seed: int) -> float:
+    model = _sb3_model(gym_id, cfg, seed)
+    try:
+        t0 = time.perf_counter()
+        model.learn(total_timesteps=cfg.num_updates * cfg.num_envs * cfg.n_steps)
+        return model.num_timesteps / (time.perf_counter() - t0)
+    finally:
+        model.get_env().close()
+
+
+def _update_latency(gym_id: str, seed: int, repeats: int) -> tuple[float, float]:
+    """(ours, SB3) median seconds of one update: 2,048 samples, 4 epochs x 4 minibatches of 512."""
+    cfg = _matched_train_config(8, 256, 512, 4, 2048)
+    pool = GymVectorPool(gym_id, cfg.num_envs)
+    try:
+        torch.manual_seed(seed)
+        ppo = PPO(ActorCritic(), pool, cfg, seed=seed)
+        ppo.collect_rollout()
+        ours = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ppo.update_policy()
+            ours.append(time.perf_counter() - t0)
+    finally:
+        pool.close()
+    model = _sb3_model(gym_id, cfg, seed)
+    try:
+        model.learn(total_timesteps=cfg.batch_size)  # fills the rollout buffer (and runs one train())
+        theirs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.train()
+            theirs.append(time.perf_counter() - t0)
+    finally:
+        model.get_env().close()
+    return float(np.median(ours)), float(np.median(theirs))
+
+
+def demo_catalogue(samples_per_combination: int, seed: int) -> list[VariantSpec]:
+    """The demo catalogue's dimensions over the three packaged base envs."""
+    vc = VariantsConfig()
+    bases = [BaseEnvInfo(b, b.rsplit("_v", 1)[0], int(b.rsplit("_v", 1)[1])) for b in vc.base_envs]
+    return generate_variants(bases, vc.dimensions, vc.perturbations, samples_per_combination, seed)
+
+
+def _packaged_factory(variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
+    from agentflow_core.gym_registration import packaged_entry
+
+    return RegistryEnvFactory({b: packaged_entry(b) for b in sorted({v.base_env_id for v in variants})})
+
+
+def learning_curves(variants: Sequence[VariantSpec], cfg: TrainConfig, seed: int, eval_every: int,
+                    eval_episodes: int, heldout_fraction: float = 0.2) -> dict[str, Any]:
+    """Train on the non-held-out variants; evaluate trained / exploration / expert on the held-out ones."""
+    train, heldout = split_heldout(variants, heldout_fraction)
+    factory = _packaged_factory(variants)
+    pool = InProcessPool(train, factory, cfg.num_envs, PoolConfig(num_workers=0), seed=seed)
+    eval_pool = InProcessPool(heldout, factory, 16, PoolConfig(num_workers=0, scheduler="round_robin"), seed=seed + 1)
+    try:
+        torch.manual_seed(seed)
+        policy = ActorCritic(hidden_sizes=cfg.hidden_sizes)
+        untrained = ActorCritic(hidden_sizes=cfg.hidden_sizes)
+        untrained.load_state_dict(policy.state_dict())
+        sink = MemorySink()
+        ppo = PPO(policy, pool, cfg, seed=seed, sink=sink)
+        reference = {
+            "exploration": evaluate_policy(eval_pool, exploration_policy(untrained, 0.95, np.random.default_rng(seed)),
+                                           eval_episodes, seed=seed + 3),
+            "expert": evaluate_policy(eval_pool, expert_policy(eval_pool), eval_episodes, seed=seed + 3),
+        }
+        evals = [{"step": 0, **evaluate_policy(eval_pool, greedy_policy(policy), eval_episodes, seed=seed + 3).metrics("")}]
+        while ppo.update < cfg.num_updates:
+            ppo.train_iteration()
+            if ppo.update % eval_every == 0 or ppo.update == cfg.num_updates:
+                result = evaluate_policy(eval_pool, greedy_policy(policy), eval_episodes, seed=seed + 3)
+                evals.append({"step": ppo.global_step, **result.metrics("")})
+    finally:
+        pool.close()
+        eval_pool.close()
+    final = evals[-1]
+    return {
+        "train_variants": len(train), "heldout_variants": len(heldout), "steps": ppo.global_step,
+        "heldout_success": final["success_rate"], "heldout_return": final["mean_return"],
+        "heldout_success_exploration": reference["exploration"].success_rate,
+        "heldout_return_exploration": reference["exploration"].mean_return,
+        "heldout_success_expert": reference["expert"].success_rate,
+        "heldout_return_expert": reference["expert"].mean_return,
+        "evals": evals,
+        "train_curve": [{"step": s, "success_rate": m.get("rollout/success_rate", float("nan")),
+                         "episode_return": m.get("rollout/episode_return", float("nan"))} for s, m in sink.rows],
+    }
+
+
+def run_ppo_bench(gym_id: str = "agentflow/WebCheckout-v2", n_envs: int = 8, n_steps: int = 256, minibatch: int = 512,
+                  epochs: int = 4, sps_updates: int = 5, repeats: int = 2, update_repeats: int = 7,
+                  catalogue_samples: int = 3, learn_updates: int = 30, seed: int = 0) -> dict[str, Any]:
+    """All PPO benchmark numbers and the learning-curve data, as one dict."""
+    torch.set_num_threads(1)
+    cfg = _matched_train_config(n_envs, n_steps, minibatch, epochs, sps_updates * n_envs * n_steps)
+    ours_runs, sb3_runs, pool_runs = [], [], []
+    for r in range(repeats):
+        sb3_runs.append(_sb3_sps(gym_id, cfg, seed + r))
+        ours_runs.append(_ours_sps(gym_id, cfg, seed + r)[0])
+        pool_runs.append(_ours_sps(gym_id, cfg, seed + r, catalogue_pool=True)[0])
+    update_ours, update_sb3 = _update_latency(gym_id, seed, update_repeats)
+    learn_cfg = TrainConfig(total_steps=learn_updates * 1024, num_envs=16, n_steps=64, batch_size=1024, minibatch_size=256,
+                            n_epochs=4, learning_rate=1e-3, clip_range=0.2, hidden_sizes=[64, 64])
+    learning = learning_curves(demo_catalogue(catalogue_samples, seed), learn_cfg, seed, eval_every=5, eval_episodes=128)
+    return {
+        "gym_id": gym_id,
+        "matched": {"n_envs": n_envs, "n_steps": n_steps, "minibatch_size": minibatch, "n_epochs": epochs,
+                    "net": "64x64 tanh actor + critic", "steps_per_run": cfg.num_updates * n_envs * n_steps,
+                    "repeats": repeats, "torch_threads": 1},
+        "ours_sps": max(ours_runs), "sb3_sps": max(sb3_runs), "ours_sps_runs": ours_runs, "sb3_sps_runs": sb3_runs,
+        "sps_ratio_vs_sb3": max(ours_runs) / max(sb3_runs),
+        "ours_inprocess_pool_sps": max(pool_runs), "inprocess_pool_sps_ratio_vs_sb3": max(pool_runs) / max(sb3_runs),
+        "update_s_2048": update_ours, "sb3_update_s_2048": update_sb3,
+        "heldout_success_vs_expert": _ratio(learning["heldout_success"], learning["heldout_success_expert"]),
+        "heldout_success_vs_exploration": _ratio(learning["heldout_success"], learning["heldout_success_exploration"]),
+        "learning": learning,
+        "targets": TARGETS,
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")

@@ -1,0 +1,87 @@
+"""Held-out split, best-checkpoint selection and the ``policy_convergence_flag``.
+
+Held-out variants are chosen by a stable hash of their ``content_hash`` (sha256, not Python's
+salted ``hash``), so the split is the same in every process and run, and a variant never moves
+between train and held-out when the catalogue grows. The best checkpoint is the one with the
+highest held-out success rate (ties: higher mean return). Convergence: the last ``window``
+evaluations each improved the metric by less than ``min_rel_improvement`` relative to the one
+before, and their variance is below ``max_variance``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+V = TypeVar("V")
+
+
+def heldout_bucket(key: str, salt: str = "heldout") -> float:
+    """Uniform in [0, 1) from sha256(salt:key): stable across processes and Python versions."""
+    digest = hashlib.sha256(f"{salt}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_heldout(variants: Sequence[V], heldout_fraction: float, salt: str = "heldout") -> tuple[list[V], list[V]]:
+    """(train, heldout): a variant is held out when its hash bucket < ``heldout_fraction``."""
+    train: list[V] = []
+    heldout: list[V] = []
+    for v in variants:
+        key = str(getattr(v, "content_hash", None) or getattr(v, "env_id", v))
+        (heldout if heldout_bucket(key, salt) < heldout_fraction else train).append(v)
+    if not train or not heldout:
+        raise ValueError(f"held-out split of {len(variants)} variants at fraction {heldout_fraction} "
+                         f"leaves {len(train)} train / {len(heldout)} held-out; both must be non-empty")
+    return train, heldout
+
+
+def policy_convergence_flag(history: Sequence[float], window: int = 3, min_rel_improvement: float = 0.003,
+                            max_variance: float = 0.02) -> bool:
+    """True when the last ``window`` evaluations improved < 0.3% each and vary < ``max_variance``."""
+    if len(history) < window + 1:
+        return False
+    recent = np.asarray(history[-(window + 1):], dtype=float)
+    prev, cur = recent[:-1], recent[1:]
+    rel = (cur - prev) / np.maximum(np.abs(prev), 1e-8)
+    return bool((rel < min_rel_improvement).all() and np.var(cur) < max_variance)
+
+
+@dataclass
+class ConvergenceTracker:
+    """Evaluation history, best-so-far and the convergence flag; JSON state for checkpoints."""
+
+    window: int = 3
+    min_rel_improvement: float = 0.003
+    max_variance: float = 0.02
+    history: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    best_metric: float = float("-inf")
+    best_tiebreak: float = float("-inf")
+    best_step: int = -1
+
+    def add(self, step: int, metric: float, tiebreak: float = 0.0) -> bool:
+        """Record one evaluation; returns True when it is the new best (ties broken by ``tiebreak``)."""
+        self.history.append(float(metric))
+        self.steps.append(int(step))
+        if (metric, tiebreak) > (self.best_metric, self.best_tiebreak):
+            self.best_metric, self.best_tiebreak, self.best_step = float(metric), float(tiebreak), int(step)
+            return True
+        return False
+
+    @property
+    def converged(self) -> bool:
+        return policy_convergence_flag(self.history, self.window, self.min_rel_improvement, self.max_variance)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = asdict(self)
+        for key in ("best_metric", "best_tiebreak"):  # JSON has no -inf
+            state[key] = None if state[key] == float("-inf") else state[key]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, float("-inf") if value is None and key.startswith("best_") else value)

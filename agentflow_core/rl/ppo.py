@@ -1,0 +1,428 @@
+"""Proximal Policy Optimization over an :class:`EnvPool`, in CleanRL ``ppo.py`` order and names.
+
+rollout (``n_steps`` x ``num_envs``, one batched no-grad forward per step) -> :func:`compute_gae`
+(bootstrap through truncation with V(final_obs), never through termination) -> flatten (``b_*``)
+-> ``n_epochs`` x minibatches (``mb_*``): clipped surrogate, value loss, entropy bonus, optional
+KL penalty, advantage normalisation, grad-norm clipping -> approx KL ((r-1) - log r, Schulman's
+low-variance estimator) and clip fraction -> diagnostics to an injected :class:`MetricsSink`.
+
+Determinism and resume: every rollout starts with ``pool.reset(seed=rollout_seed(seed, update))``.
+Episodes therefore never span a rollout boundary (the last step of a rollout is bootstrapped with
+V(s_T), as any rollout end is), and a checkpoint taken between updates fully determines the
+future: weights, optimizer, the sampling generator, the minibatch generator, the adaptive
+controller, the reward normaliser and the scheduler. Keep ``n_steps >= max_episode_steps`` so
+every episode can finish inside one rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+from agentflow_core.config import TrainConfig
+from agentflow_core.rl.adaptive import AdaptiveKLController
+from agentflow_core.rl.policy import ActorCritic
+
+
+@runtime_checkable
+class MetricsSink(Protocol):
+    """Where diagnostics go (MLflow, a progress bar, a list in a test); the core never prints."""
+
+    def record(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
+class NullSink:
+    """Discards metrics."""
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        return None
+
+
+@dataclass
+class MemorySink:
+    """Keeps every record in memory (tests, benchmarks, figures)."""
+
+    rows: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def series(self, key: str) -> list[float]:
+        """All recorded values of one metric, in order."""
+        return [m[key] for _, m in self.rows if key in m]
+
+
+@runtime_checkable
+class RewardTransform(Protocol):
+    """Maps a pool step's env rewards to training rewards (reward function + per-env normaliser)."""
+
+    def reset(self, batch: Any) -> None: ...
+
+    def __call__(self, batch: Any) -> np.ndarray: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class TrainingReward:
+    """Reward function (``agentflow_core.rl.reward.RewardFunction``) + per-env scale normalisation.
+
+    Rewards are divided by the running std of the rewards of their env key (``key_of(info)``,
+    e.g. the base env), using ``PerEnvRewardNormalizer``'s statistics. They are *not* centred:
+    subtracting a mean from every step of an episodic task with early termination changes which
+    policy is optimal (a negative per-step reward rewards ending early, e.g. cancelling). Keys
+    with fewer than ``min_count`` samples are left unscaled so early, tiny stds cannot blow up.
+    """
+
+    def __init__(self, reward_fn: Any | None, normalizer: Any | None, key_of: Callable[[dict[str, Any]], str],
+                 min_count: int = 100, eps: float = 1e-8) -> None:
+        self.reward_fn, self.normalizer, self.key_of = reward_fn, normalizer, key_of
+        self.min_count, self.eps = min_count, eps
+
+    def reset(self, batch: Any) -> None:
+        if self.reward_fn is not None:
+            self.reward_fn.reset(batch.obs)
+
+    def __call__(self, batch: Any) -> np.ndarray:
+        reward = np.asarray(batch.reward if self.reward_fn is None else self.reward_fn.step(batch).total, dtype=np.float32)
+        if self.normalizer is None:
+            return reward
+        keys = [self.key_of(info) for info in batch.infos]
+        self.normalizer.update(keys, reward)
+        stats = [self.normalizer.stats[k] for k in keys]
+        scale = np.array([s.std + self.eps if s.count >= self.min_count else 1.0 for s in stats], dtype=np.float32)
+        return reward / scale
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"normalizer": None if self.normalizer is None else self.normalizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.normalizer is not None and state.get("normalizer") is not None:
+            self.normalizer.load_state_dict(state["normalizer"])
+
+
+def rollout_seed(seed: int, update: int) -> int:
+    """Pool reset seed of one rollout: a pure function of (run seed, update index)."""
+    return int(np.random.SeedSequence([seed, update]).generate_state(1, dtype=np.uint32)[0])
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    final_values: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) for SAME_STEP autoreset rollouts.
+
+    All inputs are ``[T, N]`` except ``next_value`` (``[N]``, V of the observation after the last
+    step). Row ``t`` holds the transition (s_t, a_t, r_t) and whether *that* step ended the episode.
+    On termination the target is r_t; on truncation r_t + gamma * V(final_obs_t) (the episode was
+    cut, not finished, so its future value is still owed); the GAE chain stops at both.
+    Returns (advantages, returns), returns = advantages + values.
+    """
+    n_steps = rewards.shape[0]
+    done = (terminated | truncated).to(rewards.dtype)
+    bootstrap = (truncated & ~terminated).to(rewards.dtype)
+    rewards = rewards + gamma * final_values * bootstrap
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(n_steps)):
+        nextvalues = next_value if t == n_steps - 1 else values[t + 1]
+        nextnonterminal = 1.0 - done[t]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def clipped_policy_loss(advantages: torch.Tensor, ratio: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """PPO-clip surrogate, negated for minimisation: mean(max(-A r, -A clip(r, 1-e, 1+e)))."""
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    return torch.max(pg_loss1, pg_loss2).mean()
+
+
+def value_loss(new_values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """0.5 * mean squared error to the GAE returns (unclipped, the SB3 default)."""
+    return 0.5 * ((new_values - returns) ** 2).mean()
+
+
+def approx_kl(logratio: torch.Tensor) -> torch.Tensor:
+    """KL(old || new) estimate mean((r - 1) - log r): unbiased, non-negative (Schulman, "Approximating KL")."""
+    return ((logratio.exp() - 1.0) - logratio).mean()
+
+
+def clip_fraction(ratio: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """Share of samples whose ratio left [1-e, 1+e]."""
+    return ((ratio - 1.0).abs() > clip_range).float().mean()
+
+
+def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
+    """Per-minibatch standardisation (CleanRL ``norm_adv``)."""
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
+    """1 - Var[y - y_pred] / Var[y]: how much of the return variance the critic explains."""
+    var_y = torch.var(y_true)
+    return float("nan") if var_y == 0 else float(1.0 - torch.var(y_true - y_pred) / var_y)
+
+
+class RolloutBuffer:
+    """Preallocated ``[n_steps, num_envs, ...]`` tensors: memory is bounded and allocation-free per step."""
+
+    def __init__(self, n_steps: int, num_envs: int, obs_dim: int, n_actions: int, device: torch.device) -> None:
+        shape = (n_steps, num_envs)
+        self.n_steps, self.num_envs = n_steps, num_envs
+        self.obs = torch.zeros((*shape, obs_dim), device=device)
+        self.masks = torch.zeros((*shape, n_actions), dtype=torch.bool, device=device)
+        self.actions = torch.zeros(shape, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(shape, device=device)
+        self.rewards = torch.zeros(shape, device=device)
+        self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.truncated = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.values = torch.zeros(shape, device=device)
+        self.final_obs = torch.zeros((*shape, obs_dim), device=device)
+        self.variant_index = np.full(shape, -1, dtype=np.int64)
+
+
+@dataclass
+class RolloutStats:
+    """Episode outcomes seen during one rollout."""
+
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    successes: list[float] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        n = len(self.episode_returns)
+        if n == 0:
+            return {"rollout/episodes": 0.0}
+        return {
+            "rollout/episodes": float(n),
+            "rollout/episode_return": float(np.mean(self.episode_returns)),
+            "rollout/episode_length": float(np.mean(self.episode_lengths)),
+            "rollout/success_rate": float(np.mean(self.successes)),
+        }
+
+
+class PPO:
+    """PPO learner state: policy, optimizer, generators, adaptive controller and counters.
+
+    ``train_iteration`` = one rollout + one update. Everything that influences the future is in
+    :meth:`state_dict` (tensors) and :meth:`state_json` (scalars/RNG), which the checkpoint stores.
+    """
+
+    def __init__(
+        self,
+        policy: ActorCritic,
+        pool: Any,
+        cfg: TrainConfig,
+        *,
+        seed: int,
+        sink: MetricsSink | None = None,
+        reward_transform: RewardTransform | None = None,
+        scheduler: Any | None = None,  # default: pool.scheduler (its state_dict goes into checkpoints)
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device)
+        self.pool = pool
+        self.cfg = cfg
+        self.seed = seed
+        self.sink: MetricsSink = sink or NullSink()
+        self.reward_transform = reward_transform
+        self.scheduler = scheduler if scheduler is not None else getattr(pool, "scheduler", None)
+        self.num_envs = int(pool.num_envs)
+        self.n_steps = cfg.n_steps
+        self.batch_size = self.num_envs * self.n_steps
+        if self.batch_size % cfg.minibatch_size:
+            raise ValueError(f"minibatch_size {cfg.minibatch_size} must divide num_envs*n_steps={self.batch_size}")
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        self.sample_generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.np_random = np.random.default_rng(seed)
+        self.adaptive = AdaptiveKLController(clip_init=cfg.clip_range, target_kl=cfg.target_kl, check_every=cfg.kl_check_every)
+        self.buffer = RolloutBuffer(self.n_steps, self.num_envs, policy.obs_dim, policy.n_actions, self.device)
+        self.global_step = 0
+        self.update = 0
+        self.last_rollout = RolloutStats()
+
+    # ---------------------------------------------------------------- rollout
+    def collect_rollout(self) -> RolloutStats:
+        """Reset the pool from (seed, update) and fill the buffer with n_steps x num_envs transitions."""
+        buf, stats = self.buffer, RolloutStats()
+        batch = self.pool.reset(seed=rollout_seed(self.seed, self.update))
+        if self.reward_transform is not None:
+            self.reward_transform.reset(batch)
+        next_obs = torch.as_tensor(batch.obs, device=self.device)
+        next_mask = torch.as_tensor(batch.action_mask, device=self.device)
+        for step in range(self.n_steps):
+            buf.obs[step] = next_obs
+            buf.masks[step] = next_mask
+            with torch.no_grad():
+                action, logprob, _, value = self.policy.get_action_and_value(next_obs, next_mask, generator=self.sample_generator)
+            buf.actions[step] = action
+            buf.logprobs[step] = logprob
+            buf.values[step] = value
+            batch = self.pool.step(action.cpu().numpy())
+            reward = batch.reward if self.reward_transform is None else self.reward_transform(batch)
+            buf.rewards[step] = torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device)
+            buf.terminated[step] = torch.as_tensor(batch.terminated, device=self.device)
+            buf.truncated[step] = torch.as_tensor(batch.truncated, device=self.device)
+            buf.final_obs[step] = torch.as_tensor(batch.final_obs, device=self.device)
+            buf.variant_index[step] = [info.get("variant_index", -1) for info in batch.infos]
+            for i in np.flatnonzero(batch.terminated | batch.truncated):
+                info = batch.infos[i]
+                stats.episode_returns.append(float(info.get("episode_return", np.nan)))
+                stats.episode_lengths.append(int(info.get("episode_length", 0)))
+                stats.successes.append(float(bool(info.get("success", False))))
+            next_obs = torch.as_tensor(batch.obs, device=self.device)
+            next_mask = torch.as_tensor(batch.action_mask, device=self.device)
+        self.global_step += self.batch_size
+        with torch.no_grad():
+            self._next_value = self.policy.get_value(next_obs)
+        self.last_rollout = stats
+        return stats
+
+    def _final_values(self) -> torch.Tensor:
+        """V(final_obs) where a step was truncated, computed in one batched pass after the rollout."""
+        buf = self.buffer
+        final_values = torch.zeros_like(buf.rewards)
+        idx = torch.nonzero(buf.truncated & ~buf.terminated, as_tuple=True)
+        if idx[0].numel():
+            with torch.no_grad():
+                final_values[idx] = self.policy.get_value(buf.final_obs[idx])
+        return final_values
+
+    # ---------------------------------------------------------------- update
+    def update_policy(self) -> dict[str, float]:
+        """GAE over the buffer, then n_epochs x minibatches of clipped-PPO gradient steps."""
+        cfg, buf = self.cfg, self.buffer
+        advantages, returns = compute_gae(buf.rewards, buf.values, buf.terminated, buf.truncated, self._final_values(),
+                                          self._next_value, cfg.gamma, cfg.gae_lambda)
+        self._feed_scheduler(returns)
+        b_obs = buf.obs.reshape(-1, buf.obs.shape[-1])
+        b_masks = buf.masks.reshape(-1, buf.masks.shape[-1])
+        b_actions = buf.actions.reshape(-1)
+        b_logprobs = buf.logprobs.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = buf.values.reshape(-1)
+        clip_range, kl_coef = self.adaptive.clip_range, self.adaptive.kl_coef
+        n_mb = self.batch_size // cfg.minibatch_size
+        stats = torch.zeros((cfg.n_epochs * n_mb, 6), device=self.device)
+        row = 0
+        for _epoch in range(cfg.n_epochs):
+            b_inds = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
+            for start in range(0, self.batch_size, cfg.minibatch_size):
+                mb_inds = b_inds[start:start + cfg.minibatch_size]
+                _, newlogprob, entropy, newvalue = self.policy.get_action_and_value(b_obs[mb_inds], b_masks[mb_inds], b_actions[mb_inds])
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
+                mb_advantages = normalize_advantages(b_advantages[mb_inds])
+                pg_loss = clipped_policy_loss(mb_advantages, ratio, clip_range)
+                v_loss = value_loss(newvalue, b_returns[mb_inds])
+                entropy_loss = entropy.mean()
+                kl = approx_kl(logratio)
+                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+                if kl_coef > 0.0:
+                    loss = loss + kl_coef * kl
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                with torch.no_grad():
+                    old_kl = (-logratio).mean()
+                    stats[row] = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), kl.detach(),
+                                              old_kl, clip_fraction(ratio.detach(), clip_range)])
+                row += 1
+        means = stats.mean(0).tolist()
+        metrics = dict(zip(("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
+                            "losses/old_approx_kl", "losses/clipfrac"), means, strict=True))
+        metrics["losses/explained_variance"] = explained_variance(b_values, b_returns)
+        self.adaptive.observe(metrics["losses/approx_kl"])
+        metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
+        metrics["adaptive/clip_range_used"] = clip_range
+        return metrics
+
+    def _feed_scheduler(self, returns: torch.Tensor) -> None:
+        """Per-variant mean squared value error (PLR's learning-potential score) to pools that take it."""
+        update_scores = getattr(self.pool, "update_scores", None)
+        index = self.buffer.variant_index.reshape(-1)
+        known = index >= 0
+        if update_scores is None or not known.any():
+            return
+        sq_err = ((returns - self.buffer.values) ** 2).reshape(-1).cpu().numpy()[known]
+        variants, inverse = np.unique(index[known], return_inverse=True)
+        scores = np.bincount(inverse, weights=sq_err) / np.bincount(inverse)
+        update_scores(variants, scores)
+
+    def train_iteration(self) -> dict[str, float]:
+        """One rollout + one update; records and returns the diagnostics."""
+        t0 = time.perf_counter()
+        rollout = self.collect_rollout()
+        t1 = time.perf_counter()
+        metrics = self.update_policy()
+        t2 = time.perf_counter()
+        self.update += 1
+        metrics.update(rollout.metrics())
+        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                        "time/sps": self.batch_size / max(t2 - t0, 1e-9), "global_step": float(self.global_step),
+                        "update": float(self.update)})
+        self.sink.record(self.global_step, metrics)
+        return metrics
+
+    # ---------------------------------------------------------------- state
+    def state_json(self) -> dict[str, Any]:
+        """Scalars and RNG states needed for bit-identical continuation (JSON-serialisable)."""
+        return {
+            "seed": self.seed,
+            "global_step": self.global_step,
+            "update": self.update,
+            "np_random": self.np_random.bit_generator.state,
+            "adaptive": self.adaptive.state_dict(),
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
+            "reward_transform": None if self.reward_transform is None else self.reward_transform.state_dict(),
+            "scheduler": None if self.scheduler is None or not hasattr(self.scheduler, "state_dict") else self.scheduler.state_dict(),
+        }
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Optimizer moments and the sampling generator's state, as named tensors (safetensors-ready)."""
+        tensors: dict[str, torch.Tensor] = {"rng/sample_generator": self.sample_generator.get_state()}
+        for idx, state in self.optimizer.state_dict()["state"].items():
+            for key, value in state.items():
+                tensors[f"optim/{idx}/{key}"] = torch.as_tensor(value).detach().cpu().clone()
+        return tensors
+
+    def load_state(self, state: dict[str, Any], tensors: dict[str, torch.Tensor], restore_rng: bool = True,
+                   restore_optimizer: bool = True) -> None:
+        """Inverse of :meth:`state_json` + :meth:`state_tensors` (flags exist for negative-control tests)."""
+        self.global_step, self.update = int(state["global_step"]), int(state["update"])
+        self.adaptive.load_state_dict(state["adaptive"])
+        if restore_rng:
+            self.np_random.bit_generator.state = state["np_random"]
+            self.sample_generator.set_state(tensors["rng/sample_generator"])
+        if restore_optimizer:
+            optim_state: dict[int, dict[str, torch.Tensor]] = {}
+            for name, value in tensors.items():
+                if name.startswith("optim/"):
+                    _, idx, key = name.split("/", 2)
+                    optim_state.setdefault(int(idx), {})[key] = value.to(self.device) if key != "step" else value
+            groups = [dict(g, params=list(og["params"])) for g, og in zip(state["param_groups"], self.optimizer.state_dict()["param_groups"], strict=True)]
+            self.optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
+        if self.reward_transform is not None and state.get("reward_transform") is not None:
+            self.reward_transform.load_state_dict(state["reward_transform"])
+        if self.scheduler is not None and state.get("scheduler") is not None and hasattr(self.scheduler, "load_state_dict"):
+            self.scheduler.load_state_dict(state["scheduler"])
+

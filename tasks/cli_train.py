@@ -1,0 +1,134 @@
+"""``agentflow train`` (Phase 2: BC warm start + PPO, resumable) and ``agentflow bench ppo``.
+
+Register on the main app with ``app.command("train")(train_command)`` and
+``bench_app.command("ppo")(bench_ppo_command)``; ``train_app`` runs both standalone
+(``python -m tasks.cli_train --help``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from agentflow_core.errors import AgentFlowError, ConfigError
+from tasks.config_io import load_config
+from tasks.io import write_json
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+train_app = typer.Typer(help="PPO training and its benchmark.", pretty_exceptions_enable=False, add_completion=False)
+
+PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
+CATALOGUE_OPTION = typer.Option(None, "--catalogue", help="Variant catalogue dir (default <data_dir>/variants).")
+TRAJ_OPTION = typer.Option(None, "--trajectories", help="Exploration dataset for the BC warm start (default <data_dir>/explore).")
+OUT_OPTION = typer.Option(None, "--out", help="Training output dir (default <data_dir>/checkpoints).")
+RESUME_OPTION = typer.Option(False, "--resume", help="Continue from <out>/checkpoints/latest.json (bit-identical to an uninterrupted run).")
+STEPS_OPTION = typer.Option(None, "--total-steps", min=1, help="Override train.total_steps.")
+BENCH_OUT_OPTION = typer.Option(Path("data/bench"), "--out", help="Folder for ppo.json and ppo_learning.png.")
+QUICK_OPTION = typer.Option(False, "--quick", help="Fewer steps and repeats (smoke run, noisier numbers).")
+
+
+def train_command(
+    params: Path = PARAMS_OPTION,
+    catalogue: Path | None = CATALOGUE_OPTION,
+    trajectories: Path | None = TRAJ_OPTION,
+    out: Path | None = OUT_OPTION,
+    resume: bool = RESUME_OPTION,
+    total_steps: int | None = STEPS_OPTION,
+) -> None:
+    """Train the policy with PPO (BC warm start first when enabled); --resume continues a killed run."""
+    import torch
+
+    from tasks.steps.train import run_train
+
+    try:
+        cfg = load_config(params)
+    except ConfigError as exc:
+        err_console.print(f"[bold red]configuration error[/]: {exc}")
+        raise typer.Exit(code=2) from None
+    if total_steps is not None:
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": total_steps})})
+    torch.set_num_threads(1)  # small MLP: more threads only add contention (STACK-NOTES)
+    data = Path(cfg.base.data_dir)
+    catalogue = catalogue or data / "variants"
+    trajectories = trajectories or data / "explore"
+    out = out or data / "checkpoints"
+    columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("train", total=cfg.train.num_updates, status="")
+
+        def on_update(update: int, total: int, m: dict[str, float]) -> None:
+            progress.update(task, completed=update, total=total,
+                            status=f"success {m.get('rollout/success_rate', float('nan')):.2f} "
+                                   f"return {m.get('rollout/episode_return', float('nan')):.2f} "
+                                   f"kl {m['losses/approx_kl']:.4f} clip {m['adaptive/clip_range']:.3f} "
+                                   f"{m['time/sps']:.0f} sps")
+
+        try:
+            summary = run_train(cfg, catalogue, trajectories, out, resume=resume, on_update=on_update)
+        except AgentFlowError as exc:
+            err_console.print(f"[bold red]train failed[/]: {exc}")
+            raise typer.Exit(code=1) from None
+    console.print(f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): held-out success "
+                  f"[bold]{summary['heldout_success']:.3f}[/] vs exploration {summary['heldout_success_exploration']:.3f} "
+                  f"(x{summary['heldout_success_vs_exploration']:.1f}) and expert {summary['heldout_success_expert']:.3f} "
+                  f"({summary['heldout_success_vs_expert']:.0%}); converged={summary['policy_convergence_flag']} -> {out}")
+
+
+def plot_bench(result: dict[str, Any], path: Path) -> None:
+    """Success and reward vs steps: our PPO (held-out, greedy), exploration policy and scripted expert."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    learning = result["learning"]
+    steps = [e["step"] for e in learning["evals"]]
+    fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, ref_key in ((ax_s, "success_rate", "heldout_success"), (ax_r, "mean_return", "heldout_return")):
+        ax.plot(steps, [e[key] for e in learning["evals"]], "o-", label="our PPO (held-out, greedy)")
+        ax.axhline(learning[f"{ref_key}_exploration"], color="tab:gray", ls="--", label="exploration (ε=0.95)")
+        ax.axhline(learning[f"{ref_key}_expert"], color="tab:green", ls=":", label="scripted expert")
+        ax.set_xlabel("environment steps")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ax_s.set(ylabel="PAYMENT_SUCCESS rate", title="held-out success")
+    ax_r.set(ylabel="episode return", title="held-out reward")
+    fig.suptitle(f"PPO vs references; sps ratio vs SB3 {result['sps_ratio_vs_sb3']:.2f}x, "
+                 f"update(2048) {result['update_s_2048'] * 1000:.0f} ms")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bench_ppo(out_dir: Path = Path("data/bench"), quick: bool = False) -> dict[str, Any]:
+    """Run the PPO benchmark; write ``ppo.json`` and ``ppo_learning.png`` under ``out_dir``."""
+    from agentflow_core.bench.ppo_bench import run_ppo_bench
+
+    kwargs: dict[str, Any] = {"sps_updates": 2, "repeats": 1, "update_repeats": 3, "learn_updates": 10} if quick else {}
+    result = run_ppo_bench(**kwargs)
+    write_json(out_dir / "ppo.json", result)
+    plot_bench(result, out_dir / "ppo_learning.png")
+    return result
+
+
+def bench_ppo_command(out: Path = BENCH_OUT_OPTION, quick: bool = QUICK_OPTION) -> None:
+    """PPO benchmark: throughput vs stable-baselines3, update latency, held-out success vs references."""
+    result = bench_ppo(out, quick)
+    keys = ("sps_ratio_vs_sb3", "update_s_2048", "heldout_success_vs_expert", "heldout_success_vs_exploration")
+    console.print(json.dumps({k: round(result[k], 4) for k in keys}, indent=1))
+    console.print(f"-> {out / 'ppo.json'}, {out / 'ppo_learning.png'}")
+
+
+train_app.command("train")(train_command)
+train_app.command("bench-ppo")(bench_ppo_command)
+
+if __name__ == "__main__":
+    train_app()

@@ -1,0 +1,224 @@
+"""Phase 2 step: PPO refinement (optionally warm-started by behaviour cloning), resumable.
+
+Called by ``agentflow train`` (and the DVC stage / Prefect task). Reads the variant catalogue
+and, for the BC warm start, the exploration trajectories; writes under ``out_dir``:
+
+* ``checkpoints/`` -- atomic checkpoints every ``checkpoint_every_updates`` updates and every
+  ``checkpoint_every_minutes`` minutes, plus ``best.json`` (best held-out success);
+* ``policy.safetensors`` + ``policy.json`` -- the best policy and its card (hash, metrics);
+* ``curve.json`` -- per-update training curve and held-out evaluations;
+* ``train_summary.json`` -- the summary returned here;
+* ``plots/train_curves.png`` -- success rate and reward vs environment steps.
+
+``resume=True`` continues from ``checkpoints/latest.json`` and produces the same losses and final
+parameters as a run that was never interrupted (see ``agentflow_core.rl.ppo`` for why).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from agentflow_core.config import AgentFlowConfig, PoolConfig
+from agentflow_core.rl.bc import behaviour_cloning
+from agentflow_core.rl.checkpoint import (
+    CheckpointManager,
+    best_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_ppo,
+)
+from agentflow_core.rl.convergence import ConvergenceTracker, split_heldout
+from agentflow_core.rl.evaluate import evaluate_policy, expert_policy, exploration_policy, greedy_policy
+from agentflow_core.rl.normalize import PerEnvRewardNormalizer
+from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
+from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward
+from agentflow_core.rl.reward import RewardFunction
+from agentflow_core.rl.reward_model import RewardModelClient
+from agentflow_core.rl.trajectories import behaviour_cloning_arrays
+from agentflow_core.semantics import VOCAB_VERSION
+from agentflow_core.variants import VariantSpec, read_catalogue
+from tasks.io import write_json
+from tasks.registry_io import load_registry
+
+PoolFactory = Callable[[Sequence[VariantSpec], int, PoolConfig, int], Any]
+EXPLORATION_EPSILON = 0.95
+
+
+def default_pool_factory(cfg: AgentFlowConfig) -> PoolFactory:
+    """In-process pools whose envs come from the registry entries of the catalogue's base envs."""
+    from agentflow_core.pool.base import RegistryEnvFactory
+    from agentflow_core.pool.inprocess import InProcessPool
+
+    registry = load_registry(cfg)
+
+    def make(variants: Sequence[VariantSpec], num_envs: int, pool_cfg: PoolConfig, seed: int) -> Any:
+        entries = {b: registry.get(b) for b in sorted({v.base_env_id for v in variants})}
+        return InProcessPool(variants, RegistryEnvFactory(entries), num_envs, pool_cfg, seed=seed)
+
+    return make
+
+
+def _reward_transform(cfg: AgentFlowConfig, pool: Any) -> tuple[TrainingReward, RewardModelClient | None]:
+    rc = cfg.train.reward
+    client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
+    base_of = {i: v.base_env_id for i, v in enumerate(pool.variants)}
+    normalizer = PerEnvRewardNormalizer() if rc.normalize else None
+    return TrainingReward(RewardFunction(rc, pool.num_envs, client), normalizer,
+                          key_of=lambda info: base_of.get(info.get("variant_index", -1), str(info.get("env_id")))), client
+
+
+def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [c["global_step"] for c in curve]
+    ax_s.plot(steps, [c.get("rollout/success_rate", np.nan) for c in curve], label="training rollouts")
+    ax_r.plot(steps, [c.get("rollout/episode_return", np.nan) for c in curve], label="training rollouts")
+    if evals:
+        ax_s.plot([e["global_step"] for e in evals], [e["eval/success_rate"] for e in evals], "o-", label="held-out (greedy)")
+        ax_r.plot([e["global_step"] for e in evals], [e["eval/mean_return"] for e in evals], "o-", label="held-out (greedy)")
+    ax_s.set(xlabel="environment steps", ylabel="PAYMENT_SUCCESS rate", title="success rate")
+    ax_r.set(xlabel="environment steps", ylabel="episode return (env reward)", title="reward")
+    for ax in (ax_s, ax_r):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path | None, out_dir: Path, resume: bool,
+              sink: MetricsSink | None = None, pool_factory: PoolFactory | None = None,
+              on_update: Callable[[int, int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``)."""
+    tc, seed = cfg.train, cfg.base.seed
+    out_dir = Path(out_dir)
+    ckpt_root = out_dir / "checkpoints"
+    sink = sink or NullSink()
+    make_pool = pool_factory or default_pool_factory(cfg)
+    train_variants, heldout = split_heldout(read_catalogue(catalogue_path), tc.heldout_fraction)
+    device = resolve_device(cfg.base.device)
+    torch.manual_seed(seed)
+    policy = ActorCritic(hidden_sizes=tc.hidden_sizes).to(device)
+    untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
+    untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
+    pool = make_pool(train_variants, tc.num_envs, cfg.pool, seed)
+    eval_cfg = PoolConfig(num_workers=0, scheduler="round_robin", step_timeout_s=cfg.pool.step_timeout_s)
+    eval_pool = make_pool(heldout, min(tc.num_envs, 16), eval_cfg, seed + 1)
+    reward, client = _reward_transform(cfg, pool)
+    ppo = PPO(policy, pool, tc, seed=seed, sink=sink, reward_transform=reward, device=device)
+    manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes)
+    tracker = ConvergenceTracker()
+    curve: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+    bc_summary: dict[str, Any] = {"used": False}
+    t_start = time.perf_counter()
+    try:
+        latest = latest_checkpoint(ckpt_root) if resume else None
+        if latest is not None:
+            ckpt = load_checkpoint(latest)
+            restore_ppo(ppo, ckpt)
+            extra = ckpt.state["extra"]
+            tracker.load_state_dict(extra["tracker"])
+            curve, evals, bc_summary = extra["curve"], extra["evals"], extra["bc"]
+            untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
+        else:
+            if tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
+                obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir))
+                result = behaviour_cloning(policy, obs, actions, masks, seed=seed)
+                bc_summary = {"used": result.samples > 0, "samples": result.samples, "accuracy": result.accuracy,
+                              "final_loss": result.losses[-1] if result.losses else None}
+            ckpt_root.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in untrained.state_dict().items()}, str(ckpt_root / "untrained.safetensors"))
+        num_updates = tc.num_updates
+        while ppo.update < num_updates:
+            metrics = ppo.train_iteration()
+            curve.append({k: metrics[k] for k in ("global_step", "rollout/success_rate", "rollout/episode_return",
+                                                    "losses/approx_kl", "adaptive/clip_range") if k in metrics})
+            is_last = ppo.update == num_updates
+            new_best = False
+            if ppo.update % tc.eval_every_updates == 0 or is_last:
+                result_eval = evaluate_policy(eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=seed + 7)
+                row = {"global_step": float(ppo.global_step), "update": float(ppo.update), **result_eval.metrics()}
+                evals.append(row)
+                sink.record(ppo.global_step, {**result_eval.metrics(), "policy_convergence_flag": float(tracker.converged)})
+                new_best = tracker.add(ppo.update, result_eval.success_rate, result_eval.mean_return)
+            if manager.due(ppo.update) or new_best or is_last:
+                extra = {"tracker": tracker.state_dict(), "curve": curve, "evals": evals, "bc": bc_summary}
+                path = manager.save(ppo, best_metric=tracker.best_metric if evals else None, extra=extra)
+                if new_best:
+                    manager.mark_best(path)
+            if on_update is not None:
+                on_update(ppo.update, num_updates, metrics)
+        best = best_checkpoint(ckpt_root) or latest_checkpoint(ckpt_root)
+        assert best is not None
+        best_ckpt = load_checkpoint(best)
+        best_policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
+        best_policy.load_state_dict(best_ckpt.model)
+        n_eval = max(tc.eval_episodes, 128)
+        final = {
+            "trained": evaluate_policy(eval_pool, greedy_policy(best_policy), n_eval, seed=seed + 11),
+            "exploration": evaluate_policy(eval_pool, exploration_policy(untrained, EXPLORATION_EPSILON,
+                                                                         np.random.default_rng(seed)), n_eval, seed=seed + 11),
+            "expert": evaluate_policy(eval_pool, expert_policy(eval_pool), n_eval, seed=seed + 11),
+        }
+    finally:
+        pool.close()
+        eval_pool.close()
+        if client is not None:
+            client.close()
+    save_file({k: v.contiguous() for k, v in best_ckpt.model.items()}, str(out_dir / "policy.safetensors"))
+    summary: dict[str, Any] = {
+        "policy_hash": policy_hash(best_policy),
+        "best_checkpoint": best.name,
+        "updates": ppo.update,
+        "global_step": ppo.global_step,
+        "train_variants": len(train_variants),
+        "heldout_variants": len(heldout),
+        "heldout_success": final["trained"].success_rate,
+        "heldout_return": final["trained"].mean_return,
+        "heldout_success_exploration": final["exploration"].success_rate,
+        "heldout_success_expert": final["expert"].success_rate,
+        "heldout_success_vs_exploration": _ratio(final["trained"].success_rate, final["exploration"].success_rate),
+        "heldout_success_vs_expert": _ratio(final["trained"].success_rate, final["expert"].success_rate),
+        "heldout_success_by_family": final["trained"].success_by_family,
+        "policy_convergence_flag": tracker.converged,
+        "evaluations": len(evals),
+        "bc": bc_summary,
+        "wall_s": time.perf_counter() - t_start,
+    }
+    write_json(out_dir / "policy.json", {"policy_hash": summary["policy_hash"], "hidden_sizes": list(tc.hidden_sizes),
+                                         "vocab_version": VOCAB_VERSION, "heldout_success": summary["heldout_success"],
+                                         "checkpoint": best.name})
+    write_json(out_dir / "curve.json", {"curve": curve, "evals": evals})
+    write_json(out_dir / "train_summary.json", summary)
+    _plot_curves(curve, evals, out_dir / "plots" / "train_curves.png")
+    return summary
+
+
+def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:
+    """The initial (pre-BC, pre-PPO) weights: the exploration baseline is epsilon-greedy around them."""
+    from safetensors.torch import load_file
+
+    return load_file(str(ckpt_root / "untrained.safetensors"))
+
+
+def read_summary(out_dir: Path) -> dict[str, Any]:
+    """The last run's summary (for reports)."""
+    return json.loads((Path(out_dir) / "train_summary.json").read_text())
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")
