@@ -8,7 +8,10 @@ episodes with seeds ``seed .. seed+resets-1``. A variant is *stable* when
 3. the variance of its returns, in units of the goal reward (return / 10), is below
    ``max_reward_variance`` (seed §2.2: 0.05). An expert that sometimes finishes and sometimes
    does not produces a variance near 0.25, so a wrong mapping or a broken business rule fails
-   this gate long before PPO would have wasted days on it.
+   this gate long before PPO would have wasted days on it, and
+4. the expert reaches the business goal (PAYMENT_SUCCESS, or a handled outcome such as escalating
+   a blocked user) in at least ``min_success`` of the episodes: an env that *consistently* fails
+   (say a mapping that never emits PAYMENT_PAGE) has zero variance and must still fail the gate.
 
 ``env_stability_score`` is the share of stable variants. The per-variant return statistics are
 kept (Welford) for per-env reward normalisation in training.
@@ -52,32 +55,34 @@ class VariantCalibration:
         return asdict(self)
 
 
-def run_episode(env: SemanticEnv, policy: Policy, seed: int, max_steps: int = 1000) -> tuple[list[float], bool]:
-    """One episode of ``policy``; returns (per-step rewards, reached the goal)."""
+def run_episode(env: SemanticEnv, policy: Policy, seed: int, handled_outcomes: frozenset[str] = frozenset(),
+                max_steps: int = 1000) -> tuple[list[float], bool]:
+    """One episode of ``policy``; returns (per-step rewards, reached the goal or a handled outcome)."""
     obs, info = env.reset(seed=seed)
     rewards: list[float] = []
     success = False
     for _ in range(max_steps):
         obs, reward, terminated, truncated, info = env.step(policy(obs, info["action_mask"]))
         rewards.append(reward)
-        success = success or "PAYMENT_SUCCESS" in info["tokens"]
+        success = success or "PAYMENT_SUCCESS" in info["tokens"] or info.get("failure_reason") in handled_outcomes
         if terminated or truncated:
             break
     return rewards, success
 
 
-def calibrate_variant(env: SemanticEnv, policy: Policy, resets: int, seed: int, max_variance: float) -> VariantCalibration:
+def calibrate_variant(env: SemanticEnv, policy: Policy, resets: int, seed: int, max_variance: float,
+                      min_success: float = 0.0, handled_outcomes: frozenset[str] = frozenset()) -> VariantCalibration:
     """Run the stability check on one env (which the caller owns and closes)."""
     returns: list[float] = []
     step_rewards: list[float] = []
     successes = 0
     try:
         for i in range(resets):
-            rewards, ok = run_episode(env, policy, seed + i)
+            rewards, ok = run_episode(env, policy, seed + i, handled_outcomes)
             returns.append(sum(rewards))
             step_rewards.extend(rewards)
             successes += ok
-        replay = sum(run_episode(env, policy, seed)[0])
+        replay = sum(run_episode(env, policy, seed, handled_outcomes)[0])
     except EnvError as exc:
         return VariantCalibration(env.env_id, len(returns), math.nan, math.nan, math.nan, 0.0, math.nan, math.nan,
                                   0, False, False, f"{exc.failure_reason}: {exc}")
@@ -89,6 +94,9 @@ def calibrate_variant(env: SemanticEnv, policy: Policy, resets: int, seed: int, 
         reason = f"not deterministic: seed {seed} gave {returns[0]:.4f} then {replay:.4f}"
     elif variance >= max_variance:
         reason = f"reward variance {variance:.4f} >= {max_variance} (expert success {successes / resets:.0%})"
+    elif successes / resets < min_success:
+        reason = (f"the scripted expert reached the goal in {successes / resets:.0%} of episodes (< {min_success:.0%}): "
+                  "the mapping or the business rules are broken")
     return VariantCalibration(env.env_id, resets, float(np.mean(returns)), float(np.std(returns)), variance,
                               successes / resets, float(np.mean(step_rewards)), float(np.std(step_rewards)),
                               len(step_rewards), deterministic, reason is None, reason)
@@ -118,14 +126,15 @@ class CalibrationReport:
 
 
 def calibrate(envs: Sequence[tuple[Callable[[], SemanticEnv], Policy]], resets: int, seed: int,
-              max_variance: float, max_failed_fraction: float,
+              max_variance: float, max_failed_fraction: float, min_success: float = 0.0,
+              handled_outcomes: frozenset[str] = frozenset(),
               progress: Callable[[int, int], None] | None = None) -> CalibrationReport:
     """Calibrate each (env factory, reference policy) pair; envs are built and closed here."""
     results = []
     for i, (make, policy) in enumerate(envs):
         env = make()
         try:
-            results.append(calibrate_variant(env, policy, resets, seed, max_variance))
+            results.append(calibrate_variant(env, policy, resets, seed, max_variance, min_success, handled_outcomes))
         finally:
             env.close()
         if progress:

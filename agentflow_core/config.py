@@ -49,6 +49,8 @@ class CalibrateConfig(_Section):
     resets: PositiveInt = 100
     max_reward_variance: Annotated[float, Field(gt=0.0)] = 0.05
     max_failed_fraction: Fraction = 0.2
+    min_expert_success: Fraction = 0.9
+    handled_outcomes: list[str] = ["user_blocked"]
 
 
 class RangeSpec(_Section):

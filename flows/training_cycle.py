@@ -76,7 +76,12 @@ def training_cycle(params_path: str = "params.yaml", resume: bool = False, run_n
         results["stress"] = stress
         tracker.log_metrics(parent, {"robustness_score": stress["robustness_score"]})
 
-        results["report"] = report_task(params_path, parent, uri, experiment, train["train_run_id"])
+        # The report explains a failed stress gate too; only promotion is withheld.
+        results["report"] = report_task(params_path, parent, uri, experiment, train["train_run_id"], stress["passed"])
+        if not stress["passed"]:
+            raise GateFailed(f"stress gate failed: robustness_score={stress['robustness_score']:.3f}, "
+                             f"consistency={stress['consistency']:.3f}, crash_episodes={stress['crash_episodes']}; "
+                             f"see {paths.reports}")
     except BaseException:
         tracker.end(parent, "FAILED")
         raise

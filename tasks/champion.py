@@ -16,7 +16,7 @@ from mlflow.exceptions import MlflowException
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.rl.checkpoint import best_checkpoint, latest_checkpoint
 from tasks.paths import DataPaths
-from tasks.policy_model import CHECKPOINT_ARTIFACT, log_policy_model
+from tasks.policy_model import log_policy_model, tracking_uri_set
 from tasks.tracking import MlflowTracker
 
 CHAMPION = "champion"
@@ -37,26 +37,39 @@ def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:
         version = tracker.client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
         return None
-    local = mlflow.artifacts.download_artifacts(artifact_uri=version.source, tracking_uri=tracker.tracking_uri)
-    return Path(local) / "artifacts" / CHECKPOINT_ARTIFACT
+    with tracking_uri_set(tracker.tracking_uri):  # models:/ URIs resolve through the fluent registry URI
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source))
+    # pyfunc copies each artifact folder to artifacts/<its own name>; the checkpoint is the one holding state.json
+    found = sorted(p.parent for p in local.glob("artifacts/*/state.json"))
+    if not found:
+        raise FileNotFoundError(f"champion {name} v{version.version} ({version.source}) holds no checkpoint folder")
+    return found[0]
 
 
-def promote_if_better(cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str) -> dict[str, Any]:
-    """Register the candidate; move the ``champion`` alias to it only if the canary test passes."""
+def promote_if_better(cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str,
+                      allowed: bool = True) -> dict[str, Any]:
+    """Register the candidate; move the ``champion`` alias to it only if the canary test passes.
+
+    ``allowed=False`` (the candidate failed stress validation) registers it without promoting.
+    """
     from tasks.steps.report import run_champion_challenger
 
     name = cfg.base.tracking.registered_model
     challenger = candidate_checkpoint(cfg)
     champion = champion_checkpoint(tracker, name)
     decision = run_champion_challenger(cfg, challenger, champion)
+    if not allowed:
+        decision = {**decision, "promote": False,
+                    "reason": f"not promoted: the candidate failed stress validation ({decision['reason']})"}
     model_uri = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:
         tracker.client.create_registered_model(name, description="AgentFlow semantic policy (one network, all channels)")
-    version = tracker.client.create_model_version(name, model_uri, run_id=train_run_id,
-                                                  tags={"promotion": str(decision["promote"]),
-                                                        "reason": str(decision["reason"])[:5000]})
+    with tracking_uri_set(tracker.tracking_uri):  # the registry resolves models:/<id> through the fluent store
+        version = tracker.client.create_model_version(name, model_uri, run_id=train_run_id,
+                                                      tags={"promotion": str(decision["promote"]),
+                                                            "reason": str(decision["reason"])[:5000]})
     if decision["promote"]:
         tracker.client.set_registered_model_alias(name, CHAMPION, version.version)
     return {**decision, "model_version": version.version, "model_uri": model_uri}

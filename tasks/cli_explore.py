@@ -24,7 +24,7 @@ explore_app = typer.Typer(help="Coverage-driven exploration.", pretty_exceptions
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 CATALOGUE_OPTION = typer.Option(None, "--catalogue", help="Variant catalogue dir (default <data_dir>/variants).")
-OUT_OPTION = typer.Option(None, "--out", help="Trajectory dataset dir (default <data_dir>/explore).")
+OUT_OPTION = typer.Option(None, "--out", help="Trajectory dataset dir (default <data_dir>/trajectories).")
 METRICS_OPTION = typer.Option(None, "--metrics", help="Metrics JSON (default <data_dir>/metrics/explore.json).")
 STEPS_OPTION = typer.Option(None, "--total-steps", min=1, help="Override explore.total_steps.")
 
@@ -46,7 +46,7 @@ def explore_command(
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})
     data = Path(cfg.base.data_dir)
     catalogue = catalogue or data / "variants"
-    out = out or data / "explore"
+    out = out or data / "trajectories"
     metrics = metrics or data / "metrics" / "explore.json"
     columns = (TextColumn("[bold]explore"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
                TimeElapsedColumn(), TimeRemainingColumn())

@@ -25,7 +25,7 @@ train_app = typer.Typer(help="PPO training and its benchmark.", pretty_exception
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 CATALOGUE_OPTION = typer.Option(None, "--catalogue", help="Variant catalogue dir (default <data_dir>/variants).")
-TRAJ_OPTION = typer.Option(None, "--trajectories", help="Exploration dataset for the BC warm start (default <data_dir>/explore).")
+TRAJ_OPTION = typer.Option(None, "--trajectories", help="Exploration dataset for the BC warm start (default <data_dir>/trajectories).")
 OUT_OPTION = typer.Option(None, "--out", help="Training output dir (default <data_dir>/checkpoints).")
 RESUME_OPTION = typer.Option(False, "--resume", help="Continue from <out>/checkpoints/latest.json (bit-identical to an uninterrupted run).")
 STEPS_OPTION = typer.Option(None, "--total-steps", min=1, help="Override train.total_steps.")
@@ -56,7 +56,7 @@ def train_command(
     torch.set_num_threads(1)  # small MLP: more threads only add contention (STACK-NOTES)
     data = Path(cfg.base.data_dir)
     catalogue = catalogue or data / "variants"
-    trajectories = trajectories or data / "explore"
+    trajectories = trajectories or data / "trajectories"
     out = out or data / "checkpoints"
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
@@ -100,7 +100,8 @@ def plot_bench(result: dict[str, Any], path: Path) -> None:
         ax.legend()
     ax_s.set(ylabel="PAYMENT_SUCCESS rate", title="held-out success")
     ax_r.set(ylabel="episode return", title="held-out reward")
-    fig.suptitle(f"PPO vs references; sps ratio vs SB3 {result['sps_ratio_vs_sb3']:.2f}x, "
+    fig.suptitle(f"PPO vs references; sps ratio vs SB3 {result['sps_ratio_vs_sb3']:.2f}x (minibatch 64 x 10), "
+                 f"{result['sps_ratio_vs_sb3_large_minibatch']:.2f}x (512 x 4); "
                  f"update(2048) {result['update_s_2048'] * 1000:.0f} ms")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +123,9 @@ def bench_ppo(out_dir: Path = Path("data/bench"), quick: bool = False) -> dict[s
 def bench_ppo_command(out: Path = BENCH_OUT_OPTION, quick: bool = QUICK_OPTION) -> None:
     """PPO benchmark: throughput vs stable-baselines3, update latency, held-out success vs references."""
     result = bench_ppo(out, quick)
-    keys = ("sps_ratio_vs_sb3", "update_s_2048", "heldout_success_vs_expert", "heldout_success_vs_exploration")
+    keys = ("sps_ratio_vs_sb3", "ours_sps", "sb3_sps", "sps_ratio_vs_sb3_large_minibatch", "ours_sps_large_minibatch",
+            "sb3_sps_large_minibatch", "sps_ratio_ceiling_vs_sb3", "update_s_2048", "heldout_success_vs_expert",
+            "heldout_success_vs_exploration")
     console.print(json.dumps({k: round(result[k], 4) for k in keys}, indent=1))
     console.print(f"-> {out / 'ppo.json'}, {out / 'ppo_learning.png'}")
 

@@ -7,6 +7,9 @@ followed by ``N_ACTIONS`` mask columns) and returns the greedy semantic action i
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +56,8 @@ class PolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined,misc]
 
 def log_policy_model(run_id: str, checkpoint: Path, tracking_uri: str) -> str:
     """Log ``checkpoint`` as a pyfunc model in ``run_id``; returns the model URI (``runs:/...``)."""
-    mlflow.set_tracking_uri(tracking_uri)
     example = np.zeros((1, OBS_DIM), dtype=np.float32)
-    with mlflow.start_run(run_id=run_id):
+    with tracking_uri_set(tracking_uri), mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="policy",
             python_model=PolicyModel(),
@@ -64,3 +66,23 @@ def log_policy_model(run_id: str, checkpoint: Path, tracking_uri: str) -> str:
             pip_requirements=["torch==2.13.0", "safetensors", "numpy", "pandas"],
         )
     return str(info.model_uri)
+
+
+@contextmanager
+def tracking_uri_set(tracking_uri: str) -> Iterator[None]:
+    """Point the fluent API at ``tracking_uri`` for one block, then restore it.
+
+    ``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``; left alone it would leak into
+    every later run of this process (another cycle with another store).
+    """
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env

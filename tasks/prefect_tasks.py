@@ -134,7 +134,9 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
 
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "stress")
-    summary = run_stress(cfg)
+    full = run_stress(cfg)
+    summary = {**full["metrics"], "passed": full["passed"], "policy": full["policy"],
+               "message": "; ".join(full.get("recommendations", [])[:3])}
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.stress, "stress")
     tracker.end(run_id)
@@ -144,16 +146,20 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
 
 @task(name="report", retries=1)
 def report_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str,
-                train_run_id: str) -> dict[str, Any]:
-    """Report + champion/challenger: register the checkpoint and move the ``champion`` alias if promoted."""
+                train_run_id: str, stress_passed: bool) -> dict[str, Any]:
+    """Report + champion/challenger: register the checkpoint and move the ``champion`` alias if promoted.
+
+    A checkpoint that failed stress validation is reported but never promoted.
+    """
     from tasks.champion import promote_if_better
     from tasks.steps.report import run_report
 
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "report")
     summary = run_report(cfg)
-    decision = promote_if_better(cfg, tracker, train_run_id)
+    decision = promote_if_better(cfg, tracker, train_run_id, allowed=stress_passed)
     summary = {**summary, "promoted": decision["promote"], "promotion_reason": decision["reason"]}
+    tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.reports, "reports")
     tracker.set_tags(run_id, {"promotion": decision["reason"][:500]})
     tracker.end(run_id)

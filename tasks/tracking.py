@@ -22,14 +22,25 @@ PARENT_TAG = "mlflow.parentRunId"
 MAX_BATCH = 900  # log_batch accepts up to 1,000 metrics per call
 
 
+def local_artifact_root(tracking_uri: str) -> str | None:
+    """Artifacts beside a sqlite store (``<dir>/mlartifacts``), not in ``./mlruns`` of whatever the cwd is.
+
+    A tracking server decides its own artifact location, so other URIs get None.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return (Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+
+
 class MlflowTracker:
     """Thin, explicit wrapper over :class:`MlflowClient` for the training cycle's run tree."""
 
     def __init__(self, tracking_uri: str, experiment: str) -> None:
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.tracking_uri = tracking_uri
         found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(
+            experiment, artifact_location=local_artifact_root(tracking_uri))
 
     def start_cycle(self, run_name: str, params: Mapping[str, str], tags: Mapping[str, str] | None = None) -> str:
         """Create the parent run of one training cycle and log the flattened params once."""

@@ -30,3 +30,12 @@ def ray_session() -> Iterator[None]:
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One temporary Prefect API for the session (~10 s), as Prefect recommends for tests."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -18,9 +18,13 @@ import torch
 
 from agentflow_core.config import TrainConfig
 from agentflow_core.rl.adaptive import AdaptiveKLController
+from agentflow_core.rl.flat_optim import FlatAdam
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import (
     PPO,
+    STAT_KEYS,
+    STAT_SCALE,
+    LossCoefficients,
     MemorySink,
     approx_kl,
     clip_fraction,
@@ -28,6 +32,9 @@ from agentflow_core.rl.ppo import (
     compute_gae,
     explained_variance,
     normalize_advantages,
+    normalize_minibatch_advantages,
+    ppo_minibatch_loss,
+    ppo_minibatch_step,
     rollout_seed,
     value_loss,
 )
@@ -375,6 +382,129 @@ def test_policy_convergence_flag_hand_cases() -> None:
     clone = ConvergenceTracker()
     clone.load_state_dict(json.loads(json.dumps(tracker.state_dict())))
     assert clone == tracker
+
+
+# ------------------------------------------------------------------ fast path == reference
+def _random_minibatch(seed: int, batch: int = 96, masked: bool = True) -> tuple[ActorCritic, tuple[Any, ...]]:
+    """A random policy and minibatch whose ratios land on both sides of the clip range."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    policy = ActorCritic(hidden_sizes=[32, 24])
+    for p in policy.parameters():  # move off the near-uniform init so logits and values are not trivial
+        torch.nn.init.normal_(p, std=0.3, generator=gen)
+    obs = torch.rand((batch, OBS_DIM), generator=gen) * 2 - 1
+    mask = (torch.rand((batch, N_ACTIONS), generator=gen) < 0.5) if masked else None
+    if mask is not None:
+        mask[torch.arange(batch), torch.randint(0, N_ACTIONS, (batch,), generator=gen)] = True
+    with torch.no_grad():
+        actions, logp, _, _ = policy.get_action_and_value(obs, mask, generator=gen)
+    old_logprob = logp + 0.4 * torch.randn(batch, generator=gen)  # ratios spread over [e^-1, e^1]
+    advantages = torch.randn(batch, generator=gen) * 3 + 0.5
+    returns = torch.randn(batch, generator=gen)
+    return policy, (obs, mask, actions, old_logprob, advantages, returns)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("kl_coef", [0.0, 0.3])
+def test_analytic_minibatch_gradient_matches_autograd(masked: bool, kl_coef: float) -> None:
+    policy, (obs, mask, actions, old_logprob, advantages, returns) = _random_minibatch(7, masked=masked)
+    coef = LossCoefficients(clip_range=0.2, ent_coef=0.05, vf_coef=0.5, kl_coef=kl_coef)
+    loss, ref_stats = ppo_minibatch_loss(policy, obs, mask, actions, old_logprob, advantages, returns, coef)
+    policy.zero_grad(set_to_none=True)
+    loss.backward()
+    reference = {name: p.grad.clone() for name, p in policy.named_parameters()}
+    clip_frac = float(ref_stats[STAT_KEYS.index("losses/clipfrac")])
+    assert 0.2 < clip_frac < 0.8, "the case must exercise clipped and unclipped samples"
+    policy.zero_grad(set_to_none=True)
+    stats = ppo_minibatch_step(policy, obs, mask, actions, old_logprob, normalize_advantages(advantages), returns, coef)
+    for name, p in policy.named_parameters():
+        torch.testing.assert_close(p.grad, reference[name], rtol=1e-4, atol=1e-6, msg=name)
+    torch.testing.assert_close(stats * torch.tensor(STAT_SCALE), ref_stats, rtol=1e-5, atol=1e-6)
+
+
+def test_minibatch_advantage_normalisation_matches_per_slice() -> None:
+    adv = torch.randn(256, generator=torch.Generator().manual_seed(0)) * 4 + 1
+    expected = torch.cat([normalize_advantages(chunk) for chunk in adv.split(64)])
+    torch.testing.assert_close(normalize_minibatch_advantages(adv, 64), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_flat_adam_matches_torch_adam_and_its_state_format() -> None:
+    torch.manual_seed(0)
+    a, b = ActorCritic(hidden_sizes=[16, 16]), ActorCritic(hidden_sizes=[16, 16])
+    b.load_state_dict(a.state_dict())
+    flat = FlatAdam(list(a.parameters()), lr=1e-2, eps=1e-5)
+    stock = torch.optim.Adam(b.parameters(), lr=1e-2, eps=1e-5, foreach=False)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        grads = [torch.randn(p.shape, generator=gen) for p in b.parameters()]
+        for p, q, g in zip(a.parameters(), b.parameters(), grads, strict=True):
+            p.grad.copy_(g)  # FlatAdam's grads are views of one buffer: write in place
+            q.grad = g.clone()
+        flat.clip_grad_norm_(1.0)
+        torch.nn.utils.clip_grad_norm_(b.parameters(), 1.0)
+        flat.step()
+        stock.step()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    ours, theirs = flat.state_dict(), stock.state_dict()
+    assert ours["state"].keys() == theirs["state"].keys()
+    for idx, state in theirs["state"].items():
+        assert ours["state"][idx].keys() == state.keys() and float(ours["state"][idx]["step"]) == 5.0
+        torch.testing.assert_close(ours["state"][idx]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+    # a stock Adam state loads into FlatAdam (re-bound to the flat buffers) and steps identically
+    flat.load_state_dict(theirs)
+    a.load_state_dict(b.state_dict())
+    assert flat.is_bound()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        p.grad.fill_(0.1)
+        q.grad = torch.full_like(q, 0.1)
+    flat.step()
+    stock.step()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def _reference_update(ppo: PPO) -> None:
+    """A straightforward CleanRL update (autograd, stock Adam, clip_grad_norm_) on ``ppo``'s buffer."""
+    cfg, buf = ppo.cfg, ppo.buffer
+    optimizer = torch.optim.Adam(ppo.policy.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=False)
+    advantages, returns = compute_gae(buf.rewards, buf.values, buf.terminated, buf.truncated, ppo._final_values(),
+                                      ppo._next_value, cfg.gamma, cfg.gae_lambda)
+    flat = [t.reshape(-1, *t.shape[2:]) for t in (buf.obs, buf.masks, buf.actions, buf.logprobs, advantages, returns)]
+    coef = LossCoefficients(ppo.adaptive.clip_range, cfg.ent_coef, cfg.vf_coef, ppo.adaptive.kl_coef)
+    for _ in range(cfg.n_epochs):
+        b_inds = torch.as_tensor(ppo.np_random.permutation(ppo.batch_size))
+        for start in range(0, ppo.batch_size, cfg.minibatch_size):
+            mb = b_inds[start:start + cfg.minibatch_size]
+            loss, _ = ppo_minibatch_loss(ppo.policy, *(t[mb] for t in flat), coef)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ppo.policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+
+
+def test_fast_update_matches_reference_update() -> None:
+    fast, reference = make_learner(seed=11), make_learner(seed=11)
+    fast.collect_rollout()
+    reference.collect_rollout()
+    assert torch.equal(fast.buffer.actions, reference.buffer.actions)
+    fast.update_policy()
+    _reference_update(reference)
+    moved = 0.0
+    for p, q, init in zip(fast.policy.parameters(), reference.policy.parameters(), make_learner(seed=11).policy.parameters(),
+                          strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        moved = max(moved, float((q - init).detach().abs().max()))
+    assert moved > 1e-2, "the update must actually move the weights for the comparison to mean anything"
+
+
+def test_sample_matches_get_action_and_value() -> None:
+    policy, (obs, mask, *_rest) = _random_minibatch(3)
+    a, logp, value = policy.sample(obs, mask, torch.Generator().manual_seed(5))
+    b, logp_ref, _, value_ref = policy.get_action_and_value(obs, mask, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)
+    torch.testing.assert_close(logp, logp_ref)
+    torch.testing.assert_close(value, value_ref)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

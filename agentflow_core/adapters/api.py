@@ -9,7 +9,9 @@ A raw observation of an API channel is the last exchange (see
 
 Paths starting ``$.`` read the response body; paths starting ``@.`` read the exchange envelope
 (``@.client.outcome``, ``@.client.retries``, ``@.endpoint``, ``@.latency_s``). Feature sources use
-the same paths. Paths are split once, when the mapping is loaded.
+the same paths. Paths are split once, when the mapping is loaded, and every leaf is compiled into a
+closure over its path's per-step value (one walk per distinct path per step); :meth:`match` and
+:meth:`extract` interpret the rules directly and are the reference the closures are tested against.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from agentflow_core.adapters.base import BaseSemanticAdapter
+from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
 
 _PATH_PATTERN = r"^[$@](\.[A-Za-z0-9_\-]+)+$"
 _MISSING = object()
@@ -95,21 +97,8 @@ class APISchemaAdapter(BaseSemanticAdapter):
     }
 
     def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>") -> None:
-        super().__init__(mapping, source)
         self._paths: dict[str, ParsedPath] = {}
-        for rule in self.token_rules:
-            self._collect(rule["when"])
-        for rule in self.feature_rules:
-            self._paths[rule["source"]] = parse_path(rule["source"])
-
-    def _collect(self, when: Mapping[str, Any]) -> None:
-        for combinator in ("all", "any"):
-            for sub in when.get(combinator, ()):
-                self._collect(sub)
-        if "not" in when:
-            self._collect(when["not"])
-        if "json_path" in when:
-            self._paths[when["json_path"]] = parse_path(when["json_path"])
+        super().__init__(mapping, source)
 
     def _path(self, path: str) -> ParsedPath:
         parsed = self._paths.get(path)
@@ -117,6 +106,44 @@ class APISchemaAdapter(BaseSemanticAdapter):
             parsed = self._paths[path] = parse_path(path)
         return parsed
 
+    # ------------------------------------------------------------------ compiled engine
+    def compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
+        """One leaf -> a closure over the status code or its JSON path's per-step value."""
+        if "status" in when or "status_range" in when:
+            i = self.reader("status_code", _status_code)
+            if "status" in when:
+                expected = when["status"]
+                if isinstance(expected, list):
+                    return self.keyed_leaf(i, expected, lambda values: values[i] in expected)
+                return self.keyed_leaf(i, (expected,), lambda values: values[i] == expected)
+            low, high = when["status_range"]
+            return lambda values: (status := values[i]) is not None and low <= status <= high
+        json_path = when["json_path"]
+        i = self.reader(("json_path", json_path), _path_reader(self._path(json_path)))
+        if "exists" in when:
+            exists = when["exists"]
+            return lambda values: ((v := values[i]) is not _MISSING and v is not None) == exists
+        if "equals" in when:
+            expected = when["equals"]
+            return self.keyed_leaf(i, (expected,), lambda values: (v := values[i]) is not _MISSING and bool(v == expected))
+        allowed = when["in"]
+        return self.keyed_leaf(i, allowed, lambda values: (v := values[i]) is not _MISSING and v in allowed)
+
+    def compile_feature(self, source: str) -> Reader:
+        """The number at a JSON path as ``extract`` reads it, plain floats without the generic checks."""
+        read = _path_reader(self._path(source))
+
+        def number(raw: Any) -> float | None:
+            value = read(raw)
+            if value.__class__ is float or value.__class__ is int:
+                return value
+            if value is _MISSING or value is None or isinstance(value, (dict, list, str)):
+                return None
+            return float(value)
+
+        return number
+
+    # ------------------------------------------------------------------ reference engine
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
         """Status code, status range or JSON-path condition against one exchange."""
         if "status" in when:
@@ -142,3 +169,45 @@ class APISchemaAdapter(BaseSemanticAdapter):
         if value is _MISSING or value is None or isinstance(value, (dict, list, str)):
             return None
         return float(value)
+
+
+def _status_code(raw: Any) -> Any:
+    return raw.get("status_code")
+
+
+def _path_reader(parsed: ParsedPath) -> Reader:
+    """``_lookup`` of one parsed path, with plain dicts walked without the ABC ``isinstance``."""
+    in_body, keys = parsed
+    if in_body and len(keys) <= 2:  # "$.order" / "$.order.status": the common shapes, unrolled
+        first, second = keys[0], keys[-1]
+        depth2 = len(keys) == 2
+
+        def read_body(raw: Any) -> Any:
+            if raw.__class__ is dict:
+                body = raw.get("json")
+                if body.__class__ is dict:
+                    node = body.get(first, _MISSING)
+                    if not depth2 or node is _MISSING:
+                        return node
+                    if node.__class__ is dict:
+                        return node.get(second, _MISSING)
+                    if node is None:
+                        return _MISSING
+            return _lookup(parsed, raw)
+
+        return read_body
+
+    def read(raw: Any) -> Any:
+        if raw.__class__ is dict:
+            node = raw.get("json") if in_body else raw
+        else:
+            node = raw.get("json") if in_body and isinstance(raw, Mapping) else raw
+        for key in keys:
+            if node.__class__ is not dict and (node is None or not isinstance(node, Mapping)):
+                return _MISSING
+            if key not in node:
+                return _MISSING
+            node = node[key]
+        return node
+
+    return read

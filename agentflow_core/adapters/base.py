@@ -6,6 +6,9 @@ channel's raw output (:meth:`BaseSemanticAdapter.match`) and how a numeric featu
 (:meth:`BaseSemanticAdapter.extract`); everything else -- rule evaluation, ``all``/``any``/``not``
 combinators, feature scaling, action translation, masks and decision logging -- is shared.
 
+Every rule is compiled once, at load, into closures (see :class:`BaseSemanticAdapter`); the plain
+interpreter of the same rules stays as the reference engine and the DEBUG path.
+
 Decision logging uses the ``agentflow.adapter`` logger at DEBUG level; the CLI turns it on when
 ``DEBUG_ADAPTER=1`` (the library itself reads no environment variables).
 """
@@ -14,14 +17,26 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import jsonschema
 import numpy as np
 
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import ACTIONS, FEATURES, N_ACTIONS, TOKENS, SemanticAction, SemanticObs
+from agentflow_core.semantics import (
+    ACTIONS,
+    FEATURE_INDEX,
+    FEATURES,
+    N_ACTIONS,
+    N_FEATURES,
+    N_TOKENS,
+    OBS_DIM,
+    TOKEN_INDEX,
+    TOKENS,
+    SemanticAction,
+    SemanticObs,
+)
 
 logger = logging.getLogger("agentflow.adapter")
 
@@ -87,11 +102,81 @@ def _json_path(path: Sequence[Any]) -> str:
     return out
 
 
+Predicate = Callable[[list[Any]], Any]  # over one step's reader values (see BaseSemanticAdapter.reader)
+Reader = Callable[[Any], Any]  # raw observation -> one value
+
+_FLOAT32_SAFE = 3.0e38  # |x| below this stays finite as float32; beyond it the exact numpy check runs
+_CACHE_LIMIT = 4096  # distinct token sets / masks kept per adapter (a handful occur in practice)
+
+
+_Table = tuple[int, dict[Any, int], tuple[tuple[Predicate, int], ...]]  # (reader index, key -> bits, members)
+
+
+def _identity(raw: Any) -> Any:
+    return raw
+
+
+def _dispatchable(key: Any) -> bool:
+    """Can a dict lookup stand in for ``value == key``? (hashable, and not NaN, which a dict finds by identity)"""
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return not (isinstance(key, float) and key != key)
+
+
+def _fire(members: tuple[tuple[Predicate, int], ...], values: list[Any]) -> int:
+    bits = 0
+    for predicate, member_bits in members:
+        if predicate(values):
+            bits |= member_bits
+    return bits
+
+
+class AdaptedStep:
+    """One raw observation through the compiled rules: what the env hands the policy.
+
+    ``vec`` is a fresh float32 vector; ``mask`` a shared read-only array (copy it to mutate);
+    ``tokens``/``ordered`` the active tokens as a frozenset and sorted tuple (both shared);
+    ``finite`` whether ``vec`` is all finite. ``obs`` builds the :class:`SemanticObs` on demand, so
+    a step that nobody inspects pays for no feature dict.
+    """
+
+    __slots__ = ("vec", "mask", "tokens", "ordered", "finite", "_context", "_names", "_values", "_obs")
+
+    def __init__(self, vec: np.ndarray, mask: np.ndarray, tokens: frozenset[str], ordered: tuple[str, ...],
+                 finite: bool, context: Mapping[str, float] | None, names: tuple[str, ...], values: list[float],
+                 obs: SemanticObs | None = None) -> None:
+        self.vec, self.mask, self.tokens, self.ordered, self.finite = vec, mask, tokens, ordered, finite
+        self._context, self._names, self._values, self._obs = context, names, values, obs
+
+    @property
+    def obs(self) -> SemanticObs:
+        """The same SemanticObs ``adapt_observation`` returns (features: context first, then rules)."""
+        if self._obs is None:
+            features: dict[str, float] = dict(self._context) if self._context else {}
+            features.update(zip(self._names, self._values, strict=True))
+            self._obs = SemanticObs(self.tokens, features)
+        return self._obs
+
+
 class BaseSemanticAdapter:
     """Shared rule engine. Subclasses implement ``match`` and ``extract`` for their channel.
 
     ``WHEN_SCHEMA`` is the template's JSON Schema for one leaf condition; it is checked at load
     so that a typo in a rule fails with the JSON path of the rule instead of never matching.
+
+    Two evaluations of the same rules exist. The *reference* engine (``holds``/``match``/
+    ``extract``/``available``, :meth:`reference_observation`, :meth:`reference_action_mask`)
+    interprets the mapping document directly and logs every decision at DEBUG. The *compiled*
+    engine (:meth:`adapt_step`, and ``adapt_observation``/``action_mask`` while DEBUG is off) turns
+    every token rule, feature rule and action condition into closures once, at load: a step reads
+    each raw value a rule needs once (:meth:`reader`), ORs precomputed token bits, and looks the
+    token set and mask up in caches that hold the multi-hot block, the sorted token tuple and the
+    mask array. Templates speed a leaf up by overriding :meth:`compile_leaf`,
+    :meth:`compile_feature` and :meth:`compile_available`; by default those call ``match``,
+    ``extract`` and ``available``, so a new template needs only the two hooks.
+    ``tests/test_adapter_equivalence.py`` checks both engines agree bit for bit.
     """
 
     template: ClassVar[str] = ""
@@ -108,6 +193,8 @@ class BaseSemanticAdapter:
             int(SemanticAction[name]): dict(native) for name, native in self.mapping["actions"].items()
         }
         self.reward_scale = float(self.mapping.get("reward", {}).get("scale", 1.0))
+        self.check_mapping()
+        self._compile()
 
     # ------------------------------------------------------------------ template hooks
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
@@ -122,7 +209,48 @@ class BaseSemanticAdapter:
         """Can this native action be issued in this raw state? Channels that know override it."""
         return True
 
-    # ------------------------------------------------------------------ shared engine
+    def check_mapping(self) -> None:
+        """Template-specific load-time checks beyond the leaf schema; runs before compilation."""
+
+    def compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
+        """One leaf as a predicate over the step's reader values; default: ``match`` on the raw observation."""
+        match = self.match
+        return lambda values: match(when, values[0])
+
+    def compile_feature(self, source: str) -> Reader:
+        """A feature source as ``raw -> float | None``; default: ``extract``."""
+        extract = self.extract
+        return lambda raw: extract(source, raw)
+
+    def compile_available(self, native_action: Mapping[str, Any], path: list[Any]) -> Predicate | None:
+        """Availability of one native action as a predicate (None: always available); default: ``available``."""
+        if type(self).available is BaseSemanticAdapter.available:
+            return None
+        available = self.available
+        return lambda values: available(native_action, values[0])
+
+    def keyed_leaf(self, index: int, keys: Collection[Any], predicate: Predicate) -> Predicate:
+        """Declare that ``predicate(values)`` is exactly ``values[index] == k`` for some ``k`` in ``keys``.
+
+        Token rules and action conditions that are such a leaf on the same reader are then decided
+        together by one dict lookup per step (when the keys are hashable and not NaN; otherwise, and
+        for an unhashable value, the predicates run one by one). Returns ``predicate``.
+        """
+        self._keyed[id(predicate)] = (predicate, index, tuple(keys))
+        return predicate
+
+    def reader(self, key: Hashable, read: Reader) -> int:
+        """Index of the per-step value ``read(raw)`` in a compiled predicate's ``values``.
+
+        Leaves that ask for the same ``key`` share one read per step (``values[0]`` is the raw observation).
+        """
+        index = self._reader_index.get(key)
+        if index is None:
+            index = self._reader_index[key] = len(self._readers)
+            self._readers.append(read)
+        return index
+
+    # ------------------------------------------------------------------ reference engine
     def _check_when(self, when: Mapping[str, Any], path: list[Any]) -> None:
         for combinator in ("all", "any"):
             if combinator in when:
@@ -155,11 +283,8 @@ class BaseSemanticAdapter:
         """The (rule id, emitted tokens) of every rule that fires on ``raw``."""
         return [(r["id"], tuple(r["emit"])) for r in self.token_rules if self.holds(r["when"], raw)]
 
-    def adapt_observation(self, raw: Any, context: Mapping[str, float] | None = None) -> SemanticObs:
-        """Map raw channel output to tokens + features.
-
-        ``context`` supplies features the wrapper knows and the channel does not (``step_fraction``).
-        """
+    def reference_observation(self, raw: Any, context: Mapping[str, float] | None = None) -> SemanticObs:
+        """The mapping interpreted rule by rule, each decision logged at DEBUG (the oracle of the compiled engine)."""
         debug = logger.isEnabledFor(logging.DEBUG)
         tokens: set[str] = set()
         for rule in self.token_rules:
@@ -179,6 +304,180 @@ class BaseSemanticAdapter:
                              rule["source"], rule["feature"], features[rule["feature"]])
         return SemanticObs(frozenset(tokens), features)
 
+    def reference_action_mask(self, raw: Any) -> np.ndarray:
+        """The mask rule interpreted per action: mapped and ``available``, ESCALATE if nothing is."""
+        mask = np.zeros(N_ACTIONS, dtype=bool)
+        for action, native in self.native_actions.items():
+            mask[action] = self.available(native, raw)
+        if not mask.any():  # never leave the policy without a legal move
+            mask[int(SemanticAction.ESCALATE)] = True
+        return mask
+
+    # ------------------------------------------------------------------ compiled engine
+    def _compile(self) -> None:
+        self._readers: list[Reader] = [_identity]
+        self._reader_index: dict[Hashable, int] = {}
+        self._keyed: dict[int, tuple[Predicate, int, tuple[Any, ...]]] = {}
+        own_holds = type(self).holds is not BaseSemanticAdapter.holds
+        self._token_tables, self._token_plan = self._plan([
+            (self._compile_holds(rule["when"]) if own_holds else self._compile_tree(rule["when"], ["token_rules", i, "when"]),
+             sum(1 << TOKEN_INDEX[t] for t in set(rule["emit"])))
+            for i, rule in enumerate(self.token_rules)
+        ])
+        self._feature_names: tuple[str, ...] = tuple(r["feature"] for r in self.feature_rules)
+        self._feature_plan: tuple[tuple[int, Reader, float, float, Any, Any], ...] = tuple(
+            (FEATURE_INDEX[r["feature"]], self.compile_feature(r["source"]), float(r.get("scale", 1.0)),
+             float(r.get("default", 0.0)), *r.get("clip", (0.0, 1.0)))
+            for r in self.feature_rules
+        )
+        # Clip bounds a float32 cannot hold leave the finiteness of the vector to the exact numpy check.
+        self._wide_clip = not all(-_FLOAT32_SAFE <= b <= _FLOAT32_SAFE for *_, lo, hi in self._feature_plan for b in (lo, hi))
+        always, plan = 0, []
+        for action, native in sorted(self.native_actions.items()):
+            predicate = self.compile_available(native, ["actions", SemanticAction(action).name])
+            if predicate is None:
+                always |= 1 << action
+            else:
+                plan.append((predicate, 1 << action))
+        self._mask_always = always
+        self._mask_tables, self._mask_plan = self._plan(plan)
+        self._token_cache: dict[int, tuple[frozenset[str], tuple[str, ...], np.ndarray]] = {}
+        self._mask_cache: dict[int, np.ndarray] = {}
+        cls = type(self)
+        self._compiled_step_ok = (cls.adapt_observation is BaseSemanticAdapter.adapt_observation
+                                  and cls.action_mask is BaseSemanticAdapter.action_mask)
+        self._plain_reward = cls.adapt_reward is BaseSemanticAdapter.adapt_reward
+
+    def _plan(self, entries: list[tuple[Predicate, int]]) -> tuple[tuple[_Table, ...], tuple[tuple[Predicate, int], ...]]:
+        """Split (predicate, bits) pairs into per-reader lookup tables (keyed leaves) and the rest."""
+        grouped: dict[int, list[tuple[Predicate, int, tuple[Any, ...]]]] = {}
+        rest: list[tuple[Predicate, int]] = []
+        for predicate, bits in entries:
+            keyed = self._keyed.get(id(predicate))
+            if keyed is not None and keyed[0] is predicate and all(_dispatchable(k) for k in keyed[2]):
+                grouped.setdefault(keyed[1], []).append((predicate, bits, keyed[2]))
+            else:
+                rest.append((predicate, bits))
+        tables: list[_Table] = []
+        for index, members in grouped.items():
+            table: dict[Any, int] = {}
+            for _, bits, keys in members:
+                for key in keys:  # equal keys (1, 1.0, True) share one entry: OR their bits
+                    table[key] = table.get(key, 0) | bits
+            tables.append((index, table, tuple((p, b) for p, b, _ in members)))
+        return tuple(tables), tuple(rest)
+
+    def _compile_holds(self, when: Mapping[str, Any]) -> Predicate:
+        holds = self.holds  # a template with its own combinator semantics keeps them
+        return lambda values: holds(when, values[0])
+
+    def _compile_tree(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
+        """A condition (combinators included) as one closure over the step's reader values."""
+        if "all" in when:
+            return _conjunction(tuple(self._compile_tree(s, [*path, "all", j]) for j, s in enumerate(when["all"])))
+        if "any" in when:
+            return _disjunction(tuple(self._compile_tree(s, [*path, "any", j]) for j, s in enumerate(when["any"])))
+        if "not" in when:
+            inner = self._compile_tree(when["not"], [*path, "not"])
+            return lambda values: not inner(values)
+        return self.compile_leaf(when, path)
+
+    def _token_entry(self, bits: int) -> tuple[frozenset[str], tuple[str, ...], np.ndarray]:
+        entry = self._token_cache.get(bits)
+        if entry is None:
+            tokens = frozenset(t for i, t in enumerate(TOKENS) if bits >> i & 1)
+            block = np.zeros(OBS_DIM, dtype=np.float32)
+            block[[TOKEN_INDEX[t] for t in tokens]] = 1.0
+            block.flags.writeable = False
+            if len(self._token_cache) >= _CACHE_LIMIT:
+                self._token_cache.clear()
+            entry = self._token_cache[bits] = (tokens, tuple(sorted(tokens)), block)
+        return entry
+
+    def _mask(self, values: list[Any]) -> np.ndarray:
+        bits = self._mask_always
+        for index, table, members in self._mask_tables:
+            try:
+                bits |= table.get(values[index], 0)
+            except TypeError:  # an unhashable value: decide each member on its own
+                bits |= _fire(members, values)
+        for predicate, bit in self._mask_plan:
+            if predicate(values):
+                bits |= bit
+        mask = self._mask_cache.get(bits)
+        if mask is None:
+            mask = np.zeros(N_ACTIONS, dtype=bool)
+            mask[[a for a in range(N_ACTIONS) if bits >> a & 1]] = True
+            if not bits:  # never leave the policy without a legal move
+                mask[int(SemanticAction.ESCALATE)] = True
+            mask.flags.writeable = False
+            if len(self._mask_cache) >= _CACHE_LIMIT:
+                self._mask_cache.clear()
+            self._mask_cache[bits] = mask
+        return mask
+
+    def _compiled_step(self, raw: Any, context: Mapping[str, float] | None) -> AdaptedStep:
+        values = [read(raw) for read in self._readers]
+        bits = 0
+        for index, table, members in self._token_tables:
+            try:
+                bits |= table.get(values[index], 0)
+            except TypeError:  # an unhashable value: decide each member on its own
+                bits |= _fire(members, values)
+        for predicate, token_bits in self._token_plan:
+            if predicate(values):
+                bits |= token_bits
+        tokens, ordered, block = self._token_entry(bits)
+        block_features = [0.0] * N_FEATURES
+        finite = not self._wide_clip
+        if context:
+            for name, value in context.items():
+                block_features[FEATURE_INDEX[name]] = value
+                if not -_FLOAT32_SAFE <= value <= _FLOAT32_SAFE:
+                    finite = False
+        rule_values: list[float] = []
+        for index, read, scale, default, lo, hi in self._feature_plan:
+            found = read(raw)
+            value = default if found is None else float(found) * scale
+            if value - value == 0.0:  # finite (inf - inf and nan - nan are nan); min(max(value, lo), hi):
+                if value < lo:
+                    value = lo
+                if value > hi:
+                    value = hi
+            else:
+                finite = False
+            rule_values.append(value)
+            block_features[index] = value
+        vec = block.copy()
+        vec[N_TOKENS:] = block_features
+        if not finite:
+            finite = bool(np.isfinite(vec).all())
+        return AdaptedStep(vec, self._mask(values), tokens, ordered, finite, context, self._feature_names, rule_values)
+
+    # ------------------------------------------------------------------ public step API
+    def adapt_step(self, raw: Any, context: Mapping[str, float] | None = None) -> AdaptedStep:
+        """Encoded vector, tokens, mask (and SemanticObs on demand) of one raw observation in one pass.
+
+        With DEBUG on for ``agentflow.adapter``, or in a template that overrides ``adapt_observation``
+        or ``action_mask``, this goes through those methods so logging and overrides take effect.
+        """
+        if self._compiled_step_ok and not logger.isEnabledFor(logging.DEBUG):
+            return self._compiled_step(raw, context)
+        obs = self.adapt_observation(raw, context)
+        vec = obs.encode()
+        mask = self.action_mask(raw)
+        return AdaptedStep(vec, mask, obs.tokens, tuple(sorted(obs.tokens)), bool(np.isfinite(vec).all()), None, (), [], obs)
+
+    def adapt_observation(self, raw: Any, context: Mapping[str, float] | None = None) -> SemanticObs:
+        """Map raw channel output to tokens + features.
+
+        ``context`` supplies features the wrapper knows and the channel does not (``step_fraction``).
+        With DEBUG on this is :meth:`reference_observation` (every decision logged).
+        """
+        if logger.isEnabledFor(logging.DEBUG):
+            return self.reference_observation(raw, context)
+        return self._compiled_step(raw, context).obs
+
     def adapt_action(self, action: int) -> dict[str, Any]:
         """Translate a semantic action into the channel-native action of the mapping file."""
         native = self.native_actions.get(int(action))
@@ -190,18 +489,42 @@ class BaseSemanticAdapter:
         """Scalar reward in the shared scale. Token-table and model rewards live in ``rl.reward``."""
         return float(raw_reward) * self.reward_scale
 
+    def step_reward(self, raw_reward: float, step: AdaptedStep, info: Mapping[str, Any]) -> float:
+        """``adapt_reward`` for an :class:`AdaptedStep`; builds the SemanticObs only for a template that reads it."""
+        if self._plain_reward:
+            return float(raw_reward) * self.reward_scale
+        return self.adapt_reward(raw_reward, step.obs, info)
+
     def action_mask(self, raw: Any) -> np.ndarray:
-        """Boolean mask over the shared action set: mapped and available in this raw state."""
-        mask = np.zeros(N_ACTIONS, dtype=bool)
-        for action, native in self.native_actions.items():
-            mask[action] = self.available(native, raw)
-        if not mask.any():  # never leave the policy without a legal move
-            mask[int(SemanticAction.ESCALATE)] = True
-        return mask
+        """Boolean mask over the shared action set: mapped and available in this raw state (a fresh array)."""
+        return self._mask([read(raw) for read in self._readers]).copy()
 
     def producible_tokens(self) -> set[str]:
         """Tokens at least one rule can emit (the audit compares this to the vocabulary)."""
         return {t for r in self.token_rules for t in r["emit"]}
+
+
+def _conjunction(subs: tuple[Predicate, ...]) -> Predicate:
+    """``all`` without a generator per call: the common 1-3 term cases unrolled (a step-time hot path)."""
+    if len(subs) == 1:
+        return subs[0]
+    if len(subs) == 2:
+        a, b = subs
+        return lambda values: a(values) and b(values)
+    if len(subs) == 3:
+        a, b, c = subs
+        return lambda values: a(values) and b(values) and c(values)
+    return lambda values: all(p(values) for p in subs)
+
+
+def _disjunction(subs: tuple[Predicate, ...]) -> Predicate:
+    """``any``, unrolled like :func:`_conjunction`."""
+    if len(subs) == 1:
+        return subs[0]
+    if len(subs) == 2:
+        a, b = subs
+        return lambda values: a(values) or b(values)
+    return lambda values: any(p(values) for p in subs)
 
 
 def validate_mapping(mapping: Any, source: str, expected_template: str | None = None) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """The ``db`` template: rules over the columns a SQL channel reads back.
 
 A leaf condition names a dotted column path into the raw observation (``"order.status"``) and one
-predicate: ``equals``, ``in``, ``op``+``value`` (numeric comparison) or ``is_null``. Leaves are
-compiled once into small closures keyed by the rule object, so a step does dict lookups and
-comparisons only -- no schema work, no string splitting.
+predicate: ``equals``, ``in``, ``op``+``value`` (numeric comparison) or ``is_null``. At load every
+column a rule names becomes one per-step read (shared by all leaves on that column) and every leaf
+a closure over it, so a step does one dict walk per column and plain comparisons -- no schema work,
+no string splitting, no ABC ``isinstance`` on plain dicts. :meth:`DBAdapter.match` interprets a
+leaf directly and is the reference the compiled closures are tested against.
 
 An action entry of the mapping may carry ``requires`` (a condition in the same language); the
 action is masked out wherever it does not hold, and the entry handed to the channel drops it.
@@ -15,7 +17,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from agentflow_core.adapters.base import BaseSemanticAdapter
+from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import SemanticAction
 
@@ -24,8 +26,6 @@ _OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq, "!=": operator.ne, ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
 }
 _MISSING = object()
-
-Predicate = Callable[[Any], bool]
 
 
 def _lookup(keys: tuple[str, ...], raw: Any) -> Any:
@@ -39,33 +39,38 @@ def _lookup(keys: tuple[str, ...], raw: Any) -> Any:
     return value
 
 
+def _column_reader(keys: tuple[str, ...]) -> Reader:
+    """``_lookup`` for one column, with plain dicts walked without the ABC ``isinstance``."""
+    if len(keys) == 2:
+        first, second = keys
+
+        def read2(raw: Any) -> Any:
+            table = raw.get(first, _MISSING) if raw.__class__ is dict else _lookup((first,), raw)
+            if table.__class__ is dict:
+                return table.get(second, _MISSING)
+            return _lookup((second,), table)
+
+        return read2
+
+    def read(raw: Any) -> Any:
+        value = raw
+        for key in keys:
+            if value.__class__ is not dict and not isinstance(value, Mapping):
+                return _MISSING
+            value = value.get(key, _MISSING)
+            if value is _MISSING:
+                return _MISSING
+        return value
+
+    return read
+
+
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, int | float):
         return float(value)
     return None
-
-
-def _compile_leaf(when: Mapping[str, Any]) -> Predicate:
-    """One leaf -> a closure over the pre-split column path."""
-    keys = tuple(str(when["column"]).split("."))
-    if "equals" in when:
-        expected = when["equals"]
-        return lambda raw: (v := _lookup(keys, raw)) is not _MISSING and v == expected
-    if "in" in when:
-        allowed = list(when["in"])
-        return lambda raw: (v := _lookup(keys, raw)) is not _MISSING and v in allowed
-    if "is_null" in when:
-        want_null = bool(when["is_null"])
-        return lambda raw: (_lookup(keys, raw) in (None, _MISSING)) == want_null
-    compare, threshold = _OPERATORS[when["op"]], float(when["value"])
-
-    def numeric(raw: Any) -> bool:
-        value = _as_number(_lookup(keys, raw))
-        return value is not None and compare(value, threshold)
-
-    return numeric
 
 
 class DBAdapter(BaseSemanticAdapter):
@@ -92,13 +97,11 @@ class DBAdapter(BaseSemanticAdapter):
         ],
     }
 
-    def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>") -> None:
-        super().__init__(mapping, source)
-        self._leaves: dict[int, tuple[Mapping[str, Any], Predicate]] = {}
-        self._paths: dict[str, tuple[str, ...]] = {}
-        for rule in self.token_rules:
-            self._precompile(rule["when"])
+    def check_mapping(self) -> None:
+        """Every action's ``requires`` must be a condition in the leaf language (checked with its JSON path)."""
+        self._clean_actions: dict[int, dict[str, Any]] = {}
         for action, native in self.native_actions.items():
+            self._clean_actions[action] = {k: v for k, v in native.items() if k != "requires"}
             requires = native.get("requires")
             if requires is None:
                 continue
@@ -106,34 +109,69 @@ class DBAdapter(BaseSemanticAdapter):
             if not isinstance(requires, Mapping):
                 raise MappingError(self.source, "$." + ".".join(path), "'requires' must be a condition object")
             self._check_when(requires, path)
-            self._precompile(requires)
-        for rule in self.feature_rules:
-            self._paths[rule["source"]] = tuple(rule["source"].split("."))
 
-    def _precompile(self, when: Mapping[str, Any]) -> None:
-        for combinator in ("all", "any"):
-            if combinator in when:
-                for sub in when[combinator]:
-                    self._precompile(sub)
-                return
-        if "not" in when:
-            self._precompile(when["not"])
-            return
-        self._leaves[id(when)] = (when, _compile_leaf(when))
+    # ------------------------------------------------------------------ compiled engine
+    def _column(self, column: str) -> int:
+        keys = tuple(column.split("."))
+        return self.reader(("column", keys), _column_reader(keys))
 
+    def compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
+        """One leaf -> a closure over its column's per-step value."""
+        i = self._column(str(when["column"]))
+        if "equals" in when:
+            expected = when["equals"]
+            return self.keyed_leaf(i, (expected,), lambda values: (v := values[i]) is not _MISSING and v == expected)
+        if "in" in when:
+            allowed = list(when["in"])
+            return self.keyed_leaf(i, allowed, lambda values: (v := values[i]) is not _MISSING and v in allowed)
+        if "is_null" in when:
+            want_null = bool(when["is_null"])
+            return lambda values: (values[i] in (None, _MISSING)) == want_null
+        compare, threshold = _OPERATORS[when["op"]], float(when["value"])
+
+        def numeric(values: list[Any]) -> bool:
+            value = values[i]
+            if value.__class__ is not float and value.__class__ is not int:
+                value = _as_number(value) if value is not _MISSING else None
+                if value is None:
+                    return False
+            return compare(float(value), threshold)
+
+        return numeric
+
+    def compile_feature(self, source: str) -> Reader:
+        """A dotted column read as ``extract`` does, plain ints and floats without the generic checks."""
+        read = _column_reader(tuple(source.split(".")))
+
+        def number(raw: Any) -> float | None:
+            value = read(raw)
+            if value.__class__ is float or value.__class__ is int:
+                return value
+            return None if value is _MISSING else _as_number(value)
+
+        return number
+
+    def compile_available(self, native_action: Mapping[str, Any], path: list[Any]) -> Predicate | None:
+        """The action's ``requires`` condition compiled like a token rule (None when it has none)."""
+        requires = native_action.get("requires")
+        return None if requires is None else self._compile_tree(requires, [*path, "requires"])
+
+    # ------------------------------------------------------------------ reference engine
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
-        """Evaluate one leaf; leaves of the loaded mapping are compiled once, others on the fly."""
-        cached = self._leaves.get(id(when))
-        if cached is not None and cached[0] is when:
-            return cached[1](raw)
-        return _compile_leaf(when)(raw)
+        """Evaluate one leaf by interpreting it (the reference for the compiled closures)."""
+        value = _lookup(tuple(str(when["column"]).split(".")), raw)
+        if "equals" in when:
+            return value is not _MISSING and value == when["equals"]
+        if "in" in when:
+            return value is not _MISSING and value in list(when["in"])
+        if "is_null" in when:
+            return (value in (None, _MISSING)) == bool(when["is_null"])
+        number = _as_number(value)
+        return number is not None and _OPERATORS[when["op"]](number, float(when["value"]))
 
     def extract(self, source: str, raw: Any) -> float | None:
         """Read a dotted column path as a float (booleans as 0/1; NULL or text as absent)."""
-        keys = self._paths.get(source)
-        if keys is None:
-            keys = self._paths[source] = tuple(source.split("."))
-        value = _lookup(keys, raw)
+        value = _lookup(tuple(source.split(".")), raw)
         return None if value is _MISSING else _as_number(value)
 
     def available(self, native_action: Mapping[str, Any], raw: Any) -> bool:
@@ -143,6 +181,7 @@ class DBAdapter(BaseSemanticAdapter):
 
     def adapt_action(self, action: int) -> dict[str, Any]:
         """The channel-native op, without the mask-only ``requires`` condition."""
-        native = super().adapt_action(action)
-        native.pop("requires", None)
-        return native
+        native = self._clean_actions.get(int(action))
+        if native is None:
+            return super().adapt_action(action)
+        return dict(native)

@@ -10,26 +10,22 @@ Leaf conditions of a ``web`` mapping (exactly one kind per leaf, combined with a
 * ``{"field": "cart_count", "op": ">", "value": 0}`` -- a named value compared (see :meth:`WebAdapter.extract`).
 
 Speed matters (the adapter runs on every step of every web env): each leaf is compiled once, at
-load, into a closure over a precompiled regex, so a step costs no schema checks, no regex
-compilation and no per-leaf dispatch on the condition's keys.
+load, into a closure over a precompiled regex and the page values it reads (page name, text,
+element lists -- each read once per step and shared by all leaves), so a step costs no schema
+checks, no regex compilation and no per-leaf dispatch on the condition's keys. :meth:`WebAdapter.match`
+interprets a leaf directly and is the reference the closures are tested against.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import operator
 import re
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
-import numpy as np
-
-from agentflow_core.adapters.base import BaseSemanticAdapter, _json_path, logger
+from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader, _json_path
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import N_ACTIONS, SemanticAction, SemanticObs
-
-Predicate = Callable[[Mapping[str, Any]], bool]
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq,
@@ -40,6 +36,9 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le,
 }
 _BANNER_KINDS = ("error", "warning", "success", "info", "any", "none")
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
+# What a page value reads as when the page lacks it (the same defaults ``match`` uses).
+_PAGE_DEFAULTS: dict[str, Any] = {"text": "", "buttons": (), "links": (), "forms": (), "fields": _NO_FIELDS}
 
 
 def _leaf(key: str) -> dict[str, Any]:
@@ -74,145 +73,105 @@ class WebAdapter(BaseSemanticAdapter):
         ],
     }
 
-    def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>") -> None:
-        super().__init__(mapping, source)
-        # id(condition) -> (condition, compiled predicate); the condition is kept so an id reused
-        # by another object can never hit a stale entry.
-        self._compiled: dict[int, tuple[Mapping[str, Any], Predicate]] = {}
-        self._token_plan: list[tuple[Predicate, tuple[str, ...]]] = [
-            (self._compile_tree(rule["when"], ["token_rules", i, "when"]), tuple(rule["emit"]))
-            for i, rule in enumerate(self.token_rules)
-        ]
-        self._feature_plan: list[tuple[str, str, float, float, float, float]] = [
-            (
-                r["feature"],
-                r["source"],
-                float(r.get("scale", 1.0)),
-                float(r.get("default", 0.0)),
-                *map(float, r.get("clip", (0.0, 1.0))),
-            )
-            for r in self.feature_rules
-        ]
-        _click_key = {"click": "target", "submit": "form", "type": "field"}
-        self._mask_plan: list[tuple[int, str, Any]] = [
-            (action, native.get("type", ""), native.get(_click_key.get(native.get("type", ""), ""), None))
-            for action, native in sorted(self.native_actions.items())
-        ]
+    # ------------------------------------------------------------------ compiled engine
+    def _value(self, key: str) -> int:
+        default = _PAGE_DEFAULTS.get(key)
+        return self.reader(key, lambda raw: raw.get(key, default))
 
-    # ------------------------------------------------------------------ compilation
-    def _compile_tree(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
-        """Compile a condition (combinators included) into one closure, cached by identity."""
-        if "all" in when or "any" in when:
-            combinator = "all" if "all" in when else "any"
-            subs = tuple(self._compile_tree(s, [*path, combinator, j]) for j, s in enumerate(when[combinator]))
-            fn: Predicate = _conjunction(subs) if combinator == "all" else _disjunction(subs)
-        elif "not" in when:
-            inner = self._compile_tree(when["not"], [*path, "not"])
-            fn = lambda raw: not inner(raw)  # noqa: E731
-        else:
-            fn = self._compile_leaf(when, path)
-        self._compiled[id(when)] = (when, fn)
-        return fn
-
-    def _compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
+    def compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
         """One leaf condition as a closure; a bad regex fails here with the rule's JSON path."""
         if "page" in when:
-            page = when["page"]
-            return lambda raw: raw.get("page") == page
+            page, i = when["page"], self._value("page")
+            return self.keyed_leaf(i, (page,), lambda values: values[i] == page)
         if "text_contains" in when:
-            needle = when["text_contains"]
-            return lambda raw: needle in raw.get("text", "")
+            needle, i = when["text_contains"], self._value("text")
+            return lambda values: needle in values[i]
         if "text_regex" in when:
             try:
                 search = re.compile(when["text_regex"]).search
             except re.error as exc:
                 raise MappingError(self.source, _json_path([*path, "text_regex"]), f"invalid regex: {exc}") from exc
-            return lambda raw: search(raw.get("text", "")) is not None
+            i = self._value("text")
+            return lambda values: search(values[i]) is not None
         if "selector" in when:
             selector = when["selector"]
             name = selector[1:] if selector.startswith("#") else selector
-            return lambda raw: (
-                selector in raw.get("buttons", ()) or selector in raw.get("links", ()) or name in raw.get("fields", {})
-            )
+            b, li, f = self._value("buttons"), self._value("links"), self._value("fields")
+            return lambda values: selector in values[b] or selector in values[li] or name in values[f]
         if "banner" in when:
-            kind = when["banner"]
+            kind, i = when["banner"], self._value("banner")
             if kind == "any":
-                return lambda raw: raw.get("banner") is not None
+                return lambda values: values[i] is not None
             if kind == "none":
-                return lambda raw: raw.get("banner") is None
-            return lambda raw: (raw.get("banner") or {}).get("kind") == kind
+                return lambda values: values[i] is None
+            return lambda values: (values[i] or _NO_FIELDS).get("kind") == kind
         return self._compile_field(when)
 
     def _compile_field(self, when: Mapping[str, Any]) -> Predicate:
         name, compare, value = when["field"], _OPS[when["op"]], when["value"]
         if isinstance(value, str):  # string comparison on the raw value (e.g. a form field)
-            return lambda raw: (found := _lookup(name, raw)) is not None and compare(str(found), value)
+            i = self.reader(("lookup", name), lambda raw: _lookup(name, raw))
+            return lambda values: (found := values[i]) is not None and compare(str(found), value)
         target = float(value)
+        i = self.reader(("number", name), self.compile_feature(name))
+        return lambda values: (found := values[i]) is not None and compare(found, target)
+
+    def compile_feature(self, source: str) -> Reader:
+        """``extract`` with a fast path for a number at the top level or in ``data``."""
         extract = self.extract
 
-        def numeric(raw: Mapping[str, Any]) -> bool:
-            found = raw.get(name)
-            if found.__class__ is not int and found.__class__ is not float:  # fast path: a top-level number
-                found = extract(name, raw)
-            return found is not None and compare(found, target)
-
-        return numeric
-
-    # ------------------------------------------------------------------ step-time fast path
-    def adapt_observation(self, raw: Any, context: Mapping[str, float] | None = None) -> SemanticObs:
-        """Same result as the shared engine, through the compiled rules; the engine itself when logging.
-
-        With DEBUG on for ``agentflow.adapter`` the base implementation runs, so every decision is
-        logged exactly as for the other templates; ``tests/test_env_web.py`` checks both agree.
-        """
-        if logger.isEnabledFor(logging.DEBUG):
-            return super().adapt_observation(raw, context)
-        tokens: set[str] = set()
-        for predicate, emit in self._token_plan:
-            if predicate(raw):
-                tokens.update(emit)
-        features: dict[str, float] = dict(context) if context else {}
-        data = raw.get("data") or {}
-        for name, source, scale, default, lo, hi in self._feature_plan:
-            found = raw[source] if source in raw else data.get(source)
+        def number(raw: Mapping[str, Any]) -> Any:
+            found = raw[source] if source in raw else (raw.get("data") or _NO_FIELDS).get(source)
             if found.__class__ is not float and found.__class__ is not int:  # strings, bools, fields, absent
-                found = self.extract(source, raw)
-            value = default if found is None else found * scale
-            features[name] = min(max(value, lo), hi) if math.isfinite(value) else value
-        return SemanticObs(frozenset(tokens), features)
+                found = extract(source, raw)
+            return found
 
-    def action_mask(self, raw: Any) -> np.ndarray:
-        """The shared mask rule (mapped and available, ESCALATE if nothing is) with one element lookup set."""
-        clickable = {*raw.get("buttons", ()), *raw.get("links", ())}
-        forms, fields = raw.get("forms", ()), raw.get("fields", {})
-        mask = np.zeros(N_ACTIONS, dtype=bool)
-        for action, kind, key in self._mask_plan:
-            if kind == "click":
-                mask[action] = key in clickable
-            elif kind == "submit":
-                mask[action] = key in forms
-            elif kind == "type":
-                mask[action] = key in fields
-            else:
-                mask[action] = kind in ("navigate", "noop")
-        if not mask.any():
-            mask[int(SemanticAction.ESCALATE)] = True
-        return mask
+        return number
 
-    # ------------------------------------------------------------------ template hooks
-    def holds(self, when: Mapping[str, Any], raw: Any) -> bool:
-        """Evaluate a condition through its compiled closure (the base engine for unknown ones)."""
-        entry = self._compiled.get(id(when))
-        if entry is not None and entry[0] is when:
-            return entry[1](raw)
-        return super().holds(when, raw)
+    def compile_available(self, native_action: Mapping[str, Any], path: list[Any]) -> Predicate | None:
+        """Element presence on the page, from the same per-step reads as the selector leaves."""
+        kind = native_action.get("type")
+        if kind == "click":
+            target = native_action.get("target")
+            b, li = self._value("buttons"), self._value("links")
+            return lambda values: target in values[b] or target in values[li]
+        if kind == "submit":
+            form, i = native_action.get("form"), self._value("forms")
+            return lambda values: form in values[i]
+        if kind == "type":
+            field, i = native_action.get("field"), self._value("fields")
+            return lambda values: field in values[i]
+        return None if kind in ("navigate", "noop") else (lambda values: False)
 
+    # ------------------------------------------------------------------ reference engine
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
-        """Does one leaf condition hold on this page?"""
-        entry = self._compiled.get(id(when))
-        if entry is not None and entry[0] is when:
-            return entry[1](raw)
-        return self._compile_leaf(when, ["<when>"])(raw)
+        """Does one leaf condition hold on this page? (interpreted: the reference for the closures)"""
+        if "page" in when:
+            return raw.get("page") == when["page"]
+        if "text_contains" in when:
+            return when["text_contains"] in raw.get("text", "")
+        if "text_regex" in when:
+            try:
+                return re.search(when["text_regex"], raw.get("text", "")) is not None
+            except re.error as exc:
+                raise MappingError(self.source, _json_path(["<when>", "text_regex"]), f"invalid regex: {exc}") from exc
+        if "selector" in when:
+            selector = when["selector"]
+            name = selector[1:] if selector.startswith("#") else selector
+            return selector in raw.get("buttons", ()) or selector in raw.get("links", ()) or name in raw.get("fields", {})
+        if "banner" in when:
+            kind = when["banner"]
+            if kind == "any":
+                return raw.get("banner") is not None
+            if kind == "none":
+                return raw.get("banner") is None
+            return (raw.get("banner") or {}).get("kind") == kind
+        name, compare, value = when["field"], _OPS[when["op"]], when["value"]
+        if isinstance(value, str):
+            found = _lookup(name, raw)
+            return found is not None and compare(str(found), value)
+        number = self.extract(name, raw)
+        return number is not None and compare(number, float(value))
 
     def extract(self, source: str, raw: Any) -> float | None:
         """A number read by name: top-level page value, then ``data`` attribute, then form field."""
@@ -235,29 +194,6 @@ class WebAdapter(BaseSemanticAdapter):
         if kind == "type":
             return native_action.get("field") in raw.get("fields", {})
         return kind in ("navigate", "noop")
-
-
-def _conjunction(subs: tuple[Predicate, ...]) -> Predicate:
-    """``all`` without a generator per call: the common 1-3 term cases unrolled (a step-time hot path)."""
-    if len(subs) == 1:
-        return subs[0]
-    if len(subs) == 2:
-        a, b = subs
-        return lambda raw: a(raw) and b(raw)
-    if len(subs) == 3:
-        a, b, c = subs
-        return lambda raw: a(raw) and b(raw) and c(raw)
-    return lambda raw: all(p(raw) for p in subs)
-
-
-def _disjunction(subs: tuple[Predicate, ...]) -> Predicate:
-    """``any``, unrolled like :func:`_conjunction`."""
-    if len(subs) == 1:
-        return subs[0]
-    if len(subs) == 2:
-        a, b = subs
-        return lambda raw: a(raw) or b(raw)
-    return lambda raw: any(p(raw) for p in subs)
 
 
 def _lookup(name: str, raw: Mapping[str, Any]) -> Any:

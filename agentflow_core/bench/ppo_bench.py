@@ -3,14 +3,20 @@
 Measured side by side in one process, so machine speed cancels in the ratios:
 
 - ``sps_ratio_vs_sb3``: end-to-end training throughput (env steps / s, rollout + update) of our
-  PPO over :class:`GymVectorPool` (SyncVectorEnv, SAME_STEP) vs SB3 ``PPO("MlpPolicy")`` over ``DummyVecEnv``, both on the same
-  registered Gymnasium env built by ``gymnasium.make`` (same wrapper stack), with matched
-  hyperparameters: n_envs, n_steps, minibatch size, epochs, learning rate, clip, gamma/lambda,
-  ent/vf coefficients, grad clip and the 64x64 Tanh actor/critic. The two runs alternate
-  (SB3, ours, SB3, ours) and the ratio uses each side's best repeat. SB3 keeps its defaults
+  PPO over :class:`GymVectorPool` (a plain loop over ``gymnasium.make`` envs, SAME_STEP) vs SB3
+  ``PPO("MlpPolicy")`` over ``DummyVecEnv``, both on the same registered Gymnasium env built by
+  ``gymnasium.make`` (same wrapper stack), with matched hyperparameters: n_envs, n_steps,
+  minibatch size, epochs, learning rate, clip, gamma/lambda, ent/vf coefficients, grad clip and the
+  64x64 Tanh actor/critic. The headline uses SB3's default ``batch_size`` 64 and ``n_epochs`` 10
+  (on both sides) with 8 envs x 256 steps; ``sps_ratio_vs_sb3_large_minibatch`` repeats it at
+  minibatch 512 x 4 epochs, where both learners are bound by the env's step cost. Runs alternate
+  (SB3, ours, SB3, ours) and each ratio uses each side's best repeat. SB3 keeps its defaults
   otherwise (no masking: it cannot mask), single torch thread on both sides.
-  ``inprocess_pool_sps_ratio_vs_sb3`` is the same run of ours over the catalogue pool
+  ``inprocess_pool_sps_ratio_vs_sb3`` is the headline run of ours over the catalogue pool
   (``InProcessPool``: scheduler, fault isolation, per-slot infos) for transparency.
+- ``env_only_sps`` / ``sps_ratio_ceiling_vs_sb3``: the same envs stepped with no learner at all
+  (uniformly random legal actions), and that rate over SB3's: the ratio ours would reach with a free learner.
+  ``ours_rollout_s`` / ``ours_update_s`` split one headline iteration of ours.
 - ``update_s_2048``: one PPO update on 2,048 samples, 4 epochs x 4 minibatches of 512 (median of
   repeats); ``sb3_update_s_2048`` is SB3's ``train()`` on the same sizes for reference.
 - ``heldout_success_vs_expert`` / ``heldout_success_vs_exploration``: a small training run on the
@@ -263,17 +269,70 @@ def learning_curves(variants: Sequence[VariantSpec], cfg: TrainConfig, seed: int
     }
 
 
-def run_ppo_bench(gym_id: str = "agentflow/WebCheckout-v2", n_envs: int = 8, n_steps: int = 256, minibatch: int = 512,
-                  epochs: int = 4, sps_updates: int = 5, repeats: int = 2, update_repeats: int = 7,
-                  catalogue_samples: int = 3, learn_updates: int = 30, seed: int = 0) -> dict[str, Any]:
-    """All PPO benchmark numbers and the learning-curve data, as one dict."""
-    torch.set_num_threads(1)
-    cfg = _matched_train_config(n_envs, n_steps, minibatch, epochs, sps_updates * n_envs * n_steps)
+def _env_only_sps(gym_id: str, n_envs: int, n_steps: int, seed: int) -> float:
+    """Steps/s of the bare envs under uniformly random legal actions (what an untrained policy does),
+    no learner: the ceiling for any learner on them."""
+    pool = GymVectorPool(gym_id, n_envs)
+    rng = np.random.default_rng(seed)
+    try:
+        batch = pool.reset(seed=seed)
+        t0 = time.perf_counter()
+        for _ in range(n_steps):
+            batch = pool.step((rng.random(batch.action_mask.shape) + batch.action_mask).argmax(1))
+        return n_envs * n_steps / (time.perf_counter() - t0)
+    finally:
+        pool.close()
+
+
+def _iteration_split(gym_id: str, cfg: TrainConfig, seed: int, repeats: int = 3) -> tuple[float, float]:
+    """(rollout s, update s) of one of our iterations, best of ``repeats``."""
+    pool = GymVectorPool(gym_id, cfg.num_envs)
+    try:
+        torch.manual_seed(seed)
+        ppo = PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), pool, cfg, seed=seed)
+        rollout, update = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ppo.collect_rollout()
+            t1 = time.perf_counter()
+            ppo.update_policy()
+            rollout.append(t1 - t0)
+            update.append(time.perf_counter() - t1)
+        return min(rollout), min(update)
+    finally:
+        pool.close()
+
+
+def throughput_vs_sb3(gym_id: str, cfg: TrainConfig, seed: int, repeats: int, catalogue_pool: bool = False) -> dict[str, Any]:
+    """Alternating SB3 / ours runs at one matched setting: both sides' best steps/s and the ratio."""
     ours_runs, sb3_runs, pool_runs = [], [], []
     for r in range(repeats):
         sb3_runs.append(_sb3_sps(gym_id, cfg, seed + r))
         ours_runs.append(_ours_sps(gym_id, cfg, seed + r)[0])
-        pool_runs.append(_ours_sps(gym_id, cfg, seed + r, catalogue_pool=True)[0])
+        if catalogue_pool:
+            pool_runs.append(_ours_sps(gym_id, cfg, seed + r, catalogue_pool=True)[0])
+    result = {"n_envs": cfg.num_envs, "n_steps": cfg.n_steps, "minibatch_size": cfg.minibatch_size,
+              "n_epochs": cfg.n_epochs, "steps_per_run": cfg.num_updates * cfg.num_envs * cfg.n_steps,
+              "ours_sps": max(ours_runs), "sb3_sps": max(sb3_runs), "ours_sps_runs": ours_runs, "sb3_sps_runs": sb3_runs,
+              "sps_ratio_vs_sb3": max(ours_runs) / max(sb3_runs)}
+    if pool_runs:
+        result.update(ours_inprocess_pool_sps=max(pool_runs), inprocess_pool_sps_ratio_vs_sb3=max(pool_runs) / max(sb3_runs))
+    return result
+
+
+def run_ppo_bench(gym_id: str = "agentflow/WebCheckout-v2", n_envs: int = 8, n_steps: int = 256, minibatch: int = 64,
+                  epochs: int = 10, large_minibatch: int = 512, large_epochs: int = 4, sps_updates: int = 5,
+                  repeats: int = 2, update_repeats: int = 7, catalogue_samples: int = 3, learn_updates: int = 30,
+                  seed: int = 0) -> dict[str, Any]:
+    """All PPO benchmark numbers and the learning-curve data, as one dict."""
+    torch.set_num_threads(1)
+    total = sps_updates * n_envs * n_steps
+    cfg = _matched_train_config(n_envs, n_steps, minibatch, epochs, total)
+    headline = throughput_vs_sb3(gym_id, cfg, seed, repeats, catalogue_pool=True)
+    large = throughput_vs_sb3(gym_id, _matched_train_config(n_envs, n_steps, large_minibatch, large_epochs, total), seed,
+                              repeats)
+    env_sps = _env_only_sps(gym_id, n_envs, n_steps, seed)
+    rollout_s, update_s = _iteration_split(gym_id, cfg, seed)
     update_ours, update_sb3 = _update_latency(gym_id, seed, update_repeats)
     learn_cfg = TrainConfig(total_steps=learn_updates * 1024, num_envs=16, n_steps=64, batch_size=1024, minibatch_size=256,
                             n_epochs=4, learning_rate=1e-3, clip_range=0.2, hidden_sizes=[64, 64])
@@ -281,11 +340,19 @@ def run_ppo_bench(gym_id: str = "agentflow/WebCheckout-v2", n_envs: int = 8, n_s
     return {
         "gym_id": gym_id,
         "matched": {"n_envs": n_envs, "n_steps": n_steps, "minibatch_size": minibatch, "n_epochs": epochs,
-                    "net": "64x64 tanh actor + critic", "steps_per_run": cfg.num_updates * n_envs * n_steps,
-                    "repeats": repeats, "torch_threads": 1},
-        "ours_sps": max(ours_runs), "sb3_sps": max(sb3_runs), "ours_sps_runs": ours_runs, "sb3_sps_runs": sb3_runs,
-        "sps_ratio_vs_sb3": max(ours_runs) / max(sb3_runs),
-        "ours_inprocess_pool_sps": max(pool_runs), "inprocess_pool_sps_ratio_vs_sb3": max(pool_runs) / max(sb3_runs),
+                    "minibatch_source": "SB3 PPO defaults (batch_size=64, n_epochs=10), set on both sides",
+                    "large_minibatch_size": large_minibatch, "large_n_epochs": large_epochs,
+                    "net": "64x64 tanh actor + critic", "steps_per_run": total, "repeats": repeats, "torch_threads": 1},
+        "ours_sps": headline["ours_sps"], "sb3_sps": headline["sb3_sps"],
+        "ours_sps_runs": headline["ours_sps_runs"], "sb3_sps_runs": headline["sb3_sps_runs"],
+        "sps_ratio_vs_sb3": headline["sps_ratio_vs_sb3"],
+        "ours_sps_large_minibatch": large["ours_sps"], "sb3_sps_large_minibatch": large["sb3_sps"],
+        "sps_ratio_vs_sb3_large_minibatch": large["sps_ratio_vs_sb3"],
+        "throughput": {"sb3_default_minibatch": headline, "large_minibatch": large},
+        "ours_inprocess_pool_sps": headline["ours_inprocess_pool_sps"],
+        "inprocess_pool_sps_ratio_vs_sb3": headline["inprocess_pool_sps_ratio_vs_sb3"],
+        "env_only_sps": env_sps, "sps_ratio_ceiling_vs_sb3": env_sps / headline["sb3_sps"],
+        "ours_rollout_s": rollout_s, "ours_update_s": update_s,
         "update_s_2048": update_ours, "sb3_update_s_2048": update_sb3,
         "heldout_success_vs_expert": _ratio(learning["heldout_success"], learning["heldout_success_expert"]),
         "heldout_success_vs_exploration": _ratio(learning["heldout_success"], learning["heldout_success_exploration"]),

@@ -126,3 +126,17 @@ class PhysicalEnv(Protocol):
     def close(self) -> None:
         """Release sockets, connections, threads."""
         ...
+
+
+@runtime_checkable
+class ReconfigurableEnv(PhysicalEnv, Protocol):
+    """A physical env that can be re-targeted to another variant of its base env (optional).
+
+    A pool reuses an idle env this way instead of building a new one. After ``reconfigure`` the
+    env must behave exactly like one built fresh with ``(scenario, env_id)``: same observations,
+    rewards and infos for the same seeds and actions. Any open episode is abandoned (rolled back).
+    """
+
+    def reconfigure(self, scenario: Scenario, env_id: str) -> None:
+        """Switch to ``scenario`` under ``env_id``; the next ``reset`` starts its first episode."""
+        ...

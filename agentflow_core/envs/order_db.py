@@ -22,7 +22,9 @@ cancels it -- in both cases the op is not applied and the previous rows are kept
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -279,16 +281,58 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN")
 
 
-def make_engine(url: str | None) -> Engine:
-    """A private in-memory SQLite (``url=None``) or any SQLAlchemy URL, with working SAVEPOINTs."""
+def make_engine(url: str | None, creator: Callable[[], sqlite3.Connection] | None = None) -> Engine:
+    """A private in-memory SQLite (``url=None``) or any SQLAlchemy URL, with working SAVEPOINTs.
+
+    ``creator`` (private SQLite only) supplies the DBAPI connection, e.g. a clone of the template.
+    """
     if url is None:
-        engine = create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False})
+        extra: dict[str, Any] = {"creator": creator} if creator is not None else {}
+        engine = create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}, **extra)
     else:
         engine = create_engine(url)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin)
     return engine
+
+
+@dataclass(frozen=True)
+class _Template:
+    """A private database with the schema and one placeholder env's seed rows, built once per process."""
+
+    connection: sqlite3.Connection
+    user_id: int
+    cart_id: int
+    product_ids: tuple[int, ...]
+    lock: threading.Lock
+
+
+_TEMPLATE: list[_Template] = []  # filled on first use, never at import time
+_TEMPLATE_LOCK = threading.Lock()
+_TEMPLATE_ENV_ID = "__template__"
+
+
+def _template() -> _Template:
+    """The process's template database: ``CREATE TABLE`` and the seed INSERTs run once, not per env."""
+    with _TEMPLATE_LOCK:
+        if not _TEMPLATE:
+            raw = sqlite3.connect(":memory:", check_same_thread=False)
+            engine = make_engine(None, creator=lambda: raw)
+            metadata.create_all(engine)
+            with engine.begin() as conn:
+                user_id, cart_id, product_ids = _insert_seed_rows(conn, Scenario(), _TEMPLATE_ENV_ID)
+            _TEMPLATE.append(_Template(raw, user_id, cart_id, tuple(product_ids), threading.Lock()))
+        return _TEMPLATE[0]
+
+
+def _clone_template() -> sqlite3.Connection:
+    """A new in-memory database holding a page-for-page copy of the template (sqlite3 backup API)."""
+    template = _template()
+    clone = sqlite3.connect(":memory:", check_same_thread=False)
+    with template.lock:
+        template.connection.backup(clone)
+    return clone
 
 
 def dump_tables(connection: Connection) -> dict[str, list[tuple[Any, ...]]]:
@@ -320,6 +364,37 @@ def _constraint_name(exc: IntegrityError) -> str:
         if message.rstrip().endswith(columns):
             return name
     return "foreign_key" if "FOREIGN KEY" in message.upper() else "unknown"
+
+
+def _seed_values(scenario: Scenario) -> tuple[str, str, float, list[int]]:
+    """(tier, status, price, stocks) of a scenario's seed rows."""
+    tier, status = ("standard", "blocked") if scenario.user_tier == "blocked" else (scenario.user_tier, "active")
+    price = round(BASE_PRICE * scenario.price_factor, 2)
+    return tier, status, price, [scenario.inventory] + [ALT_PRODUCT_STOCK] * (N_PRODUCTS - 1)
+
+
+def _insert_seed_rows(conn: Connection, scenario: Scenario, env_id: str) -> tuple[int, int, list[int]]:
+    """Insert one env's customer, cart, products and stock; returns (user_id, cart_id, product_ids)."""
+    tier, status, price, stocks = _seed_values(scenario)
+    user_id = _new_id(conn.execute(insert(users).values(name=f"customer@{env_id}", tier=tier, status=status,
+                                                        balance=scenario.balance)))
+    cart_id = _new_id(conn.execute(insert(carts).values(user_id=user_id)))
+    product_ids = []
+    for i, stock in enumerate(stocks):
+        pid = _new_id(conn.execute(insert(products).values(sku=f"{env_id}/sku-{i}", price=price)))
+        conn.execute(insert(inventory).values(product_id=pid, stock=stock))
+        product_ids.append(pid)
+    return user_id, cart_id, product_ids
+
+
+def _align_seed_rows(conn: Connection, scenario: Scenario, env_id: str, user_id: int, product_ids: Sequence[int]) -> None:
+    """Set existing seed rows (by id) to ``env_id``'s keys and the scenario's values."""
+    tier, status, price, stocks = _seed_values(scenario)
+    conn.execute(update(users).where(users.c.id == user_id).values(name=f"customer@{env_id}", tier=tier, status=status,
+                                                                    balance=scenario.balance))
+    for i, (pid, stock) in enumerate(zip(product_ids, stocks, strict=True)):
+        conn.execute(update(products).where(products.c.id == pid).values(sku=f"{env_id}/sku-{i}", price=price))
+        conn.execute(update(inventory).where(inventory.c.product_id == pid).values(stock=stock))
 
 
 @dataclass(frozen=True)
@@ -379,45 +454,58 @@ class OrderDBEnv:
     def __init__(self, scenario: Scenario, env_id: str, url: str | None = None) -> None:
         self.scenario = scenario
         self.env_id = env_id
-        self.engine = make_engine(url)
-        metadata.create_all(self.engine)
-        with self.engine.begin() as conn:
-            self._user_id, self._cart_id, self._product_ids = self._seed(conn)
+        # A private database is a clone of the process template (schema + placeholder rows) whose
+        # rows are then re-keyed to this env: ~0.5 ms instead of CREATE TABLE + INSERTs per env.
+        self._private = url is None
+        self.engine = make_engine(url, creator=_clone_template if self._private else None)
+        if not self._private:
+            metadata.create_all(self.engine)
+        self._conn: Connection | None = self.engine.connect()
+        self._txn: Any = None
+        self._configure()
+
+    def reconfigure(self, scenario: Scenario, env_id: str) -> None:
+        """Re-target this env to another variant of its base env; afterwards it behaves exactly like
+        ``OrderDBEnv(scenario, env_id, url)`` built fresh (the open episode is rolled back first)."""
+        if self._conn is None:
+            raise RuntimeError(f"env {self.env_id}: reconfigure after close")
+        if self._txn is not None:
+            self._txn.rollback()
+            self._txn = None
+        self.scenario, self.env_id = scenario, env_id
+        self._configure()
+
+    def _configure(self) -> None:
+        """Seed rows (committed) and per-scenario constants; the next ``reset`` starts an episode."""
+        with self.conn.begin():
+            self._user_id, self._cart_id, self._product_ids = self._seed(self.conn)
+        scenario = self.scenario
         self._discount = scenario.vip_discount if scenario.user_tier == "vip" else 1.0
         self._latency = NETWORK_LATENCY_S[scenario.network]
         self._jitter = NETWORK_JITTER_S[scenario.network]
         self._drop_rate = NETWORK_DROP_RATE[scenario.network]
-        self._conn: Connection | None = self.engine.connect()
-        self._txn: Any = None
         self._rng = np.random.default_rng()
         self._new_episode_state()
 
     # ------------------------------------------------------------------------------- seeding
     def _seed(self, conn: Connection) -> tuple[int, int, list[int]]:
-        """Insert this env's customer and catalog rows, or align them with the scenario (committed)."""
-        s = self.scenario
-        tier, status = ("standard", "blocked") if s.user_tier == "blocked" else (s.user_tier, "active")
-        price = round(BASE_PRICE * s.price_factor, 2)
-        stocks = [s.inventory] + [ALT_PRODUCT_STOCK] * (N_PRODUCTS - 1)
+        """This env's customer and catalog rows, aligned with the scenario (inside the caller's transaction).
+
+        A private database holds exactly one env's rows (the template's, at fixed ids): they are
+        re-keyed in place, so a fresh and a reconfigured env see the same ids and values. A shared
+        database keys rows by ``env_id``: they are inserted when missing, else aligned.
+        """
+        if self._private:
+            template = _template()
+            _align_seed_rows(conn, self.scenario, self.env_id, template.user_id, template.product_ids)
+            return template.user_id, template.cart_id, list(template.product_ids)
         name = f"customer@{self.env_id}"
         user_id = conn.execute(select(users.c.id).where(users.c.name == name)).scalar()
         if user_id is None:
-            user_id = _new_id(conn.execute(insert(users).values(name=name, tier=tier, status=status,
-                                                                balance=s.balance)))
-            conn.execute(insert(carts).values(user_id=user_id))
-        else:
-            conn.execute(update(users).where(users.c.id == user_id).values(tier=tier, status=status, balance=s.balance))
-        product_ids = []
-        for i, stock in enumerate(stocks):
-            sku = f"{self.env_id}/sku-{i}"
-            pid = conn.execute(select(products.c.id).where(products.c.sku == sku)).scalar()
-            if pid is None:
-                pid = _new_id(conn.execute(insert(products).values(sku=sku, price=price)))
-                conn.execute(insert(inventory).values(product_id=pid, stock=stock))
-            else:
-                conn.execute(update(products).where(products.c.id == pid).values(price=price))
-                conn.execute(update(inventory).where(inventory.c.product_id == pid).values(stock=stock))
-            product_ids.append(int(pid))
+            return _insert_seed_rows(conn, self.scenario, self.env_id)
+        product_ids = [int(conn.execute(select(products.c.id).where(products.c.sku == f"{self.env_id}/sku-{i}")).scalar_one())
+                       for i in range(N_PRODUCTS)]
+        _align_seed_rows(conn, self.scenario, self.env_id, int(user_id), product_ids)
         cart_id = conn.execute(select(carts.c.id).where(carts.c.user_id == user_id)).scalar_one()
         return int(user_id), int(cart_id), product_ids
 

@@ -96,6 +96,20 @@ class PaymentAPIEnv:
         self._last_raw: dict[str, Any] = {}
         self._closed = False
 
+    def reconfigure(self, scenario: Scenario, env_id: str) -> None:
+        """Re-target this env to another variant; afterwards it behaves exactly like a fresh
+        ``PaymentAPIEnv(scenario, env_id, ...)`` (the next ``reset`` replaces the server episode)."""
+        if self._closed:
+            raise RuntimeError(f"env {self.env_id}: reconfigure after close")
+        self.scenario, self.env_id = scenario, env_id
+        self.np_random = np.random.default_rng()
+        self.step_id = 0
+        self.order_id = None
+        self._last_request = None
+        self._last_failed = False
+        self._last_raw = {}
+        self.client.default_headers.pop("X-Episode-Id", None)  # a fresh client has none before reset
+
     # ------------------------------------------------------------------ faults
     def _draw_fault(self) -> dict[str, str]:
         """One attempt's network conditions, always three draws so the stream stays aligned."""

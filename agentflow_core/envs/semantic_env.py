@@ -13,15 +13,27 @@ carrying env_id and step_id (hangs are caught by the pool, which owns the clock)
 
 from __future__ import annotations
 
+import copy
+import functools
+import math
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from agentflow_core.adapters.base import BaseSemanticAdapter
-from agentflow_core.errors import EnvCrashError, EnvError, EnvInvalidError
+from agentflow_core.adapters.base import AdaptedStep, BaseSemanticAdapter
 from agentflow_core.envs.base import PhysicalEnv, StepResult
+from agentflow_core.errors import EnvCrashError, EnvError, EnvInvalidError
 from agentflow_core.semantics import ACTION_RISK, N_ACTIONS, OBS_DIM, SemanticAction, SemanticObs
+
+# Declared risk by action index (an IntEnum lookup per step is measurable at pool scale).
+_ACTION_RISK: tuple[float, ...] = tuple(ACTION_RISK.get(a, 0.0) for a in SemanticAction)
+
+
+@functools.cache
+def _space_prototypes() -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
+    """The shared spaces, validated once; a pool re-creates SemanticEnvs at every env re-use."""
+    return gym.spaces.Box(-1.0, 1.0, shape=(OBS_DIM,), dtype=np.float32), gym.spaces.Discrete(N_ACTIONS)
 
 
 class SemanticEnv(gym.Env[np.ndarray, np.int64]):
@@ -34,21 +46,25 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         self.adapter = adapter
         self.env_id = physical.env_id
         self.max_episode_steps = max_episode_steps or int(getattr(getattr(physical, "scenario", None), "max_episode_steps", 200))
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(OBS_DIM,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(N_ACTIONS)
+        observation_space, action_space = _space_prototypes()
+        self.observation_space = copy.copy(observation_space)  # own instances (own sampling RNG), no re-validation
+        self.action_space = copy.copy(action_space)
         self._raw: Any = None
         self._mask = np.ones(N_ACTIONS, dtype=bool)
         self.step_id = 0
-        self.last_obs: SemanticObs | None = None
+        self._step: AdaptedStep | None = None
 
-    def _observe(self, raw: Any) -> tuple[np.ndarray, SemanticObs]:
-        semantic = self.adapter.adapt_observation(raw, {"step_fraction": min(self.step_id / self.max_episode_steps, 1.0)})
-        vec = semantic.encode()
-        if not np.isfinite(vec).all():
-            raise EnvInvalidError(self.env_id, self.step_id, f"non-finite observation features {dict(semantic.features)}")
-        self._raw, self.last_obs = raw, semantic
-        self._mask = self.adapter.action_mask(raw)
-        return vec, semantic
+    @property
+    def last_obs(self) -> SemanticObs | None:
+        """The SemanticObs of the latest observation (built on first access, not on every step)."""
+        return None if self._step is None else self._step.obs
+
+    def _observe(self, raw: Any) -> AdaptedStep:
+        step = self.adapter.adapt_step(raw, {"step_fraction": min(self.step_id / self.max_episode_steps, 1.0)})
+        if not step.finite:
+            raise EnvInvalidError(self.env_id, self.step_id, f"non-finite observation features {dict(step.obs.features)}")
+        self._raw, self._step, self._mask = raw, step, step.mask
+        return step
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
@@ -61,8 +77,8 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
             raise
         except Exception as exc:  # the channel's own failure, whatever its type
             raise EnvCrashError(self.env_id, 0, f"reset raised {type(exc).__name__}: {exc}") from exc
-        vec, semantic = self._observe(raw)
-        return vec, self._info(info, semantic, risk=0.0)
+        step = self._observe(raw)
+        return step.vec, self._info(info, step, risk=0.0)
 
     def step(self, action: np.int64 | int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         action = int(action)
@@ -74,14 +90,13 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
             raise
         except Exception as exc:
             raise EnvCrashError(self.env_id, self.step_id, f"step raised {type(exc).__name__}: {exc}") from exc
-        vec, semantic = self._observe(result.obs)
-        reward = self.adapter.adapt_reward(result.reward, semantic, result.info)
-        if not np.isfinite(reward):
+        step = self._observe(result.obs)
+        reward = self.adapter.step_reward(result.reward, step, result.info)
+        if not math.isfinite(reward):
             raise EnvInvalidError(self.env_id, self.step_id, f"non-finite reward {reward!r}")
-        risk = self._risk(action, result.info)
-        info = self._info(result.info, semantic, risk)
+        info = self._info(result.info, step, self._risk(action, result.info))
         info["raw_reward"] = float(result.reward)
-        return vec, float(reward), bool(result.terminated), bool(result.truncated), info
+        return step.vec, float(reward), bool(result.terminated), bool(result.truncated), info
 
     @staticmethod
     def _risk(action: int, channel_info: dict[str, Any]) -> float:
@@ -89,19 +104,17 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         if "risk" in channel_info:
             return float(channel_info["risk"])
         if channel_info.get("applied"):
-            return ACTION_RISK.get(SemanticAction(action), 0.0)
+            return _ACTION_RISK[action] if 0 <= action < N_ACTIONS else ACTION_RISK.get(SemanticAction(action), 0.0)
         return 0.0
 
-    def _info(self, channel_info: dict[str, Any], semantic: SemanticObs, risk: float) -> dict[str, Any]:
+    def _info(self, channel_info: dict[str, Any], step: AdaptedStep, risk: float) -> dict[str, Any]:
         info = dict(channel_info)
-        info.update(
-            env_id=self.env_id,
-            step_id=self.step_id,
-            failure_reason=channel_info.get("failure_reason"),
-            tokens=sorted(semantic.tokens),
-            action_mask=self._mask.copy(),
-            risk=risk,
-        )
+        info["env_id"] = self.env_id
+        info["step_id"] = self.step_id
+        info["failure_reason"] = channel_info.get("failure_reason")
+        info["tokens"] = list(step.ordered)  # sorted once per distinct token set, by the adapter
+        info["action_mask"] = self._mask.copy()  # the adapter's mask is shared and read-only
+        info["risk"] = risk
         return info
 
     def action_masks(self) -> np.ndarray:

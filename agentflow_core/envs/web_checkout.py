@@ -295,6 +295,15 @@ class WebCheckoutEnv:
             info["risk"] = outcome.risk
         return StepResult(self._obs, outcome.reward, outcome.terminated, truncated, info)
 
+    def reconfigure(self, scenario: Scenario, env_id: str) -> None:
+        """Re-target this env to another variant: exactly a fresh ``WebCheckoutEnv(scenario, env_id)``."""
+        self.scenario, self.env_id = scenario, env_id
+        self.np_random = None
+        self._state = None
+        self._obs = {}
+        self._step_id = 0
+        self._done = False
+
     def close(self) -> None:
         """Nothing to release: the storefront lives in memory."""
         self._state = None

@@ -64,9 +64,23 @@ class PoolEnv(Protocol):
 
 
 class EnvFactory(Protocol):
-    """Builds the env of one variant. Must be picklable: Ray workers receive it by value."""
+    """Builds the env of one variant. Must be picklable: Ray workers receive it by value.
+
+    A factory may also offer ``reuse(env, variant) -> PoolEnv | None`` (see
+    :class:`ReusingEnvFactory`): workers then re-target idle envs of the same base env instead of
+    building new ones.
+    """
 
     def __call__(self, variant: VariantLike) -> PoolEnv: ...
+
+
+@runtime_checkable
+class ReusingEnvFactory(EnvFactory, Protocol):
+    """A factory that can re-target an idle env of ``variant``'s base env to ``variant``."""
+
+    def reuse(self, env: PoolEnv, variant: VariantLike) -> PoolEnv | None:
+        """The env re-targeted to ``variant`` (behaving exactly like a fresh one), or None if it cannot be."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -83,18 +97,39 @@ class RegistryEnvFactory:
     _lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def __call__(self, variant: VariantLike) -> PoolEnv:
-        from agentflow_core.adapters import adapter_class, load_object
+        from agentflow_core.adapters import load_object
         from agentflow_core.envs.semantic_env import SemanticEnv
 
         entry = self.entries[variant.base_env_id]
         scenario = entry.scenario(variant.params)
+        physical = load_object(entry.class_path)(scenario, variant.env_id, **entry.kwargs)
+        return SemanticEnv(physical, self._adapter(entry), max_episode_steps=scenario.max_episode_steps)
+
+    def reuse(self, env: PoolEnv, variant: VariantLike) -> PoolEnv | None:
+        """Re-target an idle env of ``variant``'s base env via its physical env's ``reconfigure``.
+
+        The physical env (and its connection, client or database) is kept; the semantic face is
+        rebuilt around it with the base env's shared adapter, exactly as :meth:`__call__` builds it.
+        """
+        from agentflow_core.envs.semantic_env import SemanticEnv
+
+        physical = getattr(env, "physical", None)
+        if physical is None or not callable(getattr(physical, "reconfigure", None)):
+            return None
+        entry = self.entries[variant.base_env_id]
+        scenario = entry.scenario(variant.params)
+        physical.reconfigure(scenario, variant.env_id)
+        return SemanticEnv(physical, self._adapter(entry), max_episode_steps=scenario.max_episode_steps)
+
+    def _adapter(self, entry: Any) -> Any:
+        from agentflow_core.adapters import adapter_class
+
         with self._lock:
             adapter = self._adapters.get(entry.env_id)
             if adapter is None:
                 adapter = adapter_class(entry.adapter)(entry.mapping, source=entry.mapping_path)
                 self._adapters[entry.env_id] = adapter
-        physical = load_object(entry.class_path)(scenario, variant.env_id, **entry.kwargs)
-        return SemanticEnv(physical, adapter, max_episode_steps=scenario.max_episode_steps)
+        return adapter
 
     def __getstate__(self) -> dict[str, Any]:
         return {"entries": dict(self.entries)}

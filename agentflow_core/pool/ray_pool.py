@@ -5,19 +5,30 @@ Each actor is an :class:`~agentflow_core.pool.worker.EnvWorker` owning the varia
 scheduled by count, not by CPU slot, so two workers plus the driver never deadlock a 2-CPU
 Ray (an actor asking a whole CPU beyond the available ones never starts).
 
-Failures: every ``ray.get`` is bounded by ``call_timeout_s`` (Ray never notices a hung actor).
-A dead actor (``RayActorError``, e.g. SIGKILL) or one past the deadline counts as a lost worker:
-Ray restarts it (``max_restarts``), the driver waits until it answers, closes the episodes it
-held with ``failure_reason="worker_lost"`` and schedules its variants again. After
-``PoolConfig.max_worker_restarts`` losses the pool raises :class:`PoolError`.
+Failures: every call is bounded by ``call_timeout_s`` (Ray never notices a hung actor). A dead
+actor counts as a lost worker as soon as the driver sees it: Ray's own report
+(``RayActorError``) takes ~1.2 s, so while waiting on a call the driver also polls the actor's
+process (same node only, pid + start time through psutil) and treats a vanished or zombie process
+as dead at once. A lost (dead or hung) worker is replaced by a *standby* actor started ahead of
+time, already warmed with idle envs of every base env (:meth:`EnvWorker.prewarm`): it adopts the
+lost worker's catalogue slice in one call and serves the slots at once by re-targeting those envs,
+instead of a cold process importing everything and building ~150 envs. A new standby is started
+``standby_delay_s`` later (so its start-up does not compete with the recovery). Without a standby
+Ray restarts the actor itself (``max_restarts``) and the driver waits for it. Either way the
+episodes it held close with ``failure_reason="worker_lost"`` and its variants are scheduled
+again. After ``PoolConfig.max_worker_restarts`` losses the pool raises :class:`PoolError`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+import psutil
 
 from agentflow_core.config import PoolConfig, RayConfig
 from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike
@@ -45,13 +56,29 @@ def ensure_ray(ray_config: RayConfig | None = None) -> None:
         ray.init(**ray_init_kwargs(ray_config or RayConfig()))
 
 
+class RayEnvWorker(EnvWorker):
+    """The env worker as a Ray actor: it can also say where it runs (for the driver's liveness poll)."""
+
+    def locate(self) -> tuple[str, int, float]:
+        """(Ray node id, pid, process start time): identifies this process beyond pid reuse."""
+        import ray
+
+        me = psutil.Process()
+        return ray.get_runtime_context().get_node_id(), me.pid, me.create_time()
+
+
+class WorkerProcessGone(RuntimeError):
+    """The driver saw a worker's process vanish before Ray reported the actor dead."""
+
+
 class RayPool(PoolDriver):
     """``num_envs`` slots over ``config.num_workers`` Ray actors (same semantics as InProcessPool)."""
 
     def __init__(self, variants: Sequence[VariantLike], factory: EnvFactory, num_envs: int,
                  config: PoolConfig | None = None, scheduler: Any | None = None, seed: int = 0,
                  ray_config: RayConfig | None = None, call_timeout_s: float | None = None,
-                 restart_timeout_s: float = 60.0) -> None:
+                 restart_timeout_s: float = 60.0, standby_workers: int = 1, standby_delay_s: float = 1.5,
+                 poll_s: float = 0.02) -> None:
         import ray
 
         config = config or PoolConfig()
@@ -62,31 +89,96 @@ class RayPool(PoolDriver):
         # A batch can hold a few hung envs, each costing one step timeout inside the worker.
         self.call_timeout_s = call_timeout_s if call_timeout_s is not None else 4 * config.step_timeout_s + 10.0
         self.restart_timeout_s = restart_timeout_s
-        self._actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(EnvWorker)
+        self.standby_workers, self.standby_delay_s, self.poll_s = int(standby_workers), float(standby_delay_s), float(poll_s)
+        self._actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RayEnvWorker)
         # Constructor arguments live in the object store under refs this pool holds: a restarted
         # actor re-reads them, and Ray frees an argument once no one references it.
-        factory_ref = ray.put(factory)
-        self._actor_args = [(factory_ref, ray.put(part), config.max_live_per_worker, config.step_timeout_s, w)
+        self._factory_ref = ray.put(factory)
+        self._actor_args = [(self._factory_ref, ray.put(part), config.max_live_per_worker, config.step_timeout_s, w)
                             for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))]
         self.actors = [self._actor_cls.remote(*args) for args in self._actor_args]
-        ray.get([a.ping.remote() for a in self.actors], timeout=restart_timeout_s)
+        self._node_id = ray.get_runtime_context().get_node_id()
+        self._procs: list[tuple[int, float] | None] = [self._locate(a) for a in self.actors]
+        self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
+        self._standby: list[Any] = []
+        self._standby_due: float | None = time.monotonic() if self.standby_workers > 0 else None
+        self._maybe_start_standby()
         self.loss_events: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ standby workers
+    def _prewarm_sample(self, factory: EnvFactory, num_envs: int) -> dict[int, VariantLike]:
+        """Variants a standby pre-builds: a lost worker's share of the slots (+25 %), spread over the
+        catalogue; one per base env when the factory cannot re-target envs (imports warmed only)."""
+        if callable(getattr(factory, "reuse", None)):
+            n = min(math.ceil(1.25 * num_envs / self.n_workers), self.config.max_live_per_worker, len(self.variants))
+            picks = np.unique(np.linspace(0, len(self.variants) - 1, n).astype(np.int64)).tolist()
+        else:
+            firsts: dict[str, int] = {}
+            for i, v in enumerate(self.variants):
+                firsts.setdefault(v.base_env_id, i)
+            picks = sorted(firsts.values())
+        return {i: self.variants[i] for i in picks}
+
+    def _maybe_start_standby(self) -> None:
+        """Start the missing standby actors once their start is due (never during a recovery)."""
+        if self._standby_due is None or time.monotonic() < self._standby_due:
+            return
+        self._standby_due = None
+        while len(self._standby) < self.standby_workers:
+            actor = self._actor_cls.options(max_restarts=0).remote(self._factory_ref, {}, self.config.max_live_per_worker,
+                                                                   self.config.step_timeout_s, -1)
+            actor.prewarm.remote(self._prewarm_ref)  # runs in the background; adopt() queues behind it
+            self._standby.append(actor)
+
+    def _locate(self, actor: Any) -> tuple[int, float] | None:
+        """(pid, start time) of an actor's process when it runs on this node, else None (no polling)."""
+        import ray
+
+        node, pid, started = ray.get(actor.locate.remote(), timeout=self.restart_timeout_s)
+        return (int(pid), float(started)) if node == self._node_id else None
+
+    def _alive(self, worker: int) -> bool:
+        """False only when the worker's process is certainly gone (vanished, zombie or pid reused)."""
+        proc = self._procs[worker]
+        if proc is None:
+            return True
+        try:
+            p = psutil.Process(proc[0])
+            return p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - proc[1]) < 1e-3
+        except psutil.NoSuchProcess:
+            return False
 
     # ------------------------------------------------------------------ transport
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        refs = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
+        self._maybe_start_standby()
+        pending = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
         deadline = time.monotonic() + self.call_timeout_s
         out: dict[int, WorkerBatch | None] = {}
-        for w, ref in refs.items():
-            try:
-                out[w] = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001))
-            except (RayActorError, GetTimeoutError) as exc:
-                self._recover(w, exc)
-                out[w] = None
-        return out
+        while pending:
+            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending),
+                                timeout=min(self.poll_s, max(deadline - time.monotonic(), 0.0)))
+            done = set(ready)
+            for w, ref in list(pending.items()):
+                error: BaseException | None = None
+                if ref in done:
+                    try:
+                        out[w] = ray.get(ref)
+                    except RayActorError as exc:
+                        error = exc
+                elif not self._alive(w):
+                    error = WorkerProcessGone(f"worker {w}: process {self._procs[w]} is gone")
+                elif time.monotonic() >= deadline:
+                    error = GetTimeoutError(f"worker {w}: no answer within {self.call_timeout_s} s")
+                else:
+                    continue
+                del pending[w]
+                if error is not None:
+                    self._recover(w, error)
+                    out[w] = None
+        return {w: out[w] for w in calls}
 
     def _worker_call(self, worker: int, method: str, *args: Any) -> Any:
         import ray
@@ -94,30 +186,60 @@ class RayPool(PoolDriver):
         return ray.get(getattr(self.actors[worker], method).remote(*args), timeout=self.call_timeout_s)
 
     def _recover(self, worker: int, error: BaseException) -> None:
-        """Count the loss, make sure the actor restarts, and wait until it answers again."""
+        """Count the loss, put a working actor in the worker's place, and wait until it answers."""
         import ray
-        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError
 
         detected = time.monotonic()
         self._worker_lost(worker, error)  # raises PoolError past max_worker_restarts
-        if isinstance(error, GetTimeoutError):  # hung: kill it so Ray restarts it
-            ray.kill(self.actors[worker], no_restart=False)
+        if self._standby:
+            ray.kill(self.actors[worker], no_restart=True)  # dead or hung: it must never answer again
+            self._take_standby(worker)
+            self._standby_due = time.monotonic() + self.standby_delay_s
+        else:
+            if isinstance(error, GetTimeoutError):  # hung: kill it so Ray restarts it
+                ray.kill(self.actors[worker], no_restart=False)
+            self._await_restart(worker, detected)
+        self._procs[worker] = self._locate(self.actors[worker])
+        self.loss_events.append({"worker": worker, "detected_at": detected, "restored_at": time.monotonic()})
+        logger.warning("pool: worker %d answering again after %.2f s", worker, time.monotonic() - detected)
+
+    def _take_standby(self, worker: int) -> None:
+        """The first standby that adopts the worker's slice becomes the worker; else a fresh actor."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        while self._standby:
+            actor = self._standby.pop(0)
+            try:
+                ray.get(actor.adopt.remote(self._actor_args[worker][1], worker), timeout=self.restart_timeout_s)
+            except (RayActorError, GetTimeoutError) as exc:
+                logger.warning("pool: standby worker unusable (%s); trying the next", type(exc).__name__)
+                ray.kill(actor, no_restart=True)
+                continue
+            self.actors[worker] = actor
+            return
+        self.actors[worker] = self._actor_cls.remote(*self._actor_args[worker])
+        self._await_restart(worker, time.monotonic())
+
+    def _await_restart(self, worker: int, detected: float) -> None:
+        """Wait until the worker's actor answers (Ray restarting it), rebuilding it if Ray gave up."""
+        import ray
+        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
         deadline = detected + self.restart_timeout_s
         while time.monotonic() < deadline:
             try:
                 ray.get(self.actors[worker].ping.remote(), timeout=max(deadline - time.monotonic(), 0.001))
-                break
+                return
             except ActorDiedError:  # Ray gave up on it (e.g. its constructor failed): build a fresh one
                 ray.kill(self.actors[worker], no_restart=True)
                 self.actors[worker] = self._actor_cls.remote(*self._actor_args[worker])
             except RayActorError:  # still restarting
                 time.sleep(0.02)
             except GetTimeoutError:
-                break
-        else:
-            raise PoolError(f"worker {worker} did not come back within {self.restart_timeout_s} s")
-        self.loss_events.append({"worker": worker, "detected_at": detected, "restored_at": time.monotonic()})
-        logger.warning("pool: worker %d answering again after %.2f s", worker, time.monotonic() - detected)
+                return
+        raise PoolError(f"worker {worker} did not come back within {self.restart_timeout_s} s")
 
     # ------------------------------------------------------------------ extras
     def worker_pids(self) -> list[int]:
@@ -127,13 +249,14 @@ class RayPool(PoolDriver):
         return ray.get([a.pid.remote() for a in self.actors], timeout=self.call_timeout_s)
 
     def close(self) -> None:
-        """Close the envs and end the actors (no restart)."""
+        """Close the envs and end the actors, standbys included (no restart)."""
         import ray
 
-        for actor in self.actors:
+        for actor in self.actors + self._standby:
             try:
                 ray.get(actor.close.remote(), timeout=self.call_timeout_s)
             except Exception:  # a dead or hung actor is killed below anyway
                 logger.debug("pool: close() of a worker failed", exc_info=True)
             ray.kill(actor, no_restart=True)
         self.actors = []
+        self._standby = []

@@ -3,7 +3,10 @@
 One :class:`EnvWorker` lives in the driver process (``InProcessPool``) or inside a Ray actor
 (``RayPool``); either way one call advances every slot the worker hosts, never one env per call.
 Envs are created lazily on first use and kept in an LRU cache of idle envs, so the live count
-stays under ``max_live`` however large the slice is.
+stays under ``max_live`` however large the slice is. A reset takes, in order of preference: an
+idle env of the same variant, an idle env of the same base env re-targeted to the variant (the
+factory's ``reuse``: a cold variant costs a reconfigure, not a new database or HTTP client), a
+new env.
 
 Fault isolation: each env is stepped under a watchdog (:class:`BatchWatchdog`). An env that
 raises (``env_crash``), returns NaN/inf (``env_invalid``) or does not answer within
@@ -164,6 +167,17 @@ def _failure_of(out: Any) -> str:
 class _Active:
     variant_index: int
     env: PoolEnv
+    base_env_id: str
+
+
+@dataclass
+class _ResetItem:
+    variant_index: int
+    seed: int
+    cached: PoolEnv | None  # an idle env of this very variant
+    donor: PoolEnv | None  # else an idle env of the same base env, to re-target
+    donor_variant: int = -1
+    declined: bool = False  # the factory could not re-target the donor: it goes back to the cache
 
 
 class EnvWorker:
@@ -179,9 +193,12 @@ class EnvWorker:
         self._active: dict[int, _Active] = {}
         # variant index -> idle envs of that variant, least recently used variant first
         self._idle: OrderedDict[int, list[PoolEnv]] = OrderedDict()
+        # base env id -> variants holding idle envs (LRU first), and each such variant's base env
+        self._idle_by_base: dict[str, OrderedDict[int, None]] = {}
+        self._idle_base_of: dict[int, str] = {}
         self._n_idle = 0
-        self.counters = {"created": 0, "evicted": 0, ENV_CRASH: 0, ENV_TIMEOUT: 0, ENV_INVALID: 0, "steps": 0,
-                         "step_calls": 0, "reset_calls": 0}
+        self.counters = {"created": 0, "reused": 0, "evicted": 0, ENV_CRASH: 0, ENV_TIMEOUT: 0, ENV_INVALID: 0,
+                         "steps": 0, "step_calls": 0, "reset_calls": 0}
 
     # ------------------------------------------------------------------ introspection
     def pid(self) -> int:
@@ -209,10 +226,14 @@ class EnvWorker:
         except Exception:  # closing a broken env may fail too; it is dropped either way
             logger.debug("worker %d: close() of a failed env raised", self.worker_index, exc_info=True)
 
-    def _park(self, variant_index: int, env: PoolEnv) -> None:
+    def _park(self, variant_index: int, env: PoolEnv, base_env_id: str) -> None:
         """Return an env whose episode ended to the LRU cache (its variant becomes most recent)."""
         self._idle.setdefault(variant_index, []).append(env)
         self._idle.move_to_end(variant_index)
+        by_base = self._idle_by_base.setdefault(base_env_id, OrderedDict())
+        by_base[variant_index] = None
+        by_base.move_to_end(variant_index)
+        self._idle_base_of[variant_index] = base_env_id
         self._n_idle += 1
         self._evict()
 
@@ -224,24 +245,53 @@ class EnvWorker:
         self._n_idle -= 1
         if not envs:
             del self._idle[variant_index]
+            base = self._idle_base_of.pop(variant_index)
+            del self._idle_by_base[base][variant_index]
         return env
+
+    def _donor_variant(self, base_env_id: str) -> int | None:
+        """The least recently used variant with an idle env of ``base_env_id`` (eviction's next pick)."""
+        by_base = self._idle_by_base.get(base_env_id)
+        return next(iter(by_base)) if by_base else None
 
     def _evict(self) -> None:
         while self.live_count > self.max_live and self._idle:
-            variant_index, envs = next(iter(self._idle.items()))
-            env = envs.pop()
-            self._n_idle -= 1
-            if not envs:
-                del self._idle[variant_index]
-            self._discard(env, hung=False)
-            self.counters["evicted"] += 1
+            env = self._take_idle(next(iter(self._idle)))
+            if env is not None:
+                self._discard(env, hung=False)
+                self.counters["evicted"] += 1
 
     def release(self, slots: Sequence[int] | np.ndarray) -> None:
         """End the slots' episodes without stepping (pool reset); their envs go to the cache."""
         for slot in np.asarray(slots, dtype=np.int64).tolist():
             active = self._active.pop(slot, None)
             if active is not None:
-                self._park(active.variant_index, active.env)
+                self._park(active.variant_index, active.env, active.base_env_id)
+
+    def adopt(self, variants: Mapping[int, VariantLike], worker_index: int) -> int:
+        """Take over a catalogue slice (a standby worker replacing a lost one); returns the worker index.
+
+        Idle envs built during :meth:`prewarm` stay: any of them can be re-targeted to a variant
+        of its base env in the new slice.
+        """
+        self.variants = dict(variants)
+        self.worker_index = int(worker_index)
+        return self.worker_index
+
+    def prewarm(self, variants: Mapping[int, VariantLike], seed: int = 0) -> int:
+        """Build, reset once and park an env per given variant (imports, adapters, templates warmed).
+
+        A standby worker calls this before it is needed, so the slots it takes over start on
+        re-targeted envs instead of new ones. Returns the idle count.
+        """
+        for v, variant in variants.items():
+            if self.live_count >= self.max_live:
+                break
+            env = self.factory(variant)
+            self.counters["created"] += 1
+            env.reset(seed=seed + v)
+            self._park(v, env, variant.base_env_id)
+        return self._n_idle
 
     # ------------------------------------------------------------------ batched calls
     def reset(self, slots: np.ndarray, variant_indices: np.ndarray, seeds: np.ndarray) -> WorkerBatch:
@@ -249,28 +299,47 @@ class EnvWorker:
         slots = np.asarray(slots, dtype=np.int64)
         self.counters["reset_calls"] += 1
         self.release(slots)
-        items: list[tuple[int, PoolEnv | None, int]] = []
+        can_reuse = callable(getattr(self.factory, "reuse", None))
+        items: list[_ResetItem] = []
         for v, seed in zip(np.asarray(variant_indices).tolist(), np.asarray(seeds).tolist(), strict=True):
-            items.append((v, self._take_idle(v), seed))
+            cached = self._take_idle(v)
+            base = self.variants[v].base_env_id
+            donor_variant = self._donor_variant(base) if cached is None and can_reuse else None
+            donor = None if donor_variant is None else self._take_idle(donor_variant)
+            items.append(_ResetItem(v, seed, cached, donor, -1 if donor_variant is None else donor_variant))
         results = self.watchdog.run(self._reset_one, items)
         out = WorkerBatch.empty(slots)
-        for row, (slot, (v, cached, _), res) in enumerate(zip(slots.tolist(), items, results, strict=True)):
+        for row, (slot, item, res) in enumerate(zip(slots.tolist(), items, results, strict=True)):
+            if item.declined and item.donor is not None:
+                self._park(item.donor_variant, item.donor, self.variants[item.variant_index].base_env_id)
+                item.donor = None
             if isinstance(res, tuple):
                 env, obs, mask = res
                 out.obs[row], out.action_mask[row] = obs, mask
-                self._active[slot] = _Active(v, env)
+                self._active[slot] = _Active(item.variant_index, env, self.variants[item.variant_index].base_env_id)
             else:
-                self._record_failure(row, out, res, cached, v)
+                self._record_failure(row, out, res, item.cached or item.donor, item.variant_index)
         self._evict()
         return out
 
-    def _reset_one(self, item: tuple[int, PoolEnv | None, int]) -> tuple[PoolEnv, np.ndarray, np.ndarray]:
-        v, env, seed = item
+    def _reset_one(self, item: _ResetItem) -> tuple[PoolEnv, np.ndarray, np.ndarray]:
+        variant = self.variants[item.variant_index]
+        env = item.cached
+        if env is None and item.donor is not None:
+            try:
+                env = self.factory.reuse(item.donor, variant)  # type: ignore[attr-defined]
+            except Exception:  # a donor that cannot be re-targeted is closed; a new env is built instead
+                logger.debug("worker %d: reuse for %s failed", self.worker_index, variant.env_id, exc_info=True)
+                self._discard(item.donor, hung=False)
+                item.donor = None
+            else:
+                item.declined = env is None
+                self.counters["reused"] += env is not None
         if env is None:
-            env = self.factory(self.variants[v])
+            env = self.factory(variant)
             self.counters["created"] += 1
-        obs, info = env.reset(seed=seed)
-        self._check_finite(obs, 0.0, v, 0)
+        obs, info = env.reset(seed=item.seed)
+        self._check_finite(obs, 0.0, item.variant_index, 0)
         mask = info.get("action_mask")
         return env, obs, env.action_masks() if mask is None else mask
 
@@ -304,7 +373,7 @@ class EnvWorker:
             out.failure_reason[row] = info.get("failure_reason")
             if terminated or truncated:
                 del self._active[slot]
-                self._park(active.variant_index, active.env)
+                self._park(active.variant_index, active.env, active.base_env_id)
         return out
 
     def _step_one(self, item: tuple[PoolEnv, int] | None) -> tuple[Any, ...] | None:
@@ -346,5 +415,7 @@ class EnvWorker:
                 self._discard(env, hung=False)
         self._active.clear()
         self._idle.clear()
+        self._idle_by_base.clear()
+        self._idle_base_of.clear()
         self._n_idle = 0
         self.watchdog.close()

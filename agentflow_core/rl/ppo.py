@@ -6,6 +6,14 @@ rollout (``n_steps`` x ``num_envs``, one batched no-grad forward per step) -> :f
 KL penalty, advantage normalisation, grad-norm clipping -> approx KL ((r-1) - log r, Schulman's
 low-variance estimator) and clip fraction -> diagnostics to an injected :class:`MetricsSink`.
 
+Speed (the update is most of the cost at small minibatches): the minibatch step does not build an
+autograd graph. :func:`ppo_minibatch_step` computes the loss terms and their exact analytic gradient
+with respect to the logits and values (clip, log-softmax, entropy, KL penalty, value loss), and
+:meth:`ActorCritic.backward_train` backpropagates it through the two Tanh towers; then the same
+global grad-norm clip and a fused (single-kernel) Adam. The buffer is permuted once per epoch, so a
+minibatch is a contiguous slice, and diagnostics stay tensors until one read per update.
+:func:`ppo_minibatch_loss` is the plain autograd formulation that tests hold the fast path to.
+
 Determinism and resume: every rollout starts with ``pool.reset(seed=rollout_seed(seed, update))``.
 Episodes therefore never span a rollout boundary (the last step of a rollout is bootstrapped with
 V(s_T), as any rollout end is), and a checkpoint taken between updates fully determines the
@@ -23,11 +31,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from torch import nn
 
 from agentflow_core.config import TrainConfig
 from agentflow_core.rl.adaptive import AdaptiveKLController
-from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.rl.flat_optim import FlatAdam
+from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic
 
 
 @runtime_checkable
@@ -179,22 +187,121 @@ def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
     return float("nan") if var_y == 0 else float(1.0 - torch.var(y_true - y_pred) / var_y)
 
 
+@dataclass(frozen=True)
+class LossCoefficients:
+    """The scalars of one PPO minibatch loss: clip range, entropy/value/KL-penalty weights."""
+
+    clip_range: float
+    ent_coef: float
+    vf_coef: float
+    kl_coef: float = 0.0
+
+
+STAT_KEYS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/old_approx_kl",
+             "losses/clipfrac")
+
+
+def ppo_minibatch_loss(policy: ActorCritic, obs: torch.Tensor, mask: torch.Tensor | None, actions: torch.Tensor,
+                       old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                       coef: LossCoefficients) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference (autograd) PPO loss of one minibatch: (loss, stats [6] in ``STAT_KEYS`` order)."""
+    _, newlogprob, entropy, newvalue = policy.get_action_and_value(obs, mask, actions)
+    logratio = newlogprob - old_logprob
+    ratio = logratio.exp()
+    pg_loss = clipped_policy_loss(normalize_advantages(advantages), ratio, coef.clip_range)
+    v_loss = value_loss(newvalue, returns)
+    entropy_loss = entropy.mean()
+    kl = approx_kl(logratio)
+    loss = pg_loss - coef.ent_coef * entropy_loss + coef.vf_coef * v_loss
+    if coef.kl_coef > 0.0:
+        loss = loss + coef.kl_coef * kl
+    with torch.no_grad():
+        stats = torch.stack([pg_loss, v_loss, entropy_loss, kl, (-logratio).mean(), clip_fraction(ratio, coef.clip_range)])
+    return loss, stats
+
+
+@torch.no_grad()
+def ppo_minibatch_step(policy: ActorCritic, obs: torch.Tensor, mask: torch.Tensor | None, actions: torch.Tensor,
+                       old_logprob: torch.Tensor, norm_advantages: torch.Tensor, returns: torch.Tensor,
+                       coef: LossCoefficients) -> torch.Tensor:
+    """Set ``.grad`` of every policy parameter to d(:func:`ppo_minibatch_loss`)/dtheta, analytically.
+
+    ``norm_advantages`` are already standardised per minibatch (:func:`normalize_advantages`; the
+    learner does all minibatches of an epoch at once). With p = softmax(masked logits), H the
+    entropy, r the ratio, A the normalised advantage and B the minibatch size:
+    dL/dr = -A [-A r >= -A clip(r)] / B (the max picks the unclipped term, or the clipped one whose
+    gradient is 0 outside the range); dL/dlog r = r dL/dr + k (r - 1) / B;
+    dL/dz = dL/dlog r (onehot(a) - p) + c_ent p (log p + H) / B, zero on masked logits;
+    dL/dV = c_vf (V - R) / B. Returns per-minibatch means in ``STAT_KEYS`` order, *unscaled*:
+    multiply by :data:`STAT_SCALE` (value loss 0.5, old approx KL -1) when reading them.
+    """
+    batch = obs.shape[0]
+    raw_logits, value, cache = policy.forward_train(obs)
+    logits = raw_logits if mask is None else raw_logits.masked_fill(~mask, MASKED_LOGIT)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    entropy = -(probs * log_probs).sum(-1)
+    action_index = actions.unsqueeze(-1)
+    logratio = log_probs.gather(-1, action_index).squeeze(-1) - old_logprob
+    ratio = logratio.exp()
+    pg_loss1 = -norm_advantages * ratio
+    pg_loss2 = -norm_advantages * torch.clamp(ratio, 1.0 - coef.clip_range, 1.0 + coef.clip_range)
+    ratio_m1 = ratio - 1.0
+    diff = value - returns
+    grad_logratio = torch.where(pg_loss1 >= pg_loss2, pg_loss1, 0.0) * (1.0 / batch)  # -A r [unclipped] / B = r dL/dr
+    if coef.kl_coef > 0.0:
+        grad_logratio = grad_logratio + ratio_m1 * (coef.kl_coef / batch)
+    grad_logits = probs * ((log_probs + entropy.unsqueeze(-1)) * (coef.ent_coef / batch) - grad_logratio.unsqueeze(-1))
+    grad_logits.scatter_add_(-1, action_index, grad_logratio.unsqueeze(-1))
+    if mask is not None:
+        grad_logits.masked_fill_(~mask, 0.0)
+    policy.backward_train(cache, grad_logits, diff * (coef.vf_coef / batch))
+    return torch.stack([torch.max(pg_loss1, pg_loss2), diff * diff, entropy, ratio_m1 - logratio, logratio,
+                        (ratio_m1.abs() > coef.clip_range).float()]).mean(1)
+
+
+STAT_SCALE = (1.0, 0.5, 1.0, 1.0, -1.0, 1.0)
+
+
+def normalize_minibatch_advantages(advantages: torch.Tensor, minibatch_size: int) -> torch.Tensor:
+    """:func:`normalize_advantages` applied to each consecutive ``minibatch_size`` slice, in one pass."""
+    rows = advantages.view(-1, minibatch_size)
+    return ((rows - rows.mean(1, keepdim=True)) / (rows.std(1, keepdim=True) + 1e-8)).view(-1)
+
+
 class RolloutBuffer:
-    """Preallocated ``[n_steps, num_envs, ...]`` tensors: memory is bounded and allocation-free per step."""
+    """Preallocated ``[n_steps, num_envs, ...]`` tensors: memory is bounded and allocation-free per step.
+
+    Env-side arrays (obs, masks, rewards, done flags, final obs) live in host memory and are written
+    through numpy views (no per-step numpy -> torch conversion); :meth:`to_device` moves them once
+    per rollout (a no-op on CPU). Policy outputs (actions, log-probs, values) stay on the device.
+    """
 
     def __init__(self, n_steps: int, num_envs: int, obs_dim: int, n_actions: int, device: torch.device) -> None:
         shape = (n_steps, num_envs)
-        self.n_steps, self.num_envs = n_steps, num_envs
-        self.obs = torch.zeros((*shape, obs_dim), device=device)
-        self.masks = torch.zeros((*shape, n_actions), dtype=torch.bool, device=device)
+        self.n_steps, self.num_envs, self.device = n_steps, num_envs, device
+        pin = device.type == "cuda"
+        self.host_obs = torch.zeros((*shape, obs_dim), pin_memory=pin)
+        self.host_masks = torch.zeros((*shape, n_actions), dtype=torch.bool, pin_memory=pin)
+        self.host_rewards = torch.zeros(shape, pin_memory=pin)
+        self.host_terminated = torch.zeros(shape, dtype=torch.bool, pin_memory=pin)
+        self.host_truncated = torch.zeros(shape, dtype=torch.bool, pin_memory=pin)
+        self.host_final_obs = torch.zeros((*shape, obs_dim), pin_memory=pin)
+        self.np_obs, self.np_masks, self.np_rewards = self.host_obs.numpy(), self.host_masks.numpy(), self.host_rewards.numpy()
+        self.np_terminated, self.np_truncated = self.host_terminated.numpy(), self.host_truncated.numpy()
+        self.np_final_obs = self.host_final_obs.numpy()
         self.actions = torch.zeros(shape, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(shape, device=device)
-        self.rewards = torch.zeros(shape, device=device)
-        self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
-        self.truncated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.values = torch.zeros(shape, device=device)
-        self.final_obs = torch.zeros((*shape, obs_dim), device=device)
         self.variant_index = np.full(shape, -1, dtype=np.int64)
+        self.to_device()
+
+    def to_device(self) -> None:
+        """Expose the host arrays as device tensors ``obs``, ``masks``, ``rewards``, ``terminated``, ``truncated``, ``final_obs``."""
+        move = (lambda t: t) if self.device.type == "cpu" else (lambda t: t.to(self.device, non_blocking=True))
+        self.obs, self.masks, self.rewards = move(self.host_obs), move(self.host_masks), move(self.host_rewards)
+        self.terminated, self.truncated = move(self.host_terminated), move(self.host_truncated)
+        self.final_obs = move(self.host_final_obs)
 
 
 @dataclass
@@ -215,6 +322,9 @@ class RolloutStats:
             "rollout/episode_length": float(np.mean(self.episode_lengths)),
             "rollout/success_rate": float(np.mean(self.successes)),
         }
+
+
+_IMPL_FLAGS = ("fused", "foreach", "capturable", "differentiable")  # how Adam runs, not what it computes
 
 
 class PPO:
@@ -249,7 +359,7 @@ class PPO:
         self.batch_size = self.num_envs * self.n_steps
         if self.batch_size % cfg.minibatch_size:
             raise ValueError(f"minibatch_size {cfg.minibatch_size} must divide num_envs*n_steps={self.batch_size}")
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        self.optimizer = FlatAdam(list(self.policy.parameters()), lr=cfg.learning_rate, eps=1e-5)
         self.sample_generator = torch.Generator(device=self.device).manual_seed(seed)
         self.np_random = np.random.default_rng(seed)
         self.adaptive = AdaptiveKLController(clip_init=cfg.clip_range, target_kl=cfg.target_kl, check_every=cfg.kl_check_every)
@@ -265,33 +375,32 @@ class PPO:
         batch = self.pool.reset(seed=rollout_seed(self.seed, self.update))
         if self.reward_transform is not None:
             self.reward_transform.reset(batch)
-        next_obs = torch.as_tensor(batch.obs, device=self.device)
-        next_mask = torch.as_tensor(batch.action_mask, device=self.device)
-        for step in range(self.n_steps):
-            buf.obs[step] = next_obs
-            buf.masks[step] = next_mask
-            with torch.no_grad():
-                action, logprob, _, value = self.policy.get_action_and_value(next_obs, next_mask, generator=self.sample_generator)
-            buf.actions[step] = action
-            buf.logprobs[step] = logprob
-            buf.values[step] = value
-            batch = self.pool.step(action.cpu().numpy())
-            reward = batch.reward if self.reward_transform is None else self.reward_transform(batch)
-            buf.rewards[step] = torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device)
-            buf.terminated[step] = torch.as_tensor(batch.terminated, device=self.device)
-            buf.truncated[step] = torch.as_tensor(batch.truncated, device=self.device)
-            buf.final_obs[step] = torch.as_tensor(batch.final_obs, device=self.device)
-            buf.variant_index[step] = [info.get("variant_index", -1) for info in batch.infos]
-            for i in np.flatnonzero(batch.terminated | batch.truncated):
-                info = batch.infos[i]
-                stats.episode_returns.append(float(info.get("episode_return", np.nan)))
-                stats.episode_lengths.append(int(info.get("episode_length", 0)))
-                stats.successes.append(float(bool(info.get("success", False))))
-            next_obs = torch.as_tensor(batch.obs, device=self.device)
-            next_mask = torch.as_tensor(batch.action_mask, device=self.device)
-        self.global_step += self.batch_size
+        on_cpu = self.device.type == "cpu"
         with torch.no_grad():
-            self._next_value = self.policy.get_value(next_obs)
+            for step in range(self.n_steps):
+                buf.np_obs[step] = batch.obs
+                buf.np_masks[step] = batch.action_mask
+                obs, mask = buf.host_obs[step], buf.host_masks[step]
+                if not on_cpu:
+                    obs, mask = obs.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+                action, logprob, value = self.policy.sample(obs, mask, generator=self.sample_generator)
+                buf.actions[step] = action
+                buf.logprobs[step] = logprob
+                buf.values[step] = value
+                batch = self.pool.step(action.numpy() if on_cpu else action.cpu().numpy())
+                buf.np_rewards[step] = batch.reward if self.reward_transform is None else self.reward_transform(batch)
+                buf.np_terminated[step] = batch.terminated
+                buf.np_truncated[step] = batch.truncated
+                buf.np_final_obs[step] = batch.final_obs
+                buf.variant_index[step] = [info.get("variant_index", -1) for info in batch.infos]
+                for i in np.flatnonzero(batch.terminated | batch.truncated):
+                    info = batch.infos[i]
+                    stats.episode_returns.append(float(info.get("episode_return", np.nan)))
+                    stats.episode_lengths.append(int(info.get("episode_length", 0)))
+                    stats.successes.append(float(bool(info.get("success", False))))
+            buf.to_device()
+            self._next_value = self.policy.get_value(torch.as_tensor(batch.obs, dtype=torch.float32, device=self.device))
+        self.global_step += self.batch_size
         self.last_rollout = stats
         return stats
 
@@ -319,37 +428,27 @@ class PPO:
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
         b_values = buf.values.reshape(-1)
-        clip_range, kl_coef = self.adaptive.clip_range, self.adaptive.kl_coef
-        n_mb = self.batch_size // cfg.minibatch_size
-        stats = torch.zeros((cfg.n_epochs * n_mb, 6), device=self.device)
+        clip_range = self.adaptive.clip_range
+        coef = LossCoefficients(clip_range, cfg.ent_coef, cfg.vf_coef, self.adaptive.kl_coef)
+        mb_size = cfg.minibatch_size
+        n_mb = self.batch_size // mb_size
+        self.optimizer.ensure_bound()
+        stats = torch.empty((cfg.n_epochs * n_mb, len(STAT_KEYS)), device=self.device)
         row = 0
         for _epoch in range(cfg.n_epochs):
-            b_inds = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
-            for start in range(0, self.batch_size, cfg.minibatch_size):
-                mb_inds = b_inds[start:start + cfg.minibatch_size]
-                _, newlogprob, entropy, newvalue = self.policy.get_action_and_value(b_obs[mb_inds], b_masks[mb_inds], b_actions[mb_inds])
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-                mb_advantages = normalize_advantages(b_advantages[mb_inds])
-                pg_loss = clipped_policy_loss(mb_advantages, ratio, clip_range)
-                v_loss = value_loss(newvalue, b_returns[mb_inds])
-                entropy_loss = entropy.mean()
-                kl = approx_kl(logratio)
-                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
-                if kl_coef > 0.0:
-                    loss = loss + kl_coef * kl
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+            perm = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
+            e_obs, e_masks, e_actions = b_obs[perm], b_masks[perm], b_actions[perm]
+            e_logprobs, e_returns = b_logprobs[perm], b_returns[perm]
+            e_advantages = normalize_minibatch_advantages(b_advantages[perm], mb_size)
+            for start in range(0, self.batch_size, mb_size):
+                end = start + mb_size
+                stats[row] = ppo_minibatch_step(self.policy, e_obs[start:end], e_masks[start:end], e_actions[start:end],
+                                                e_logprobs[start:end], e_advantages[start:end], e_returns[start:end], coef)
+                self.optimizer.clip_grad_norm_(cfg.max_grad_norm)
                 self.optimizer.step()
-                with torch.no_grad():
-                    old_kl = (-logratio).mean()
-                    stats[row] = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), kl.detach(),
-                                              old_kl, clip_fraction(ratio.detach(), clip_range)])
                 row += 1
-        means = stats.mean(0).tolist()
-        metrics = dict(zip(("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-                            "losses/old_approx_kl", "losses/clipfrac"), means, strict=True))
+        scale = torch.tensor(STAT_SCALE, device=self.device)
+        metrics = dict(zip(STAT_KEYS, (stats.mean(0) * scale).tolist(), strict=True))
         metrics["losses/explained_variance"] = explained_variance(b_values, b_returns)
         self.adaptive.observe(metrics["losses/approx_kl"])
         metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
@@ -419,7 +518,8 @@ class PPO:
                 if name.startswith("optim/"):
                     _, idx, key = name.split("/", 2)
                     optim_state.setdefault(int(idx), {})[key] = value.to(self.device) if key != "step" else value
-            groups = [dict(g, params=list(og["params"])) for g, og in zip(state["param_groups"], self.optimizer.state_dict()["param_groups"], strict=True)]
+            groups = [dict(g, params=list(og["params"]), **{k: og[k] for k in _IMPL_FLAGS if k in og})
+                      for g, og in zip(state["param_groups"], self.optimizer.state_dict()["param_groups"], strict=True)]
             self.optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
         if self.reward_transform is not None and state.get("reward_transform") is not None:
             self.reward_transform.load_state_dict(state["reward_transform"])

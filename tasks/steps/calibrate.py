@@ -59,7 +59,8 @@ def run_calibrate(cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
     report: CalibrationReport = calibrate(
         calibration_envs(cfg, variants), cfg.calibrate.resets, cfg.base.seed,
-        cfg.calibrate.max_reward_variance, cfg.calibrate.max_failed_fraction, progress,
+        cfg.calibrate.max_reward_variance, cfg.calibrate.max_failed_fraction, cfg.calibrate.min_expert_success,
+        frozenset(cfg.calibrate.handled_outcomes), progress,
     )
     registry = load_registry(cfg)
     findings = [dataclasses.asdict(f) for env_id in cfg.variants.base_envs for f in audit_entry(registry.get(env_id))]

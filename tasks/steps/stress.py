@@ -64,13 +64,14 @@ def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> s
     if checkpoint is not None and str(checkpoint) == EXPERT:
         return EXPERT
     path = Path(checkpoint) if checkpoint is not None else DataPaths.of(cfg).checkpoints
-    if (path / STATE_FILE).is_file():
-        return str(path)
-    found = best_checkpoint(path) or latest_checkpoint(path) if path.is_dir() else None
-    if found is None:
-        raise AgentFlowError(f"no checkpoint at {path} (no {STATE_FILE}, best.json or latest.json): train first, "
-                             f"or pass --checkpoint PATH, or --checkpoint {EXPERT} for the scripted expert")
-    return str(found)
+    for root in (path, path / "checkpoints"):  # a checkpoint, a checkpoint root, or a training output dir
+        if (root / STATE_FILE).is_file():
+            return str(root)
+        found = (best_checkpoint(root) or latest_checkpoint(root)) if root.is_dir() else None
+        if found is not None:
+            return str(found)
+    raise AgentFlowError(f"no checkpoint at {path} (no {STATE_FILE}, best.json or latest.json): train first, "
+                         f"or pass --checkpoint PATH, or --checkpoint {EXPERT} for the scripted expert")
 
 
 def load_policy(ref: str) -> LoadedPolicy:

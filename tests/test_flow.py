@@ -1,0 +1,123 @@
+"""The training cycle as a Prefect flow, end to end at tiny scale, tracked in a real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect.artifacts import Artifact
+
+from tasks.prefect_tasks import GateFailed
+from tests.tiny import REPO, write_tiny_params
+
+pytestmark = pytest.mark.slow
+
+PHASES = {"calibrate", "variants", "explore", "train", "stress", "report"}
+
+
+def mlflow_client(root: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{root / '.agentflow' / 'mlflow.db'}")
+
+
+def runs_by_name(client: MlflowClient) -> dict[str, list]:
+    experiment = client.get_experiment_by_name("agentflow")
+    out: dict[str, list] = {}
+    for run in client.search_runs([experiment.experiment_id]):
+        out.setdefault(run.info.run_name, []).append(run)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cycle(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> tuple[Path, dict]:
+    from flows.training_cycle import training_cycle
+
+    root = tmp_path_factory.mktemp("cycle")
+    params = write_tiny_params(root)
+    results = training_cycle(params_path=str(params), run_name="tiny-cycle")
+    return root, results
+
+
+def test_every_phase_ran_and_wrote_its_outputs(cycle: tuple[Path, dict]) -> None:
+    root, results = cycle
+    assert results["calibrate"]["passed"] and results["calibrate"]["env_stability_score"] == 1.0
+    assert results["variants"]["variants"] == 48
+    assert 0.0 < results["explore"]["state_coverage_ratio"] <= 1.0
+    assert results["train"]["global_step"] >= 1024
+    assert results["stress"]["episodes"] == 24 and results["stress"]["crash_episodes"] == 0
+    data = root / "data"
+    for name in ("report.md", "report.html", "report.json"):
+        assert (data / "reports" / name).stat().st_size > 0
+    report = json.loads((data / "reports" / "report.json").read_text())
+    assert report["metrics"]["robustness_score"] == pytest.approx(results["stress"]["robustness_score"])
+    assert (data / "variants" / "catalogue.parquet").exists() and (data / "trajectories" / "_meta.json").exists()
+    assert (data / "checkpoints" / "checkpoints" / "latest.json").exists()
+    for phase in ("calibrate", "explore", "stress"):
+        assert (data / "metrics" / f"{phase}.json").exists()
+
+
+def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict]) -> None:
+    root, results = cycle
+    client = mlflow_client(root)
+    runs = runs_by_name(client)
+    parent = runs["tiny-cycle"][0]
+    assert parent.info.run_id == results["mlflow_run_id"] and parent.info.status == "FINISHED"
+    assert parent.data.params["train.clip_range"] == "0.08"
+    children = {name for name, rs in runs.items() for r in rs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert children == PHASES
+    train = runs["train"][0]
+    history = client.get_metric_history(train.info.run_id, "train/losses/approx_kl")
+    assert len(history) == len({m.step for m in history}) >= 2  # per update, no duplicated steps
+    for key in ("env_stability_score", "state_coverage_ratio", "policy_convergence_flag", "robustness_score"):
+        assert key in parent.data.metrics
+    champion = client.get_model_version_by_alias("agentflow-policy", "champion")
+    assert champion.run_id == train.info.run_id
+    assert champion.tags["promotion"] == "True" and "no champion yet" in champion.tags["reason"]
+
+
+def test_prefect_artifacts_per_phase(cycle: tuple[Path, dict]) -> None:
+    for key in ("calibration", "variants", "exploration", "training", "stress", "champion", "cycle-summary"):
+        artifact = Artifact.get(key)
+        assert artifact is not None, key
+    assert "robustness_score" in Artifact.get("cycle-summary").data
+
+
+def test_rerun_reuses_the_cached_variant_phase_and_moves_champion_only_on_gain(cycle: tuple[Path, dict]) -> None:
+    from flows.training_cycle import training_cycle
+
+    root, first = cycle
+    catalogue = root / "data" / "variants" / "catalogue.parquet"
+    before = catalogue.stat().st_mtime_ns
+    second = training_cycle(params_path=str(root / "params.yaml"), run_name="tiny-cycle-2", resume=True)
+    assert catalogue.stat().st_mtime_ns == before  # variants came from Prefect's result cache
+    assert second["variants"]["catalogue_sha256"] == first["variants"]["catalogue_sha256"]
+    client = mlflow_client(root)
+    versions = client.search_model_versions("name='agentflow-policy'")
+    assert len(versions) == 2
+    champion = client.get_model_version_by_alias("agentflow-policy", "champion")
+    newest = max(versions, key=lambda v: int(v.version))
+    if second["report"]["promoted"]:
+        assert str(champion.version) == str(newest.version)
+    else:
+        assert str(champion.version) == "1" and "reward" in newest.tags["reason"]
+
+
+def test_a_failed_gate_stops_the_downstream_phases(tmp_path: Path, prefect_harness: None) -> None:
+    from flows.training_cycle import training_cycle
+
+    config_dir = tmp_path / "envs"
+    shutil.copytree(REPO / "configs" / "envs", config_dir)
+    mapping = json.loads((REPO / "agentflow_core" / "mappings" / "web_checkout_v2.json").read_text())
+    mapping["token_rules"] = [r for r in mapping["token_rules"] if "PAYMENT_PAGE" not in r["emit"]]
+    (config_dir / "web_checkout_v2.json").write_text(json.dumps(mapping))
+    params = write_tiny_params(tmp_path, calibrate={"variants_per_family": 2, "resets": 5, "max_failed_fraction": 0.1})
+    text = params.read_text().replace(str(REPO / "configs" / "envs"), str(config_dir))
+    params.write_text(text)
+    with pytest.raises(GateFailed, match="calibration gate failed: env_stability_score=0.667"):
+        training_cycle(params_path=str(params), run_name="broken")
+    runs = runs_by_name(mlflow_client(tmp_path))
+    assert runs["broken"][0].info.status == "FAILED"
+    assert "calibrate" in runs and "train" not in runs and "variants" not in runs
+    assert not (tmp_path / "data" / "variants").exists()
