@@ -71,7 +71,8 @@ def train_command(
                                    f"{m['time/sps']:.0f} sps")
 
         try:
-            summary = run_train(cfg, catalogue, trajectories, out, resume=resume, on_update=on_update)
+            summary = run_train(cfg, catalogue, trajectories, out, resume=resume, on_update=on_update,
+                                metrics_path=data / "metrics" / "train.json")
         except AgentFlowError as exc:
             err_console.print(f"[bold red]train failed[/]: {exc}")
             raise typer.Exit(code=1) from None

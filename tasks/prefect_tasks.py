@@ -117,11 +117,12 @@ def train_task(params_path: str, parent_run_id: str, tracking_uri: str, experime
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "train")
     sink = tracker.sink(run_id, prefix="train/")
-    summary = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=resume, sink=sink)
+    summary = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=resume, sink=sink,
+                        metrics_path=paths.metrics_file("train"))
     sink.flush()
     tracker.log_metrics(run_id, _numeric(summary))
-    for plot in sorted(paths.plots.glob("train*")):
-        tracker.log_artifacts(run_id, plot, "plots")
+    tracker.log_artifacts(run_id, paths.checkpoints / "plots", "plots")
+    tracker.log_artifacts(run_id, paths.checkpoints / "curve.json", "curves")
     tracker.end(run_id)
     _publish("training", "Phase 2: PPO refinement", summary)
     return {**summary, "train_run_id": run_id}

@@ -89,7 +89,8 @@ class TinyShopEnv:
         else:
             reward = -0.05
         truncated = not terminated and self.t >= self.scenario.max_episode_steps
-        info = {"env_id": self.env_id, "step_id": self.t, "failure_reason": "max_steps" if truncated else None}
+        info = {"env_id": self.env_id, "step_id": self.t, "failure_reason": "max_steps" if truncated else None,
+                "applied": reward != -0.05}  # declared action risk counts only for actions that took effect
         return StepResult(self._raw(), reward, terminated, truncated, info)
 
     def close(self) -> None:

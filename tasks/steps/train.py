@@ -101,7 +101,8 @@ def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], p
 
 def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path | None, out_dir: Path, resume: bool,
               sink: MetricsSink | None = None, pool_factory: PoolFactory | None = None,
-              on_update: Callable[[int, int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+              on_update: Callable[[int, int, dict[str, float]], None] | None = None,
+              metrics_path: Path | None = None) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``)."""
     tc, seed = cfg.train, cfg.base.seed
     out_dir = Path(out_dir)
@@ -204,8 +205,24 @@ def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path
                                          "checkpoint": best.name})
     write_json(out_dir / "curve.json", {"curve": curve, "evals": evals})
     write_json(out_dir / "train_summary.json", summary)
+    write_curve_csv(evals, out_dir / "heldout_curve.csv")
     _plot_curves(curve, evals, out_dir / "plots" / "train_curves.png")
+    if metrics_path is not None:
+        write_json(metrics_path, {k: summary[k] for k in METRIC_KEYS})
     return summary
+
+
+METRIC_KEYS = ("heldout_success", "heldout_return", "heldout_success_vs_exploration", "heldout_success_vs_expert",
+               "policy_convergence_flag", "global_step", "updates")
+
+
+def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:
+    """Held-out success/return per evaluation, the training curve ``dvc plots show`` draws."""
+    lines = ["step,heldout_success,heldout_return"]
+    lines += [f"{int(e['global_step'])},{e['eval/success_rate']:.6f},{e['eval/mean_return']:.6f}" for e in evals]
+    tmp = path.with_suffix(".csv.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:
