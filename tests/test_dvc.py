@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.config_io import parse_config
 from tests.tiny import REPO, tiny_params
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,9 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.rmtree(root / folder)
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # DVC reads the keys each stage names from the file itself, so write every section in full
+    full = parse_config(params).model_dump(mode="json")
+    (root / "params.yaml").write_text(yaml.safe_dump(full, sort_keys=False))
     return root
 
 
