@@ -17,9 +17,9 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.cli_bench import bench_app
 from tasks.cli_calibrate import calibrate_command
-from tasks.cli_pool import profile_envs_cmd
 from tasks.cli_envs import envs_app
 from tasks.cli_explore import explore_command
+from tasks.cli_pool import profile_envs_cmd
 from tasks.cli_stress import report_command, stress_command
 from tasks.cli_train import train_command
 from tasks.cli_variants import variants
@@ -96,7 +96,20 @@ def run(params: Path = PARAMS_OPTION,
     except GateFailed as exc:
         err_console.print(f"[bold red]gate failed[/]: {exc}")
         raise typer.Exit(code=1) from None
+    print_report_tree(cfg)
     console.print(where_to_look(cfg, results))
+
+
+def print_report_tree(cfg: AgentFlowConfig) -> None:
+    """The evaluation report's tree, as the run's last word on the policy."""
+    import json
+
+    from agentflow_core.evaluation.report import report_tree, tree_text
+    from tasks.paths import DataPaths
+
+    path = DataPaths.of(cfg).reports / "report.json"
+    if path.exists():
+        console.print("\n".join(tree_text(report_tree(json.loads(path.read_text())))), highlight=False)
 
 
 def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:

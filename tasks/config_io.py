@@ -24,9 +24,7 @@ def _key_path(loc: tuple[Any, ...]) -> str:
 
 def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     for part in loc:
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+        if isinstance(data, dict) and part in data or isinstance(data, list) and isinstance(part, int) and part < len(data):
             data = data[part]
         else:
             return None

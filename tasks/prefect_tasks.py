@@ -49,6 +49,20 @@ def _publish(key: str, title: str, summary: dict[str, Any]) -> None:
         create_table_artifact(table=rows, key=f"{key}-metrics", description=f"{title}: exit metrics")
 
 
+class Throttled:
+    """Log progress at INFO about every ``fraction`` of the work (the Prefect UI and terminal show it)."""
+
+    def __init__(self, phase: str, fraction: float = 0.1) -> None:
+        self.phase, self.fraction, self.next = phase, fraction, 0.0
+        self.logger = get_run_logger()
+
+    def __call__(self, done: float, total: float, status: str = "") -> None:
+        share = done / total if total else 1.0
+        if share >= self.next or done >= total:
+            self.logger.info("%s %d/%d (%.0f%%) %s", self.phase, done, total, 100 * share, status)
+            self.next = share + self.fraction
+
+
 def section_fingerprint(params_path: str, *sections: str) -> str:
     """The JSON of the config sections a phase depends on: a cache key input that changes with them."""
     cfg = load_config(params_path)
@@ -90,9 +104,10 @@ def explore_task(params_path: str, fingerprint: str, catalogue_hash: str) -> dic
 
     cfg = load_config(params_path)
     paths = DataPaths.of(cfg)
-    logger = get_run_logger()
+    progress = Throttled("explore")
     summary = run_explore(cfg, paths.variants, paths.trajectories, paths.metrics_file("explore"),
-                          on_progress=lambda p: logger.debug("explore %s/%s", p.steps, p.total_steps))
+                          on_progress=lambda p: progress(p.steps, p.total_steps,
+                                                         f"coverage {p.state_coverage_ratio:.3f} eps {p.epsilon:.2f}"))
     _publish("exploration", "Phase 1: exploration", summary)
     return summary
 
@@ -117,8 +132,13 @@ def train_task(params_path: str, parent_run_id: str, tracking_uri: str, experime
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "train")
     sink = tracker.sink(run_id, prefix="train/")
+    progress = Throttled("train update")
     summary = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=resume, sink=sink,
-                        metrics_path=paths.metrics_file("train"))
+                        metrics_path=paths.metrics_file("train"),
+                        on_update=lambda update, total, m: progress(
+                            update, total, f"success {m.get('rollout/success_rate', float('nan')):.2f} "
+                                           f"return {m.get('rollout/episode_return', float('nan')):.2f} "
+                                           f"{m.get('time/sps', 0.0):.0f} steps/s"))
     sink.flush()
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.checkpoints / "plots", "plots")
@@ -135,7 +155,7 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
 
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "stress")
-    full = run_stress(cfg)
+    full = run_stress(cfg, on_progress=Throttled("stress episodes"))
     summary = {**full["metrics"], "passed": full["passed"], "policy": full["policy"],
                "message": "; ".join(full.get("recommendations", [])[:3])}
     tracker.log_metrics(run_id, _numeric(summary))

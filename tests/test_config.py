@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError
@@ -24,7 +25,7 @@ def test_shipped_params_load_and_are_frozen(repo_root: Path) -> None:
     assert cfg.train.clip_range == 0.08
     assert cfg.train.n_epochs == 10
     assert cfg.phases == ("calibrate", "variants", "explore", "train", "stress", "report")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.train.clip_range = 0.2  # type: ignore[misc]
 
 
