@@ -55,8 +55,9 @@ class VariantCalibration:
         return asdict(self)
 
 
-def run_episode(env: SemanticEnv, policy: Policy, seed: int, handled_outcomes: frozenset[str] = frozenset(),
-                max_steps: int = 1000) -> tuple[list[float], bool]:
+def run_episode(
+    env: SemanticEnv, policy: Policy, seed: int, handled_outcomes: frozenset[str] = frozenset(), max_steps: int = 1000
+) -> tuple[list[float], bool]:
     """One episode of ``policy``; returns (per-step rewards, reached the goal or a handled outcome)."""
     obs, info = env.reset(seed=seed)
     rewards: list[float] = []
@@ -70,8 +71,15 @@ def run_episode(env: SemanticEnv, policy: Policy, seed: int, handled_outcomes: f
     return rewards, success
 
 
-def calibrate_variant(env: SemanticEnv, policy: Policy, resets: int, seed: int, max_variance: float,
-                      min_success: float = 0.0, handled_outcomes: frozenset[str] = frozenset()) -> VariantCalibration:
+def calibrate_variant(
+    env: SemanticEnv,
+    policy: Policy,
+    resets: int,
+    seed: int,
+    max_variance: float,
+    min_success: float = 0.0,
+    handled_outcomes: frozenset[str] = frozenset(),
+) -> VariantCalibration:
     """Run the stability check on one env (which the caller owns and closes)."""
     returns: list[float] = []
     step_rewards: list[float] = []
@@ -84,8 +92,20 @@ def calibrate_variant(env: SemanticEnv, policy: Policy, resets: int, seed: int, 
             successes += ok
         replay = sum(run_episode(env, policy, seed, handled_outcomes)[0])
     except EnvError as exc:
-        return VariantCalibration(env.env_id, len(returns), math.nan, math.nan, math.nan, 0.0, math.nan, math.nan,
-                                  0, False, False, f"{exc.failure_reason}: {exc}")
+        return VariantCalibration(
+            env.env_id,
+            len(returns),
+            math.nan,
+            math.nan,
+            math.nan,
+            0.0,
+            math.nan,
+            math.nan,
+            0,
+            False,
+            False,
+            f"{exc.failure_reason}: {exc}",
+        )
     values = np.asarray(returns) / GOAL_REWARD
     variance = float(values.var())
     deterministic = replay == returns[0]
@@ -95,11 +115,24 @@ def calibrate_variant(env: SemanticEnv, policy: Policy, resets: int, seed: int, 
     elif variance >= max_variance:
         reason = f"reward variance {variance:.4f} >= {max_variance} (expert success {successes / resets:.0%})"
     elif successes / resets < min_success:
-        reason = (f"the scripted expert reached the goal in {successes / resets:.0%} of episodes (< {min_success:.0%}): "
-                  "the mapping or the business rules are broken")
-    return VariantCalibration(env.env_id, resets, float(np.mean(returns)), float(np.std(returns)), variance,
-                              successes / resets, float(np.mean(step_rewards)), float(np.std(step_rewards)),
-                              len(step_rewards), deterministic, reason is None, reason)
+        reason = (
+            f"the scripted expert reached the goal in {successes / resets:.0%} of episodes (< {min_success:.0%}): "
+            "the mapping or the business rules are broken"
+        )
+    return VariantCalibration(
+        env.env_id,
+        resets,
+        float(np.mean(returns)),
+        float(np.std(returns)),
+        variance,
+        successes / resets,
+        float(np.mean(step_rewards)),
+        float(np.std(step_rewards)),
+        len(step_rewards),
+        deterministic,
+        reason is None,
+        reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -119,16 +152,24 @@ class CalibrationReport:
         return len(self.failed) <= self.max_failed_fraction * len(self.variants)
 
     def summary(self) -> str:
-        head = (f"env_stability_score={self.env_stability_score:.3f} ({len(self.variants) - len(self.failed)}/"
-                f"{len(self.variants)} stable, gate allows {self.max_failed_fraction:.0%} failed)")
+        head = (
+            f"env_stability_score={self.env_stability_score:.3f} ({len(self.variants) - len(self.failed)}/"
+            f"{len(self.variants)} stable, gate allows {self.max_failed_fraction:.0%} failed)"
+        )
         lines = [f"  {v.env_id}: {v.reason}" for v in self.failed[:10]]
         return "\n".join([head, *lines])
 
 
-def calibrate(envs: Sequence[tuple[Callable[[], SemanticEnv], Policy]], resets: int, seed: int,
-              max_variance: float, max_failed_fraction: float, min_success: float = 0.0,
-              handled_outcomes: frozenset[str] = frozenset(),
-              progress: Callable[[int, int], None] | None = None) -> CalibrationReport:
+def calibrate(
+    envs: Sequence[tuple[Callable[[], SemanticEnv], Policy]],
+    resets: int,
+    seed: int,
+    max_variance: float,
+    max_failed_fraction: float,
+    min_success: float = 0.0,
+    handled_outcomes: frozenset[str] = frozenset(),
+    progress: Callable[[int, int], None] | None = None,
+) -> CalibrationReport:
     """Calibrate each (env factory, reference policy) pair; envs are built and closed here."""
     results = []
     for i, (make, policy) in enumerate(envs):

@@ -20,7 +20,9 @@ class _Section(BaseModel):
 
 
 class RayConfig(_Section):
-    address: str | None = Field(None, description="Ray cluster address; None starts a local Ray (RAY_ADDRESS overrides).")
+    address: str | None = Field(
+        None, description="Ray cluster address; None starts a local Ray (RAY_ADDRESS overrides)."
+    )
     num_cpus: PositiveInt = 2
     include_dashboard: bool = False
     object_store_mb: Annotated[int, Field(ge=78)] = 512
@@ -103,20 +105,32 @@ class PoolConfig(_Section):
     quarantine_after: PositiveInt = 3
     max_worker_restarts: Annotated[int, Field(ge=0)] = 3
     scheduler: Literal["uniform", "round_robin", "heat", "plr_coverage"] = "plr_coverage"
-    heat_decay: Annotated[float, Field(gt=0.0, lt=1.0, description="seed §2.1: h <- decay*h + 1 per round sampled, decay*h otherwise.")] = 0.95
+    heat_decay: Annotated[
+        float, Field(gt=0.0, lt=1.0, description="seed §2.1: h <- decay*h + 1 per round sampled, decay*h otherwise.")
+    ] = 0.95
     cold_threshold: Annotated[float, Field(gt=0.0, description="a variant with heat below this is cold.")] = 0.3
-    heat_cold_weight: Annotated[float, Field(ge=1.0, description="heat: weight of a cold variant (a warm one weighs 1).")] = 20.0
+    heat_cold_weight: Annotated[
+        float, Field(ge=1.0, description="heat: weight of a cold variant (a warm one weighs 1).")
+    ] = 20.0
     plr_temperature: Annotated[float, Field(gt=0.0, description="PLR beta: P_S ∝ (1/rank)^(1/beta).")] = 1.0
-    plr_staleness_coef: Annotated[float, Field(ge=0.0, le=1.0, description="PLR rho: share of the staleness distribution.")] = 0.3
+    plr_staleness_coef: Annotated[
+        float, Field(ge=0.0, le=1.0, description="PLR rho: share of the staleness distribution.")
+    ] = 0.3
     plr_token_coef: Annotated[float, Field(ge=0.0, le=1.0, description="share of the rare-semantic-token bonus.")] = 0.1
     plr_floor: Annotated[float, Field(gt=0.0, le=1.0, description="uniform share so no variant starves.")] = 0.05
-    plr_score_ema: Annotated[float, Field(gt=0.0, le=1.0, description="EMA rate of a variant's learning-signal score.")] = 0.5
-    plr_max_staleness: Annotated[float, Field(ge=1.0, description="catalogue sweeps without a draw after which a variant is drawn first.")] = 4.0
+    plr_score_ema: Annotated[
+        float, Field(gt=0.0, le=1.0, description="EMA rate of a variant's learning-signal score.")
+    ] = 0.5
+    plr_max_staleness: Annotated[
+        float, Field(ge=1.0, description="catalogue sweeps without a draw after which a variant is drawn first.")
+    ] = 4.0
 
     @model_validator(mode="after")
     def _plr_mix(self) -> PoolConfig:
         if self.plr_staleness_coef + self.plr_token_coef > 1.0:
-            raise ValueError(f"plr_staleness_coef + plr_token_coef must not exceed 1, got {self.plr_staleness_coef + self.plr_token_coef}")
+            raise ValueError(
+                f"plr_staleness_coef + plr_token_coef must not exceed 1, got {self.plr_staleness_coef + self.plr_token_coef}"
+            )
         return self
 
 
@@ -129,14 +143,19 @@ class ExploreConfig(_Section):
     epsilon_mid: Fraction = 0.3
     epsilon_low: Fraction = 0.1
     shard_rows: PositiveInt = 50_000
-    reference_pool_steps: Annotated[int, Field(ge=0, description="Pool steps of the scripted expert whose transitions are the edge-coverage reference.")] = 60
+    reference_pool_steps: Annotated[
+        int,
+        Field(ge=0, description="Pool steps of the scripted expert whose transitions are the edge-coverage reference."),
+    ] = 60
 
     @model_validator(mode="after")
     def _order(self) -> ExploreConfig:
         if not self.coverage_low < self.coverage_high:
             raise ValueError(f"coverage_low ({self.coverage_low}) must be below coverage_high ({self.coverage_high})")
         if not self.epsilon_low <= self.epsilon_mid <= self.epsilon_high:
-            raise ValueError(f"expected epsilon_low ({self.epsilon_low}) <= epsilon_mid ({self.epsilon_mid}) <= epsilon_high ({self.epsilon_high})")
+            raise ValueError(
+                f"expected epsilon_low ({self.epsilon_low}) <= epsilon_mid ({self.epsilon_mid}) <= epsilon_high ({self.epsilon_high})"
+            )
         return self
 
 
@@ -242,9 +261,16 @@ class StressConfig(_Section):
     risk_threshold: Fraction = 0.3
     risk_penalty: Annotated[float, Field(ge=0.0)] = 1.0
     hacking_reward_threshold: float = 5.0
-    handled_outcomes: list[str] = Field(["user_blocked"], description="failure_reason values that are the correct business outcome (count as success, not failure).")
-    coverage_group: str = Field("network", description="Variant dimension that groups the coverage heatmap rows (with the family).")
-    long_tail_frequency: Fraction = Field(0.01, description="Tokens seen on fewer than this share of steps are long-tail.")
+    handled_outcomes: list[str] = Field(
+        ["user_blocked"],
+        description="failure_reason values that are the correct business outcome (count as success, not failure).",
+    )
+    coverage_group: str = Field(
+        "network", description="Variant dimension that groups the coverage heatmap rows (with the family)."
+    )
+    long_tail_frequency: Fraction = Field(
+        0.01, description="Tokens seen on fewer than this share of steps are long-tail."
+    )
 
 
 class ReportConfig(_Section):

@@ -17,29 +17,22 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.cli_bench import bench_app
 from tasks.cli_calibrate import calibrate_command
+from tasks.cli_common import PARAMS_OPTION, config_or_exit
 from tasks.cli_envs import envs_app
 from tasks.cli_explore import explore_command
 from tasks.cli_pool import profile_envs_cmd
 from tasks.cli_stress import report_command, stress_command
 from tasks.cli_train import train_command
 from tasks.cli_variants import variants
-from tasks.config_io import load_config
 
-app = typer.Typer(help="AgentFlow: train one decision policy across web, SQL and HTTP channels.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="AgentFlow: train one decision policy across web, SQL and HTTP channels.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-
-PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
-
-
-def load_or_exit(path: Path) -> AgentFlowConfig:
-    """Load params.yaml or exit 2 with the error's file/key/value/expectation."""
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
-        raise typer.Exit(code=2) from None
 
 
 def plan_tree(cfg: AgentFlowConfig) -> Tree:
@@ -49,16 +42,26 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
     n_combos = len(v.base_envs)
     for values in v.dimensions.values():
         n_combos *= len(values)
-    tree.add(f"calibrate: {cfg.calibrate.variants_per_family} variants/family x {cfg.calibrate.resets} resets; "
-             f"gate: reward variance < {cfg.calibrate.max_reward_variance} (env_stability_score)")
-    tree.add(f"variants: {n_combos} combinations x {v.samples_per_combination} samples = "
-             f"{n_combos * v.samples_per_combination} variants")
-    tree.add(f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs; "
-             f"gate: state_coverage_ratio (eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})")
-    tree.add(f"train: PPO {cfg.train.total_steps} steps, clip {cfg.train.clip_range}, target KL {cfg.train.target_kl}; "
-             "gate: policy_convergence_flag")
-    tree.add(f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants "
-             f"(target {cfg.stress.consistency_target}); gate: robustness_score")
+    tree.add(
+        f"calibrate: {cfg.calibrate.variants_per_family} variants/family x {cfg.calibrate.resets} resets; "
+        f"gate: reward variance < {cfg.calibrate.max_reward_variance} (env_stability_score)"
+    )
+    tree.add(
+        f"variants: {n_combos} combinations x {v.samples_per_combination} samples = "
+        f"{n_combos * v.samples_per_combination} variants"
+    )
+    tree.add(
+        f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs; "
+        f"gate: state_coverage_ratio (eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})"
+    )
+    tree.add(
+        f"train: PPO {cfg.train.total_steps} steps, clip {cfg.train.clip_range}, target KL {cfg.train.target_kl}; "
+        "gate: policy_convergence_flag"
+    )
+    tree.add(
+        f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants "
+        f"(target {cfg.stress.consistency_target}); gate: robustness_score"
+    )
     tree.add(f"report: {', '.join(cfg.report.formats)}; champion/challenger on {cfg.report.champion_slice:.0%} slice")
     return tree
 
@@ -71,19 +74,21 @@ def _root() -> None:
 @app.command()
 def validate(params: Path = PARAMS_OPTION) -> None:
     """Validate params.yaml and print the planned cycle."""
-    cfg = load_or_exit(params)
+    cfg = config_or_exit(params)
     console.print(plan_tree(cfg))
     console.print("[green]params.yaml is valid[/]")
 
 
 @app.command()
-def run(params: Path = PARAMS_OPTION,
-        resume: bool = typer.Option(False, "--resume", help="Continue PPO from the last checkpoint."),
-        run_name: str | None = typer.Option(None, "--run-name", help="MLflow parent run name.")) -> None:
+def run(
+    params: Path = PARAMS_OPTION,
+    resume: bool = typer.Option(False, "--resume", help="Continue PPO from the last checkpoint."),
+    run_name: str | None = typer.Option(None, "--run-name", help="MLflow parent run name."),
+) -> None:
     """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> train -> stress -> report)."""
     from tasks.runtime import configure_services
 
-    cfg = load_or_exit(params)
+    cfg = config_or_exit(params)
     services = configure_services(cfg)  # before prefect/mlflow are imported
     console.print(plan_tree(cfg))
     for name, where in services.items():
@@ -128,18 +133,24 @@ def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
 
 
 @app.command()
-def serve(params: Path = PARAMS_OPTION,
-          cron: str = typer.Option("0 3 * * *", "--cron", help="Schedule of recurring retrains (cron syntax)."),
-          name: str = typer.Option("agentflow-cycle", "--name", help="Deployment name.")) -> None:
+def serve(
+    params: Path = PARAMS_OPTION,
+    cron: str = typer.Option("0 3 * * *", "--cron", help="Schedule of recurring retrains (cron syntax)."),
+    name: str = typer.Option("agentflow-cycle", "--name", help="Deployment name."),
+) -> None:
     """Serve the training cycle as a scheduled Prefect deployment (trigger it from the Prefect UI)."""
     from tasks.runtime import configure_services
 
-    cfg = load_or_exit(params)
+    cfg = config_or_exit(params)
     configure_services(cfg)
     from flows.training_cycle import training_cycle
 
-    training_cycle.serve(name=name, cron=cron, parameters={"params_path": str(params.resolve())},
-                         description="AgentFlow training cycle: calibrate -> variants -> explore -> train -> stress -> report")
+    training_cycle.serve(
+        name=name,
+        cron=cron,
+        parameters={"params_path": str(params.resolve())},
+        description="AgentFlow training cycle: calibrate -> variants -> explore -> train -> stress -> report",
+    )
 
 
 app.command("calibrate")(calibrate_command)

@@ -31,8 +31,9 @@ from tasks.tracking import MlflowTracker
 
 
 @flow(name="agentflow-training-cycle", log_prints=False)
-def training_cycle(params_path: str = "params.yaml", resume: bool = False, run_name: str | None = None,
-                   min_state_coverage: float = 0.0) -> dict[str, Any]:
+def training_cycle(
+    params_path: str = "params.yaml", resume: bool = False, run_name: str | None = None, min_state_coverage: float = 0.0
+) -> dict[str, Any]:
     """Run one training cycle.
 
     Args:
@@ -59,14 +60,19 @@ def training_cycle(params_path: str = "params.yaml", resume: bool = False, run_n
         track_phase(params_path, parent, uri, experiment, "variants", variants, paths.variants)
         results["variants"] = variants
 
-        explore = explore_task(params_path, section_fingerprint(params_path, "base", "explore", "pool", "train"),
-                               str(variants.get("catalogue_sha256", "")))
+        explore = explore_task(
+            params_path,
+            section_fingerprint(params_path, "base", "explore", "pool", "train"),
+            str(variants.get("catalogue_sha256", "")),
+        )
         track_phase(params_path, parent, uri, experiment, "explore", explore, paths.trajectories)
         results["explore"] = explore
         tracker.log_metrics(parent, {"state_coverage_ratio": explore["state_coverage_ratio"]})
         if explore["state_coverage_ratio"] < min_state_coverage:
-            raise GateFailed(f"exploration gate failed: state_coverage_ratio {explore['state_coverage_ratio']:.3f} "
-                             f"< {min_state_coverage}")
+            raise GateFailed(
+                f"exploration gate failed: state_coverage_ratio {explore['state_coverage_ratio']:.3f} "
+                f"< {min_state_coverage}"
+            )
 
         train = train_task(params_path, parent, uri, experiment, resume)
         results["train"] = train
@@ -79,9 +85,11 @@ def training_cycle(params_path: str = "params.yaml", resume: bool = False, run_n
         # The report explains a failed stress gate too; only promotion is withheld.
         results["report"] = report_task(params_path, parent, uri, experiment, train["train_run_id"], stress["passed"])
         if not stress["passed"]:
-            raise GateFailed(f"stress gate failed: robustness_score={stress['robustness_score']:.3f}, "
-                             f"consistency={stress['consistency']:.3f}, crash_episodes={stress['crash_episodes']}; "
-                             f"see {paths.reports}")
+            raise GateFailed(
+                f"stress gate failed: robustness_score={stress['robustness_score']:.3f}, "
+                f"consistency={stress['consistency']:.3f}, crash_episodes={stress['crash_episodes']}; "
+                f"see {paths.reports}"
+            )
     except BaseException:
         tracker.end(parent, "FAILED")
         raise

@@ -46,8 +46,9 @@ def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:
     return found[0]
 
 
-def promote_if_better(cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str,
-                      allowed: bool = True) -> dict[str, Any]:
+def promote_if_better(
+    cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str, allowed: bool = True
+) -> dict[str, Any]:
     """Register the candidate; move the ``champion`` alias to it only if the canary test passes.
 
     ``allowed=False`` (the candidate failed stress validation) registers it without promoting.
@@ -59,17 +60,25 @@ def promote_if_better(cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id
     champion = champion_checkpoint(tracker, name)
     decision = run_champion_challenger(cfg, challenger, champion)
     if not allowed:
-        decision = {**decision, "promote": False,
-                    "reason": f"not promoted: the candidate failed stress validation ({decision['reason']})"}
+        decision = {
+            **decision,
+            "promote": False,
+            "reason": f"not promoted: the candidate failed stress validation ({decision['reason']})",
+        }
     model_uri = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:
-        tracker.client.create_registered_model(name, description="AgentFlow semantic policy (one network, all channels)")
+        tracker.client.create_registered_model(
+            name, description="AgentFlow semantic policy (one network, all channels)"
+        )
     with tracking_uri_set(tracker.tracking_uri):  # the registry resolves models:/<id> through the fluent store
-        version = tracker.client.create_model_version(name, model_uri, run_id=train_run_id,
-                                                      tags={"promotion": str(decision["promote"]),
-                                                            "reason": str(decision["reason"])[:5000]})
+        version = tracker.client.create_model_version(
+            name,
+            model_uri,
+            run_id=train_run_id,
+            tags={"promotion": str(decision["promote"]), "reason": str(decision["reason"])[:5000]},
+        )
     if decision["promote"]:
         tracker.client.set_registered_model_alias(name, CHAMPION, version.version)
     return {**decision, "model_version": version.version, "model_uri": model_uri}

@@ -15,8 +15,12 @@ import typer
 
 from tasks.io import write_json
 
-bench_app = typer.Typer(help="Benchmarks (results in BENCHMARKS.md and data/bench/*.json).", no_args_is_help=True,
-                        add_completion=False, pretty_exceptions_enable=False)
+bench_app = typer.Typer(
+    help="Benchmarks (results in BENCHMARKS.md and data/bench/*.json).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 BENCH_DIR = Path("data/bench")
 BENCHMARKS_MD = Path("BENCHMARKS.md")
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
@@ -48,26 +52,36 @@ def _targets_table(result: dict[str, Any]) -> list[str]:
         if isinstance(value, dict | list) or key in ("targets", "targets_met"):
             continue
         target = targets.get(key)
-        lines.append(f"| `{key}` | {_fmt(value)} | {'' if target is None else _fmt(target)} | "
-                     f"{'' if key not in met else ('yes' if met[key] else '**no**')} |")
+        lines.append(
+            f"| `{key}` | {_fmt(value)} | {'' if target is None else _fmt(target)} | "
+            f"{'' if key not in met else ('yes' if met[key] else '**no**')} |"
+        )
     return lines
 
 
 def _scheduler_table(result: dict[str, Any]) -> list[str]:
-    lines = ["| strategy | cold share | vs round-robin | longest gap / n | draws to 90% | vs round-robin |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | cold share | vs round-robin | longest gap / n | draws to 90% | vs round-robin |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, m in result.get("strategies", {}).items():
-        lines.append(f"| {name} | {m['cold_share']:.4f} | {_fmt(m['cold_share_vs_round_robin'])} | "
-                     f"{m['max_visit_gap_over_n']:.2f} | {m['draws_to_90pct']} | {_fmt(m['draws_to_90pct_vs_round_robin'])} |")
+        lines.append(
+            f"| {name} | {m['cold_share']:.4f} | {_fmt(m['cold_share_vs_round_robin'])} | "
+            f"{m['max_visit_gap_over_n']:.2f} | {m['draws_to_90pct']} | {_fmt(m['draws_to_90pct_vs_round_robin'])} |"
+        )
     return lines
 
 
 def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
     """BENCHMARKS.md from every ``data/bench/<name>.json``."""
-    out = ["# Benchmarks", "",
-           "Measured on this project's reference machine (2 cores, 24 GiB, no GPU, Python 3.11); single runs,",
-           "expect ±20–30%. Each side of every ratio is measured in the same run. Regenerate with the command",
-           "above each table (`agentflow bench all` runs them all).", ""]
+    out = [
+        "# Benchmarks",
+        "",
+        "Measured on this project's reference machine (2 cores, 24 GiB, no GPU, Python 3.11); single runs,",
+        "expect ±20–30%. Each side of every ratio is measured in the same run. Regenerate with the command",
+        "above each table (`agentflow bench all` runs them all).",
+        "",
+    ]
     for name in ("pool", "ppo", "scheduler"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
@@ -88,10 +102,12 @@ def write_benchmarks_md(bench_dir: Path = BENCH_DIR, target: Path = BENCHMARKS_M
 
 
 @bench_app.command("pool")
-def pool(params: Path = PARAMS_OPTION,
-         num_envs: int = typer.Option(300, help="Slots for the Ray vs in-process comparison and the live-memory probe."),
-         steps: int = typer.Option(30, help="Timed pool steps per side."),
-         all_live: bool = typer.Option(True, help="Build all catalogue variants live at once (else extrapolate).")) -> None:
+def pool(
+    params: Path = PARAMS_OPTION,
+    num_envs: int = typer.Option(300, help="Slots for the Ray vs in-process comparison and the live-memory probe."),
+    steps: int = typer.Option(30, help="Timed pool steps per side."),
+    all_live: bool = typer.Option(True, help="Build all catalogue variants live at once (else extrapolate)."),
+) -> None:
     """Pool: semantic overhead, Ray speed-up, memory, scheduler ratios, worker-kill recovery."""
     from tasks.cli_pool import bench_pool
 
@@ -100,8 +116,9 @@ def pool(params: Path = PARAMS_OPTION,
 
 
 @bench_app.command("scheduler")
-def scheduler(n_variants: int = typer.Option(1000), draws: int = typer.Option(100_000),
-              seed: int = typer.Option(0)) -> None:
+def scheduler(
+    n_variants: int = typer.Option(1000), draws: int = typer.Option(100_000), seed: int = typer.Option(0)
+) -> None:
     """Scheduler strategies: cold share, longest visit gap, draws to 90% success (synthetic learner)."""
     from agentflow_core.bench.scheduler_bench import run_scheduler_bench
 
@@ -113,7 +130,9 @@ def scheduler(n_variants: int = typer.Option(1000), draws: int = typer.Option(10
 
 
 @bench_app.command("ppo")
-def ppo(quick: bool = typer.Option(False, "--quick", help="Fewer repeats (a smoke run, not for BENCHMARKS.md).")) -> None:
+def ppo(
+    quick: bool = typer.Option(False, "--quick", help="Fewer repeats (a smoke run, not for BENCHMARKS.md)."),
+) -> None:
     """PPO: end-to-end throughput vs stable-baselines3, update time, held-out success vs expert/exploration."""
     from tasks.cli_train import bench_ppo
 

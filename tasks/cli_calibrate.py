@@ -9,8 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentflow_core.errors import ConfigError
-from tasks.config_io import load_config
+from tasks.cli_common import config_or_exit
 from tasks.paths import DataPaths
 from tasks.registry_io import configure_adapter_debug
 from tasks.steps.calibrate import run_calibrate
@@ -26,18 +25,19 @@ def calibrate_command(
 
     Exits 1 when the gate fails (too many unstable variants or mapping-audit errors).
     """
-    try:
-        cfg = load_config(params)
-    except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
-        raise typer.Exit(code=2) from None
+    cfg = config_or_exit(params)
     configure_adapter_debug()
     paths = DataPaths.of(cfg)
-    with Progress(TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with Progress(
+        TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
         task = progress.add_task("calibrate", total=None)
-        summary = run_calibrate(cfg, paths.calibration, paths.metrics_file("calibrate"),
-                                progress=lambda done, total: progress.update(task, completed=done, total=total))
+        summary = run_calibrate(
+            cfg,
+            paths.calibration,
+            paths.metrics_file("calibrate"),
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
     table = Table("metric", "value", title="Phase 0: calibration")
     for key in ("env_stability_score", "variants", "failed", "audit_errors"):
         table.add_row(key, f"{summary[key]:.3f}" if isinstance(summary[key], float) else str(summary[key]))

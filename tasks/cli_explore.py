@@ -12,9 +12,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from agentflow_core.errors import AgentFlowError, ConfigError
+from agentflow_core.errors import AgentFlowError
 from agentflow_core.rl.exploration import ExploreProgress
-from tasks.config_io import load_config
+from tasks.cli_common import config_or_exit
 from tasks.steps.explore import run_explore
 
 console = Console()
@@ -37,36 +37,43 @@ def explore_command(
     total_steps: int | None = STEPS_OPTION,
 ) -> None:
     """Explore the catalogue with coverage-driven ε around the scripted expert; write trajectory shards."""
-    try:
-        cfg = load_config(params)
-    except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
-        raise typer.Exit(code=2) from None
+    cfg = config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})
     data = Path(cfg.base.data_dir)
     catalogue = catalogue or data / "variants"
     out = out or data / "trajectories"
     metrics = metrics or data / "metrics" / "explore.json"
-    columns = (TextColumn("[bold]explore"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]explore"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("explore", total=cfg.explore.total_steps, status="")
 
         def on_progress(p: ExploreProgress) -> None:
-            progress.update(task, completed=min(p.steps, p.total_steps),
-                            status=f"coverage {p.state_coverage_ratio:.3f} (tokens {p.token_coverage:.2f}, edges "
-                                   f"{p.edge_coverage:.2f}) ε {p.epsilon:.2f} goals {p.goal_episodes}/{p.episodes}")
+            progress.update(
+                task,
+                completed=min(p.steps, p.total_steps),
+                status=f"coverage {p.state_coverage_ratio:.3f} (tokens {p.token_coverage:.2f}, edges "
+                f"{p.edge_coverage:.2f}) ε {p.epsilon:.2f} goals {p.goal_episodes}/{p.episodes}",
+            )
 
         try:
             summary = run_explore(cfg, catalogue, out, metrics, on_progress=on_progress)
         except AgentFlowError as exc:
             err_console.print(f"[bold red]explore failed[/]: {exc}")
             raise typer.Exit(code=1) from None
-    console.print(f"state_coverage_ratio [bold]{summary['state_coverage_ratio']:.3f}[/] "
-                  f"(token {summary['token_coverage']:.3f}, edge {summary['edge_coverage']:.3f}); "
-                  f"{summary['rows']} rows in {summary['shards']} shard(s) -> {out}; "
-                  f"{int(summary['goal_episodes'])} goal episodes of {int(summary['explore_episodes'])}")
+    console.print(
+        f"state_coverage_ratio [bold]{summary['state_coverage_ratio']:.3f}[/] "
+        f"(token {summary['token_coverage']:.3f}, edge {summary['edge_coverage']:.3f}); "
+        f"{summary['rows']} rows in {summary['shards']} shard(s) -> {out}; "
+        f"{int(summary['goal_episodes'])} goal episodes of {int(summary['explore_episodes'])}"
+    )
 
 
 explore_app.command("explore")(explore_command)

@@ -25,8 +25,12 @@ from tasks.config_io import DEFAULT_PARAMS, load_config
 from tasks.registry_io import load_registry
 from tasks.runtime import ray_address
 
-pool_app = typer.Typer(help="Env pool: profile envs, benchmark the pool.", no_args_is_help=True, add_completion=False,
-                       pretty_exceptions_enable=False)
+pool_app = typer.Typer(
+    help="Env pool: profile envs, benchmark the pool.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 console = Console()
 DEFAULT_BENCH_DIR = Path("data/bench")
 
@@ -39,8 +43,13 @@ def catalogue_and_factory(cfg: AgentFlowConfig) -> tuple[list[VariantSpec], Regi
     """The configured variant catalogue (generated, deterministic) and a registry-backed env factory."""
     registry = load_registry(cfg)
     entries = [e for e in registry.entries() if e.env_id in cfg.variants.base_envs] or registry.entries()
-    variants = generate_variants([BaseEnvInfo(e.env_id, e.family, e.version) for e in entries], cfg.variants.dimensions,
-                                 cfg.variants.perturbations, cfg.variants.samples_per_combination, seed=cfg.base.seed)
+    variants = generate_variants(
+        [BaseEnvInfo(e.env_id, e.family, e.version) for e in entries],
+        cfg.variants.dimensions,
+        cfg.variants.perturbations,
+        cfg.variants.samples_per_combination,
+        seed=cfg.base.seed,
+    )
     return variants, RegistryEnvFactory({e.env_id: e for e in entries})
 
 
@@ -51,7 +60,9 @@ def _ray_config(cfg: AgentFlowConfig) -> RayConfig:
 @pool_app.command("profile-envs")
 def profile_envs_cmd(
     params: Annotated[Path, typer.Option(help="params.yaml (defaults if missing).")] = DEFAULT_PARAMS,
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for env_profile.csv / env_profile.json.")] = DEFAULT_BENCH_DIR,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Folder for env_profile.csv / env_profile.json.")
+    ] = DEFAULT_BENCH_DIR,
     per_family: Annotated[int, typer.Option(help="Variants sampled per family.")] = 4,
     steps: Annotated[int, typer.Option(help="Random legal steps per sampled variant.")] = 200,
     mem_envs: Annotated[int, typer.Option(help="Envs created per family for the memory estimate.")] = 50,
@@ -69,19 +80,37 @@ def profile_envs_cmd(
         writer.writerows(records)
     (out_dir / "env_profile.json").write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
     table = Table(title=f"env profile ({len(variants)} variants in the catalogue)")
-    for column in ("family", "env_id", "create_ms", "reset_ms", "step_p50_ms", "step_p95_ms", "steps", "rss_kb/env",
-                   "py_heap_kb/env"):
+    for column in (
+        "family",
+        "env_id",
+        "create_ms",
+        "reset_ms",
+        "step_p50_ms",
+        "step_p95_ms",
+        "steps",
+        "rss_kb/env",
+        "py_heap_kb/env",
+    ):
         table.add_column(column, justify="left" if column in ("family", "env_id") else "right")
     for r in records:
-        table.add_row(r["family"], "[bold]family[/bold]" if r["env_id"] == "*" else r["env_id"],
-                      *(f"{r[k]:.3f}" for k in ("create_ms", "reset_ms", "step_p50_ms", "step_p95_ms")), str(r["steps"]),
-                      *("" if r[k] is None else f"{r[k]:.1f}" for k in ("mem_per_env_kb", "py_heap_per_env_kb")))
+        table.add_row(
+            r["family"],
+            "[bold]family[/bold]" if r["env_id"] == "*" else r["env_id"],
+            *(f"{r[k]:.3f}" for k in ("create_ms", "reset_ms", "step_p50_ms", "step_p95_ms")),
+            str(r["steps"]),
+            *("" if r[k] is None else f"{r[k]:.1f}" for k in ("mem_per_env_kb", "py_heap_per_env_kb")),
+        )
     console.print(table)
     console.print(f"wrote {out_dir / 'env_profile.csv'} and {out_dir / 'env_profile.json'}")
 
 
-def bench_pool(params: Path = DEFAULT_PARAMS, out: Path = DEFAULT_BENCH_DIR / "pool.json", num_envs: int = 300,
-               steps: int = 30, measure_all_live: bool = True) -> dict[str, Any]:
+def bench_pool(
+    params: Path = DEFAULT_PARAMS,
+    out: Path = DEFAULT_BENCH_DIR / "pool.json",
+    num_envs: int = 300,
+    steps: int = 30,
+    measure_all_live: bool = True,
+) -> dict[str, Any]:
     """Run the pool benchmark, write ``data/bench/pool.json`` and print a table of numbers vs targets."""
     import ray
 
@@ -91,8 +120,16 @@ def bench_pool(params: Path = DEFAULT_PARAMS, out: Path = DEFAULT_BENCH_DIR / "p
     cfg = _config(params)
     variants, factory = catalogue_and_factory(cfg)
     try:
-        result = run_pool_bench(variants, factory, config=cfg.pool, ray_config=_ray_config(cfg), num_envs=num_envs,
-                                steps=steps, measure_all_live=measure_all_live, seed=cfg.base.seed)
+        result = run_pool_bench(
+            variants,
+            factory,
+            config=cfg.pool,
+            ray_config=_ray_config(cfg),
+            num_envs=num_envs,
+            steps=steps,
+            measure_all_live=measure_all_live,
+            seed=cfg.base.seed,
+        )
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -106,8 +143,12 @@ def bench_pool(params: Path = DEFAULT_PARAMS, out: Path = DEFAULT_BENCH_DIR / "p
             continue
         target = result["targets"].get(key)
         met = result["targets_met"].get(key)
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value),
-                      "" if target is None else str(target), "" if met is None else ("yes" if met else "NO"))
+        table.add_row(
+            key,
+            f"{value:.4g}" if isinstance(value, float) else str(value),
+            "" if target is None else str(target),
+            "" if met is None else ("yes" if met else "NO"),
+        )
     console.print(table)
     console.print(f"wrote {out}")
     return result
@@ -117,9 +158,13 @@ def bench_pool(params: Path = DEFAULT_PARAMS, out: Path = DEFAULT_BENCH_DIR / "p
 def bench_pool_cmd(
     params: Annotated[Path, typer.Option(help="params.yaml (defaults if missing).")] = DEFAULT_PARAMS,
     out: Annotated[Path, typer.Option(help="Where to write the JSON.")] = DEFAULT_BENCH_DIR / "pool.json",
-    num_envs: Annotated[int, typer.Option(help="Slots for the Ray/in-process comparison and the live-memory probe.")] = 300,
+    num_envs: Annotated[
+        int, typer.Option(help="Slots for the Ray/in-process comparison and the live-memory probe.")
+    ] = 300,
     steps: Annotated[int, typer.Option(help="Timed pool steps per side.")] = 30,
-    all_live: Annotated[bool, typer.Option(help="Measure every variant live at once (else extrapolate, flagged).")] = True,
+    all_live: Annotated[
+        bool, typer.Option(help="Measure every variant live at once (else extrapolate, flagged).")
+    ] = True,
 ) -> None:
     """Pool benchmark (the lead wires it as ``agentflow bench pool``)."""
     bench_pool(params, out, num_envs, steps, all_live)

@@ -15,34 +15,34 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
-from agentflow_core.config import AgentFlowConfig
-from agentflow_core.errors import AgentFlowError, ConfigError
+from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from tasks.config_io import load_config
+from tasks.cli_common import config_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-stress_app = typer.Typer(help="Stress validation and evaluation reports.", pretty_exceptions_enable=False,
-                         add_completion=False)
+stress_app = typer.Typer(
+    help="Stress validation and evaluation reports.", pretty_exceptions_enable=False, add_completion=False
+)
 
 PARAMS = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
-CHECKPOINT = typer.Option(None, "--checkpoint", "-c",
-                          help="Checkpoint dir, a checkpoint root (best.json), or 'expert' (default: best under <data_dir>/checkpoints).")
+CHECKPOINT = typer.Option(
+    None,
+    "--checkpoint",
+    "-c",
+    help="Checkpoint dir, a checkpoint root (best.json), or 'expert' (default: best under <data_dir>/checkpoints).",
+)
 
-CATALOGUE = typer.Option(None, "--catalogue", help="Variant catalogue dir (default <data_dir>/variants; generated when absent).")
+CATALOGUE = typer.Option(
+    None, "--catalogue", help="Variant catalogue dir (default <data_dir>/variants; generated when absent)."
+)
 STRESS_OUT = typer.Option(None, "--out", help="Output dir (default <data_dir>/stress).")
 EPISODES = typer.Option(None, "--episodes", min=1, help="Override stress.episodes.")
 STRICT = typer.Option(False, "--strict", help="Exit 1 when the phase does not pass (crashes or low consistency).")
-CHAMPION = typer.Option(None, "--champion", help="Also run champion/challenger against this checkpoint ('none': no champion yet).")
+CHAMPION = typer.Option(
+    None, "--champion", help="Also run champion/challenger against this checkpoint ('none': no champion yet)."
+)
 REPORT_OUT = typer.Option(None, "--out", help="Report dir (default <data_dir>/reports).")
-
-
-def _config(params: Path) -> AgentFlowConfig:
-    try:
-        return load_config(params)
-    except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
-        raise typer.Exit(code=2) from None
 
 
 def rich_tree(node: TreeNode, tree: Tree | None = None) -> Tree:
@@ -64,20 +64,32 @@ def stress_command(
     """Run E greedy episodes on a stratified catalogue sample; write records, summary, plots and metrics."""
     from tasks.steps.stress import run_stress
 
-    cfg = _config(params)
-    with Progress(TextColumn("[bold]stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+    cfg = config_or_exit(params)
+    with Progress(
+        TextColumn("[bold]stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
         task = progress.add_task("stress", total=episodes or cfg.stress.episodes)
         try:
-            summary = run_stress(cfg, checkpoint, catalogue, out, episodes=episodes,
-                                 on_progress=lambda done, total: progress.update(task, completed=done))
+            summary = run_stress(
+                cfg,
+                checkpoint,
+                catalogue,
+                out,
+                episodes=episodes,
+                on_progress=lambda done, total: progress.update(task, completed=done),
+            )
         except AgentFlowError as exc:
             err_console.print(f"[bold red]stress failed[/]: {exc}")
             raise typer.Exit(code=1) from None
-    report = build_report(summary, summary["policy"], summary["checkpoint"], summary["created_at"], summary.get("plots"))
+    report = build_report(
+        summary, summary["policy"], summary["checkpoint"], summary["created_at"], summary.get("plots")
+    )
     console.print(rich_tree(report_tree(report)))
     m = summary["metrics"]
-    console.print(f"robustness_score [bold]{m['robustness_score']:.3f}[/], consistency {m['consistency']:.3f}, "
-                  f"success {m['success_rate']:.3f}, crash episodes {m['crash_episodes']} -> {out or Path(cfg.base.data_dir) / 'stress'}")
+    console.print(
+        f"robustness_score [bold]{m['robustness_score']:.3f}[/], consistency {m['consistency']:.3f}, "
+        f"success {m['success_rate']:.3f}, crash episodes {m['crash_episodes']} -> {out or Path(cfg.base.data_dir) / 'stress'}"
+    )
     if strict and not summary["passed"]:
         raise typer.Exit(code=1)
 
@@ -91,17 +103,20 @@ def report_command(
     """Write the evaluation report (md/html/json + PNGs), running the stress phase first if needed."""
     from tasks.steps.report import run_champion_challenger, run_report
 
-    cfg = _config(params)
+    cfg = config_or_exit(params)
     try:
         decision = None
         if champion is not None:
-            decision = run_champion_challenger(cfg, checkpoint or Path(cfg.base.data_dir) / "checkpoints",
-                                               None if champion == "none" else champion)
+            decision = run_champion_challenger(
+                cfg, checkpoint or Path(cfg.base.data_dir) / "checkpoints", None if champion == "none" else champion
+            )
         summary = run_report(cfg, checkpoint, out_dir=out, champion=decision)
     except AgentFlowError as exc:
         err_console.print(f"[bold red]report failed[/]: {exc}")
         raise typer.Exit(code=1) from None
-    report = json.loads((Path(summary["report_dir"]) / "report.json").read_text()) if "json" in cfg.report.formats else None
+    report = (
+        json.loads((Path(summary["report_dir"]) / "report.json").read_text()) if "json" in cfg.report.formats else None
+    )
     if report is not None:
         console.print(rich_tree(report_tree(report)))
     else:

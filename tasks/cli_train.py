@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from agentflow_core.errors import AgentFlowError, ConfigError
-from tasks.config_io import load_config
+from agentflow_core.errors import AgentFlowError
+from tasks.cli_common import config_or_exit
 from tasks.io import write_json
 
 console = Console()
@@ -25,9 +25,13 @@ train_app = typer.Typer(help="PPO training and its benchmark.", pretty_exception
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 CATALOGUE_OPTION = typer.Option(None, "--catalogue", help="Variant catalogue dir (default <data_dir>/variants).")
-TRAJ_OPTION = typer.Option(None, "--trajectories", help="Exploration dataset for the BC warm start (default <data_dir>/trajectories).")
+TRAJ_OPTION = typer.Option(
+    None, "--trajectories", help="Exploration dataset for the BC warm start (default <data_dir>/trajectories)."
+)
 OUT_OPTION = typer.Option(None, "--out", help="Training output dir (default <data_dir>/checkpoints).")
-RESUME_OPTION = typer.Option(False, "--resume", help="Continue from <out>/checkpoints/latest.json (bit-identical to an uninterrupted run).")
+RESUME_OPTION = typer.Option(
+    False, "--resume", help="Continue from <out>/checkpoints/latest.json (bit-identical to an uninterrupted run)."
+)
 STEPS_OPTION = typer.Option(None, "--total-steps", min=1, help="Override train.total_steps.")
 BENCH_OUT_OPTION = typer.Option(Path("data/bench"), "--out", help="Folder for ppo.json and ppo_learning.png.")
 QUICK_OPTION = typer.Option(False, "--quick", help="Fewer steps and repeats (smoke run, noisier numbers).")
@@ -46,11 +50,7 @@ def train_command(
 
     from tasks.steps.train import run_train
 
-    try:
-        cfg = load_config(params)
-    except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
-        raise typer.Exit(code=2) from None
+    cfg = config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": total_steps})})
     torch.set_num_threads(1)  # small MLP: more threads only add contention (STACK-NOTES)
@@ -58,28 +58,47 @@ def train_command(
     catalogue = catalogue or data / "variants"
     trajectories = trajectories or data / "trajectories"
     out = out or data / "checkpoints"
-    columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=cfg.train.num_updates, status="")
 
         def on_update(update: int, total: int, m: dict[str, float]) -> None:
-            progress.update(task, completed=update, total=total,
-                            status=f"success {m.get('rollout/success_rate', float('nan')):.2f} "
-                                   f"return {m.get('rollout/episode_return', float('nan')):.2f} "
-                                   f"kl {m['losses/approx_kl']:.4f} clip {m['adaptive/clip_range']:.3f} "
-                                   f"{m['time/sps']:.0f} sps")
+            progress.update(
+                task,
+                completed=update,
+                total=total,
+                status=f"success {m.get('rollout/success_rate', float('nan')):.2f} "
+                f"return {m.get('rollout/episode_return', float('nan')):.2f} "
+                f"kl {m['losses/approx_kl']:.4f} clip {m['adaptive/clip_range']:.3f} "
+                f"{m['time/sps']:.0f} sps",
+            )
 
         try:
-            summary = run_train(cfg, catalogue, trajectories, out, resume=resume, on_update=on_update,
-                                metrics_path=data / "metrics" / "train.json")
+            summary = run_train(
+                cfg,
+                catalogue,
+                trajectories,
+                out,
+                resume=resume,
+                on_update=on_update,
+                metrics_path=data / "metrics" / "train.json",
+            )
         except AgentFlowError as exc:
             err_console.print(f"[bold red]train failed[/]: {exc}")
             raise typer.Exit(code=1) from None
-    console.print(f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): held-out success "
-                  f"[bold]{summary['heldout_success']:.3f}[/] vs exploration {summary['heldout_success_exploration']:.3f} "
-                  f"(x{summary['heldout_success_vs_exploration']:.1f}) and expert {summary['heldout_success_expert']:.3f} "
-                  f"({summary['heldout_success_vs_expert']:.0%}); converged={summary['policy_convergence_flag']} -> {out}")
+    console.print(
+        f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): held-out success "
+        f"[bold]{summary['heldout_success']:.3f}[/] vs exploration {summary['heldout_success_exploration']:.3f} "
+        f"(x{summary['heldout_success_vs_exploration']:.1f}) and expert {summary['heldout_success_expert']:.3f} "
+        f"({summary['heldout_success_vs_expert']:.0%}); converged={summary['policy_convergence_flag']} -> {out}"
+    )
 
 
 def plot_bench(result: dict[str, Any], path: Path) -> None:
@@ -101,9 +120,11 @@ def plot_bench(result: dict[str, Any], path: Path) -> None:
         ax.legend()
     ax_s.set(ylabel="PAYMENT_SUCCESS rate", title="held-out success")
     ax_r.set(ylabel="episode return", title="held-out reward")
-    fig.suptitle(f"PPO vs references; sps ratio vs SB3 {result['sps_ratio_vs_sb3']:.2f}x (minibatch 64 x 10), "
-                 f"{result['sps_ratio_vs_sb3_large_minibatch']:.2f}x (512 x 4); "
-                 f"update(2048) {result['update_s_2048'] * 1000:.0f} ms")
+    fig.suptitle(
+        f"PPO vs references; sps ratio vs SB3 {result['sps_ratio_vs_sb3']:.2f}x (minibatch 64 x 10), "
+        f"{result['sps_ratio_vs_sb3_large_minibatch']:.2f}x (512 x 4); "
+        f"update(2048) {result['update_s_2048'] * 1000:.0f} ms"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -124,9 +145,18 @@ def bench_ppo(out_dir: Path = Path("data/bench"), quick: bool = False) -> dict[s
 def bench_ppo_command(out: Path = BENCH_OUT_OPTION, quick: bool = QUICK_OPTION) -> None:
     """PPO benchmark: throughput vs stable-baselines3, update latency, held-out success vs references."""
     result = bench_ppo(out, quick)
-    keys = ("sps_ratio_vs_sb3", "ours_sps", "sb3_sps", "sps_ratio_vs_sb3_large_minibatch", "ours_sps_large_minibatch",
-            "sb3_sps_large_minibatch", "sps_ratio_ceiling_vs_sb3", "update_s_2048", "heldout_success_vs_expert",
-            "heldout_success_vs_exploration")
+    keys = (
+        "sps_ratio_vs_sb3",
+        "ours_sps",
+        "sb3_sps",
+        "sps_ratio_vs_sb3_large_minibatch",
+        "ours_sps_large_minibatch",
+        "sb3_sps_large_minibatch",
+        "sps_ratio_ceiling_vs_sb3",
+        "update_s_2048",
+        "heldout_success_vs_expert",
+        "heldout_success_vs_exploration",
+    )
     console.print(json.dumps({k: round(result[k], 4) for k in keys}, indent=1))
     console.print(f"-> {out / 'ppo.json'}, {out / 'ppo_learning.png'}")
 

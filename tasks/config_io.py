@@ -24,7 +24,13 @@ def _key_path(loc: tuple[Any, ...]) -> str:
 
 def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     for part in loc:
-        if isinstance(data, dict) and part in data or isinstance(data, list) and isinstance(part, int) and part < len(data):
+        if (
+            isinstance(data, dict)
+            and part in data
+            or isinstance(data, list)
+            and isinstance(part, int)
+            and part < len(data)
+        ):
             data = data[part]
         else:
             return None
@@ -36,14 +42,21 @@ def parse_config(data: Any, source: str = "<params>") -> AgentFlowConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(source, "<root>", data, "a mapping with sections base, calibrate, variants, pool, explore, train, stress, report")
+        raise ConfigError(
+            source,
+            "<root>",
+            data,
+            "a mapping with sections base, calibrate, variants, pool, explore, train, stress, report",
+        )
     try:
         return AgentFlowConfig.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
         if err["type"] == "extra_forbidden":
-            expected = "no such key (unknown keys are rejected; check the spelling against params.yaml's documented sections)"
+            expected = (
+                "no such key (unknown keys are rejected; check the spelling against params.yaml's documented sections)"
+            )
             value = _lookup(data, loc)
         else:
             expected = err["msg"].removeprefix("Value error, ")

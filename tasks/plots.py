@@ -55,8 +55,11 @@ def plot_coverage_heatmap(coverage: Mapping[str, Any], path: Path) -> Path:
             ax.text(t, r, "•", ha="center", va="center", color="red", fontsize=9)
     bar = fig.colorbar(image, ax=ax)
     bar.set_label("share of visited states (sqrt scale)")
-    ax.set_title(f"State coverage by family × {coverage['group_dimension']} — coverage {coverage['state_coverage']:.1%}; "
-                 f"red = long tail (<1%) or unseen", fontsize=10)
+    ax.set_title(
+        f"State coverage by family × {coverage['group_dimension']} — coverage {coverage['state_coverage']:.1%}; "
+        f"red = long tail (<1%) or unseen",
+        fontsize=10,
+    )
     return _save(fig, path)
 
 

@@ -26,8 +26,9 @@ CHECKPOINT_ARTIFACT = "checkpoint"
 
 def hidden_sizes_of(model: dict[str, Any]) -> list[int]:
     """Recover the actor's hidden layer widths from a state dict (weights ``actor.<i>.weight``)."""
-    weights = sorted((k for k in model if k.startswith("actor.") and k.endswith(".weight")),
-                     key=lambda k: int(k.split(".")[1]))
+    weights = sorted(
+        (k for k in model if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1])
+    )
     return [int(model[k].shape[0]) for k in weights[:-1]]
 
 

@@ -105,15 +105,28 @@ def explore_task(params_path: str, fingerprint: str, catalogue_hash: str) -> dic
     cfg = load_config(params_path)
     paths = DataPaths.of(cfg)
     progress = Throttled("explore")
-    summary = run_explore(cfg, paths.variants, paths.trajectories, paths.metrics_file("explore"),
-                          on_progress=lambda p: progress(p.steps, p.total_steps,
-                                                         f"coverage {p.state_coverage_ratio:.3f} eps {p.epsilon:.2f}"))
+    summary = run_explore(
+        cfg,
+        paths.variants,
+        paths.trajectories,
+        paths.metrics_file("explore"),
+        on_progress=lambda p: progress(
+            p.steps, p.total_steps, f"coverage {p.state_coverage_ratio:.3f} eps {p.epsilon:.2f}"
+        ),
+    )
     _publish("exploration", "Phase 1: exploration", summary)
     return summary
 
 
-def track_phase(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, phase: str,
-                summary: dict[str, Any], artifacts: Path | None) -> None:
+def track_phase(
+    params_path: str,
+    parent_run_id: str,
+    tracking_uri: str,
+    experiment: str,
+    phase: str,
+    summary: dict[str, Any],
+    artifacts: Path | None,
+) -> None:
     """Log a phase that ran (or came from cache) into its nested MLflow run."""
     tracker = MlflowTracker(tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, phase)
@@ -125,7 +138,9 @@ def track_phase(params_path: str, parent_run_id: str, tracking_uri: str, experim
 
 
 @task(name="train", retries=0)
-def train_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, resume: bool) -> dict[str, Any]:
+def train_task(
+    params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, resume: bool
+) -> dict[str, Any]:
     """Phase 2: PPO refinement with checkpoints; resumes from the last checkpoint when asked."""
     from tasks.steps.train import run_train
 
@@ -133,12 +148,22 @@ def train_task(params_path: str, parent_run_id: str, tracking_uri: str, experime
     run_id = tracker.start_phase(parent_run_id, "train")
     sink = tracker.sink(run_id, prefix="train/")
     progress = Throttled("train update")
-    summary = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=resume, sink=sink,
-                        metrics_path=paths.metrics_file("train"),
-                        on_update=lambda update, total, m: progress(
-                            update, total, f"success {m.get('rollout/success_rate', float('nan')):.2f} "
-                                           f"return {m.get('rollout/episode_return', float('nan')):.2f} "
-                                           f"{m.get('time/sps', 0.0):.0f} steps/s"))
+    summary = run_train(
+        cfg,
+        paths.variants,
+        paths.trajectories,
+        paths.checkpoints,
+        resume=resume,
+        sink=sink,
+        metrics_path=paths.metrics_file("train"),
+        on_update=lambda update, total, m: progress(
+            update,
+            total,
+            f"success {m.get('rollout/success_rate', float('nan')):.2f} "
+            f"return {m.get('rollout/episode_return', float('nan')):.2f} "
+            f"{m.get('time/sps', 0.0):.0f} steps/s",
+        ),
+    )
     sink.flush()
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.checkpoints / "plots", "plots")
@@ -156,8 +181,12 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "stress")
     full = run_stress(cfg, on_progress=Throttled("stress episodes"))
-    summary = {**full["metrics"], "passed": full["passed"], "policy": full["policy"],
-               "message": "; ".join(full.get("recommendations", [])[:3])}
+    summary = {
+        **full["metrics"],
+        "passed": full["passed"],
+        "policy": full["policy"],
+        "message": "; ".join(full.get("recommendations", [])[:3]),
+    }
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.stress, "stress")
     tracker.end(run_id)
@@ -166,8 +195,9 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
 
 
 @task(name="report", retries=1)
-def report_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str,
-                train_run_id: str, stress_passed: bool) -> dict[str, Any]:
+def report_task(
+    params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, train_run_id: str, stress_passed: bool
+) -> dict[str, Any]:
     """Report + champion/challenger: register the checkpoint and move the ``champion`` alias if promoted.
 
     A checkpoint that failed stress validation is reported but never promoted.

@@ -39,12 +39,17 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.tracking_uri = tracking_uri
         found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(
-            experiment, artifact_location=local_artifact_root(tracking_uri))
+        self.experiment_id = (
+            found.experiment_id
+            if found
+            else self.client.create_experiment(experiment, artifact_location=local_artifact_root(tracking_uri))
+        )
 
     def start_cycle(self, run_name: str, params: Mapping[str, str], tags: Mapping[str, str] | None = None) -> str:
         """Create the parent run of one training cycle and log the flattened params once."""
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={"agentflow.kind": "cycle", **(tags or {})})
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={"agentflow.kind": "cycle", **(tags or {})}
+        )
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(run.info.run_id, params=items[start : start + 100])
@@ -61,8 +66,9 @@ class MlflowTracker:
             run_id = existing[0].info.run_id
             self.client.update_run(run_id, status="RUNNING")
             return run_id
-        run = self.client.create_run(self.experiment_id, run_name=phase,
-                                     tags={PARENT_TAG: parent_run_id, "agentflow.phase": phase})
+        run = self.client.create_run(
+            self.experiment_id, run_name=phase, tags={PARENT_TAG: parent_run_id, "agentflow.phase": phase}
+        )
         if params:
             self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         return run.info.run_id

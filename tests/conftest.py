@@ -26,8 +26,13 @@ def ray_session() -> Iterator[None]:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=512 * 1024**2, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=512 * 1024**2,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+        )
     yield
     ray.shutdown()
 

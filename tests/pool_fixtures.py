@@ -77,8 +77,13 @@ class TinyShopEnv:
             if self.fault.kind == "hang":
                 time.sleep(self.fault.hang_s)
             if self.fault.kind == "nan":
-                return StepResult({"page": self.page, "views": float("nan")}, -0.01, False, False,
-                                  {"env_id": self.env_id, "step_id": self.t, "failure_reason": None})
+                return StepResult(
+                    {"page": self.page, "views": float("nan")},
+                    -0.01,
+                    False,
+                    False,
+                    {"env_id": self.env_id, "step_id": self.t, "failure_reason": None},
+                )
         kind, reward, terminated = native_action.get("type"), -0.01, False
         if kind == "login":
             self.page = "shop"
@@ -89,8 +94,12 @@ class TinyShopEnv:
         else:
             reward = -0.05
         truncated = not terminated and self.t >= self.scenario.max_episode_steps
-        info = {"env_id": self.env_id, "step_id": self.t, "failure_reason": "max_steps" if truncated else None,
-                "applied": reward != -0.05}  # declared action risk counts only for actions that took effect
+        info = {
+            "env_id": self.env_id,
+            "step_id": self.t,
+            "failure_reason": "max_steps" if truncated else None,
+            "applied": reward != -0.05,
+        }  # declared action risk counts only for actions that took effect
         return StepResult(self._raw(), reward, terminated, truncated, info)
 
     def close(self) -> None:
@@ -115,6 +124,9 @@ def tiny_variants(n: int) -> list[VariantSpec]:
     specs = []
     for i in range(n):
         params = {"max_episode_steps": 50, "inventory": i}
-        specs.append(VariantSpec(f"tiny_shop_v1_{i:04d}", "tiny_shop_v1", "tiny_shop", params,
-                                 content_hash("tiny_shop_v1", params)))
+        specs.append(
+            VariantSpec(
+                f"tiny_shop_v1_{i:04d}", "tiny_shop_v1", "tiny_shop", params, content_hash("tiny_shop_v1", params)
+            )
+        )
     return specs

@@ -45,7 +45,9 @@ def assert_equivalent(adapter: BaseSemanticAdapter, raw: Any, context: Mapping[s
     fast = adapter.adapt_observation(raw, context)
     for obs in (step.obs, fast):
         assert obs.tokens == reference.tokens, raw
-        assert repr(list(obs.features.items())) == repr(list(reference.features.items())), raw  # values, types, order (NaN too)
+        assert repr(list(obs.features.items())) == repr(list(reference.features.items())), (
+            raw
+        )  # values, types, order (NaN too)
     assert step.tokens == reference.tokens and step.ordered == tuple(sorted(reference.tokens)), raw
     expected_vec = reference.encode()
     assert step.vec.dtype == np.float32 and step.vec.tobytes() == expected_vec.tobytes(), raw
@@ -93,7 +95,10 @@ def test_compiled_equals_reference_on_random_policy_steps(entry: EnvEntry) -> No
         reference = adapter.reference_observation(raw, context)
         assert obs.tobytes() == reference.encode().tobytes()
         assert info["tokens"] == sorted(reference.tokens) and isinstance(info["tokens"], list)
-        assert np.array_equal(info["action_mask"], adapter.reference_action_mask(raw)) and info["action_mask"].flags.writeable
+        assert (
+            np.array_equal(info["action_mask"], adapter.reference_action_mask(raw))
+            and info["action_mask"].flags.writeable
+        )
         assert env.last_obs == reference
         assert_equivalent(adapter, raw)
         seen.add(reference.tokens)
@@ -136,7 +141,11 @@ EDGE_MAPPING: dict[str, Any] = {
         {"id": "f_int_clip", "feature": "price_factor", "source": "price", "clip": [0, 1]},
     ],
     "actions": {
-        "CHECKOUT": {"type": "sql", "op": "create_order", "requires": {"column": "order.status", "in": ["pending", "new"]}},
+        "CHECKOUT": {
+            "type": "sql",
+            "op": "create_order",
+            "requires": {"column": "order.status", "in": ["pending", "new"]},
+        },
         "ESCALATE": {"type": "sql", "op": "escalate", "requires": {"column": "flag", "equals": True}},
     },
 }
@@ -203,4 +212,6 @@ def test_template_overrides_are_honoured_by_adapt_step() -> None:
     step = _Shouting(EDGE_MAPPING, "edge.json").adapt_step(EDGE_RAWS[0], CONTEXT)
     assert "ESCALATED" in step.tokens and step.vec[TOKEN_INDEX["ESCALATED"]] == 1.0
     assert np.flatnonzero(step.mask).tolist() == [int(SemanticAction.RETRY)]
-    assert step.vec.tobytes() == encode(step.tokens, step.obs.features).tobytes() and math.isfinite(float(step.vec[N_TOKENS]))
+    assert step.vec.tobytes() == encode(step.tokens, step.obs.features).tobytes() and math.isfinite(
+        float(step.vec[N_TOKENS])
+    )

@@ -32,8 +32,15 @@ def test_real_envs_are_stable_under_the_expert(registry: EnvRegistry, env_id: st
     entry = registry.get(env_id)
     env = entry.make({"network": "packet_loss_5%"})
     try:
-        result = calibrate_variant(env, expert_for(entry.family).act, resets=20, seed=0, max_variance=0.05,
-                                   min_success=0.9, handled_outcomes=HANDLED)
+        result = calibrate_variant(
+            env,
+            expert_for(entry.family).act,
+            resets=20,
+            seed=0,
+            max_variance=0.05,
+            min_success=0.9,
+            handled_outcomes=HANDLED,
+        )
     finally:
         env.close()
     assert result.stable and result.deterministic and result.reason is None
@@ -54,8 +61,15 @@ def _broken_mapping_env(registry: EnvRegistry) -> SemanticEnv:
 
 def test_a_consistently_failing_mapping_fails_the_gate(registry: EnvRegistry) -> None:
     env = _broken_mapping_env(registry)
-    result = calibrate_variant(env, expert_for("web_checkout").act, resets=10, seed=0, max_variance=0.05,
-                               min_success=0.9, handled_outcomes=HANDLED)
+    result = calibrate_variant(
+        env,
+        expert_for("web_checkout").act,
+        resets=10,
+        seed=0,
+        max_variance=0.05,
+        min_success=0.9,
+        handled_outcomes=HANDLED,
+    )
     assert result.success_rate == 0.0
     assert result.variance < 0.05  # zero variance: the old variance-only gate would have passed it
     assert not result.stable and "mapping or the business rules are broken" in (result.reason or "")
@@ -76,23 +90,32 @@ def test_a_crashing_env_fails_with_its_reason(registry: EnvRegistry) -> None:
         env.physical.step = step  # type: ignore[method-assign]
         return env
 
-    report = calibrate([(crashing, expert_for("web_checkout").act)], resets=3, seed=0, max_variance=0.05,
-                       max_failed_fraction=0.0)
+    report = calibrate(
+        [(crashing, expert_for("web_checkout").act)], resets=3, seed=0, max_variance=0.05, max_failed_fraction=0.0
+    )
     assert report.env_stability_score == 0.0 and not report.passed
     assert "env_crash" in (report.failed[0].reason or "") and "renderer died" in (report.failed[0].reason or "")
     assert "0/1 stable" in report.summary()
 
 
 def test_run_calibrate_writes_report_stats_and_metrics(tmp_path: Path) -> None:
-    cfg = parse_config({"base": {"env_config_dir": str(REPO / "configs" / "envs")},
-                        "calibrate": {"variants_per_family": 2, "resets": 5}})
+    cfg = parse_config(
+        {
+            "base": {"env_config_dir": str(REPO / "configs" / "envs")},
+            "calibrate": {"variants_per_family": 2, "resets": 5},
+        }
+    )
     summary = run_calibrate(cfg, tmp_path / "calibration", tmp_path / "metrics" / "calibrate.json")
     assert summary["passed"] and summary["variants"] == 6 and summary["env_stability_score"] == 1.0
     stats = json.loads((tmp_path / "calibration" / "reward_stats.json").read_text())
     assert set(stats["per_base_env"]) == {"web_checkout_v2", "order_db_v1", "payment_api_v1"}
     assert len(stats["per_env"]) == 6
     assert json.loads((tmp_path / "metrics" / "calibrate.json").read_text())["env_stability_score"] == 1.0
-    assert sorted(p.name for p in (tmp_path / "calibration").iterdir()) == ["audit.json", "report.json", "reward_stats.json"]
+    assert sorted(p.name for p in (tmp_path / "calibration").iterdir()) == [
+        "audit.json",
+        "report.json",
+        "reward_stats.json",
+    ]
 
 
 def test_planted_broken_env_config_fails_run_calibrate(tmp_path: Path) -> None:
@@ -102,9 +125,13 @@ def test_planted_broken_env_config_fails_run_calibrate(tmp_path: Path) -> None:
     mapping = json.loads((REPO / "agentflow_core" / "mappings" / "web_checkout_v2.json").read_text())
     mapping["token_rules"] = [r for r in mapping["token_rules"] if "PAYMENT_PAGE" not in r["emit"]]
     (config_dir / "web_checkout_v2.json").write_text(json.dumps(mapping))
-    cfg = parse_config({"base": {"env_config_dir": str(config_dir)},
-                        "calibrate": {"variants_per_family": 3, "resets": 5, "max_failed_fraction": 0.1},
-                        "variants": {"dimensions": {"user_tier": ["standard"], "start_stage": ["login"]}}})
+    cfg = parse_config(
+        {
+            "base": {"env_config_dir": str(config_dir)},
+            "calibrate": {"variants_per_family": 3, "resets": 5, "max_failed_fraction": 0.1},
+            "variants": {"dimensions": {"user_tier": ["standard"], "start_stage": ["login"]}},
+        }
+    )
     summary = run_calibrate(cfg, tmp_path / "calibration")
     assert not summary["passed"]
     assert summary["failed"] >= 1

@@ -39,7 +39,9 @@ def test_reward_gain_uses_the_champion_magnitude() -> None:
 
 
 def test_slice_is_stable_and_about_the_fraction() -> None:
-    specs = [VariantSpec(f"v_{i}", "b", "f", {"inventory": i}, content_hash("b", {"inventory": i})) for i in range(2000)]
+    specs = [
+        VariantSpec(f"v_{i}", "b", "f", {"inventory": i}, content_hash("b", {"inventory": i})) for i in range(2000)
+    ]
     first = champion_slice(specs, 0.1)
     assert [s.env_id for s in first] == [s.env_id for s in champion_slice(list(reversed(specs)), 0.1)][::-1]
     assert 150 < len(first) < 250
@@ -54,14 +56,23 @@ def test_real_slice_evaluation_keeps_and_promotes(repo_root: Path, tmp_path: Pat
     from tasks.steps.report import run_champion_challenger
 
     cfg = AgentFlowConfig()
-    cfg = cfg.model_copy(update={
-        "base": cfg.base.model_copy(update={"data_dir": str(tmp_path / "data"), "env_config_dir": str(repo_root / "configs/envs")}),
-        "variants": cfg.variants.model_copy(update={"samples_per_combination": 2}),
-        "stress": cfg.stress.model_copy(update={"num_envs": 8}),
-        "report": cfg.report.model_copy(update={"champion_episodes": 30}),
-    })
-    untrained = save_checkpoint(tmp_path / "ckpt", "update_00000000", ActorCritic().state_dict(), {},
-                                {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]})
+    cfg = cfg.model_copy(
+        update={
+            "base": cfg.base.model_copy(
+                update={"data_dir": str(tmp_path / "data"), "env_config_dir": str(repo_root / "configs/envs")}
+            ),
+            "variants": cfg.variants.model_copy(update={"samples_per_combination": 2}),
+            "stress": cfg.stress.model_copy(update={"num_envs": 8}),
+            "report": cfg.report.model_copy(update={"champion_episodes": 30}),
+        }
+    )
+    untrained = save_checkpoint(
+        tmp_path / "ckpt",
+        "update_00000000",
+        ActorCritic().state_dict(),
+        {},
+        {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
+    )
     same = run_champion_challenger(cfg, "expert", "expert")
     assert not same["promote"] and same["numbers"]["consistency"] == 1.0
     assert same["numbers"]["reward_gain"] == 0.0 and "reward does not improve enough" in same["reason"]

@@ -42,7 +42,9 @@ def _resumed(root: Path, *, restore_rng: bool = True, restore_optimizer: bool = 
     torch.manual_seed(12345)
     for p in ppo.policy.parameters():  # prove the weights come from the checkpoint
         torch.nn.init.normal_(p)
-    restore_ppo(ppo, load_checkpoint(root / "update_00000002"), restore_rng=restore_rng, restore_optimizer=restore_optimizer)
+    restore_ppo(
+        ppo, load_checkpoint(root / "update_00000002"), restore_rng=restore_rng, restore_optimizer=restore_optimizer
+    )
     _train(ppo, 2)
     return ppo, sink
 
@@ -67,7 +69,9 @@ def test_resume_is_bit_identical(uninterrupted: tuple[Path, Any, MemorySink]) ->
 
 
 @pytest.mark.parametrize("missing", ["rng", "optimizer"])
-def test_resume_without_rng_or_optimizer_state_diverges(uninterrupted: tuple[Path, Any, MemorySink], missing: str) -> None:
+def test_resume_without_rng_or_optimizer_state_diverges(
+    uninterrupted: tuple[Path, Any, MemorySink], missing: str
+) -> None:
     root, full, full_sink = uninterrupted
     resumed, sink = _resumed(root, restore_rng=missing != "rng", restore_optimizer=missing != "optimizer")
     assert policy_hash(resumed.policy) != policy_hash(full.policy)
@@ -153,8 +157,12 @@ def _real_learner(seed: int, sink: MemorySink | None = None) -> Any:
     cfg = small_cfg()
     pool = InProcessPool(variants, _packaged_factory(variants), cfg.num_envs, PoolConfig(num_workers=0), seed=0)
     base_of = {i: v.base_env_id for i, v in enumerate(variants)}
-    reward = TrainingReward(RewardFunction(RewardConfig(), cfg.num_envs), PerEnvRewardNormalizer(),
-                            key_of=lambda info: base_of[info["variant_index"]], min_count=10)
+    reward = TrainingReward(
+        RewardFunction(RewardConfig(), cfg.num_envs),
+        PerEnvRewardNormalizer(),
+        key_of=lambda info: base_of[info["variant_index"]],
+        min_count=10,
+    )
     torch.manual_seed(seed)
     return PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), pool, cfg, seed=seed, sink=sink, reward_transform=reward)
 

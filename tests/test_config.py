@@ -99,8 +99,13 @@ def test_flatten_params_keys() -> None:
 
 def test_cli_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     bad = write(tmp_path, "train:\n  clip_range: 0\nbase:\n  state_dir: " + str(tmp_path / "state") + "\n")
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "validate", "--params", str(bad)],
-                          capture_output=True, text=True, cwd=tmp_path.parent, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "validate", "--params", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path.parent,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "train.clip_range" in proc.stderr and "greater than 0" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

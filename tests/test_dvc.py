@@ -21,12 +21,18 @@ BIN = Path(sys.executable).parent
 
 
 def run(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -55,8 +61,14 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_repro_runs_every_stage_then_nothing(clone: Path) -> None:
     first = run(["dvc", "repro"], clone)
     assert stages_run(first.stdout) == {"calibrate", "variants", "explore", "train", "stress", "report"}
-    for out in ("calibration/report.json", "variants/catalogue.parquet", "trajectories/_meta.json",
-                "checkpoints/train_summary.json", "stress/summary.json", "reports/report.html"):
+    for out in (
+        "calibration/report.json",
+        "variants/catalogue.parquet",
+        "trajectories/_meta.json",
+        "checkpoints/train_summary.json",
+        "stress/summary.json",
+        "reports/report.html",
+    ):
         assert (clone / "data" / out).exists(), out
     assert run(["dvc", "status", "-q"], clone, check=False).returncode == 0
     second = run(["dvc", "repro"], clone)

@@ -93,16 +93,20 @@ def test_expert_reaches_payment_success_in_normal_variant(adapter: DBAdapter) ->
     env.close()
 
 
-@pytest.mark.parametrize(("params", "expected_reason", "min_return"), [
-    ({"network": "packet_loss_5%"}, None, 9.5),
-    ({"network": "latency_500ms"}, None, 9.5),
-    ({"balance": 30.0}, None, 9.5),
-    ({"card_decline_rate": 1.0}, None, 9.5),
-    ({"start_stage": "payment", "user_tier": "vip"}, None, 9.9),
-    ({"user_tier": "blocked"}, "user_blocked", 0.9),
-])
-def test_expert_recovers_across_variants(adapter: DBAdapter, params: dict[str, Any], expected_reason: str | None,
-                                         min_return: float) -> None:
+@pytest.mark.parametrize(
+    ("params", "expected_reason", "min_return"),
+    [
+        ({"network": "packet_loss_5%"}, None, 9.5),
+        ({"network": "latency_500ms"}, None, 9.5),
+        ({"balance": 30.0}, None, 9.5),
+        ({"card_decline_rate": 1.0}, None, 9.5),
+        ({"start_stage": "payment", "user_tier": "vip"}, None, 9.9),
+        ({"user_tier": "blocked"}, "user_blocked", 0.9),
+    ],
+)
+def test_expert_recovers_across_variants(
+    adapter: DBAdapter, params: dict[str, Any], expected_reason: str | None, min_return: float
+) -> None:
     env = SemanticEnv(OrderDBEnv(Scenario(**params), "order_db_v1_variant"), adapter)
     for seed in range(10):
         episode_return, info = semantic_episode(env, seed)
@@ -164,7 +168,11 @@ def test_out_of_stock_is_a_check_constraint_and_next_product_is_in_stock() -> No
     assert result.reward == pytest.approx(-0.05) and result.obs["cart"]["items"] == 0
     assert env.step(sql("view_product")).obs["product"]["stock"] == 20
     result = env.step(sql("add_cart_item"))
-    assert result.obs["cart"]["items"] == 1 and result.obs["product"]["stock"] == 19 and result.obs["error"]["kind"] is None
+    assert (
+        result.obs["cart"]["items"] == 1
+        and result.obs["product"]["stock"] == 19
+        and result.obs["error"]["kind"] is None
+    )
     env.close()
 
 
@@ -260,9 +268,18 @@ def test_truncation_and_inapplicable_actions() -> None:
 def test_start_stages(stage: str) -> None:
     env = make(start_stage=stage, inventory=0)
     raw, _ = env.reset(seed=0)
-    expected = {"login": (None, 0, None, None), "product_detail": ("active", 0, None, None),
-                "checkout": ("active", 1, None, None), "payment": ("active", 1, "pending", "initiated")}[stage]
-    assert (raw["session"]["status"], raw["cart"]["items"], raw["order"]["status"], raw["payment"]["status"]) == expected
+    expected = {
+        "login": (None, 0, None, None),
+        "product_detail": ("active", 0, None, None),
+        "checkout": ("active", 1, None, None),
+        "payment": ("active", 1, "pending", "initiated"),
+    }[stage]
+    assert (
+        raw["session"]["status"],
+        raw["cart"]["items"],
+        raw["order"]["status"],
+        raw["payment"]["status"],
+    ) == expected
     env.close()
 
 
@@ -304,8 +321,14 @@ def test_latency_advances_simulated_clock_and_sometimes_times_out() -> None:
 # ------------------------------------------------------------------------------------ isolation / DB failures
 def test_rolled_back_episodes_leave_database_byte_identical(tmp_path: Path, adapter: DBAdapter) -> None:
     path = tmp_path / "orders.db"
-    scenario = Scenario(start_stage="payment", max_episode_steps=12, card_decline_rate=0.3, balance=150.0,
-                        network="packet_loss_5%", session_timeout_steps=5)
+    scenario = Scenario(
+        start_stage="payment",
+        max_episode_steps=12,
+        card_decline_rate=0.3,
+        balance=150.0,
+        network="packet_loss_5%",
+        session_timeout_steps=5,
+    )
     env = SemanticEnv(OrderDBEnv(scenario, "order_db_v1_iso", url=f"sqlite:///{path}"), adapter)
     reader = create_engine(f"sqlite:///{path}")
     with reader.connect() as conn:
@@ -364,8 +387,25 @@ def test_determinism_for_a_seed() -> None:
         out: list[Any] = [env.reset(seed=7)[0]]
         rng = np.random.default_rng(11)
         for _ in range(40):
-            result = env.step(sql(str(rng.choice(["login", "view_product", "add_cart_item", "create_order",
-                                                  "open_payment", "charge", "switch_card", "top_up", "retry"]))))
+            result = env.step(
+                sql(
+                    str(
+                        rng.choice(
+                            [
+                                "login",
+                                "view_product",
+                                "add_cart_item",
+                                "create_order",
+                                "open_payment",
+                                "charge",
+                                "switch_card",
+                                "top_up",
+                                "retry",
+                            ]
+                        )
+                    )
+                )
+            )
             out.append((result.obs, result.reward, result.terminated, result.truncated, result.info))
             if result.done:
                 break
@@ -404,7 +444,9 @@ def test_mapping_maps_every_action_to_a_sql_op(mapping: dict[str, Any], adapter:
 
 
 def test_features_are_read_from_columns(adapter: DBAdapter) -> None:
-    env = SemanticEnv(OrderDBEnv(Scenario(user_tier="vip", start_stage="payment", balance=45.0), "order_db_v1_feat"), adapter)
+    env = SemanticEnv(
+        OrderDBEnv(Scenario(user_tier="vip", start_stage="payment", balance=45.0), "order_db_v1_feat"), adapter
+    )
     env.reset(seed=0)
     features = env.last_obs.features if env.last_obs else {}
     assert features["user_logged_in"] == 1.0 and features["is_vip"] == 1.0 and features["payment_page_loaded"] == 1.0
@@ -414,12 +456,15 @@ def test_features_are_read_from_columns(adapter: DBAdapter) -> None:
     env.close()
 
 
-@pytest.mark.parametrize(("leaf", "json_path"), [
-    ({"column": "order.status", "equals": "pending", "in": ["paid"]}, "$.token_rules[0].when"),
-    ({"column": "order.status", "equal": "pending"}, "$.token_rules[0].when"),
-    ({"column": "Order Status", "equals": "pending"}, "$.token_rules[0].when.column"),
-    ({"column": "cart.items", "op": "~", "value": 0}, "$.token_rules[0].when.op"),
-])
+@pytest.mark.parametrize(
+    ("leaf", "json_path"),
+    [
+        ({"column": "order.status", "equals": "pending", "in": ["paid"]}, "$.token_rules[0].when"),
+        ({"column": "order.status", "equal": "pending"}, "$.token_rules[0].when"),
+        ({"column": "Order Status", "equals": "pending"}, "$.token_rules[0].when.column"),
+        ({"column": "cart.items", "op": "~", "value": 0}, "$.token_rules[0].when.op"),
+    ],
+)
 def test_when_schema_rejects_bad_leaves(mapping: dict[str, Any], leaf: dict[str, Any], json_path: str) -> None:
     bad = dict(mapping, token_rules=[{"id": "bad", "when": leaf, "emit": ["ORDER_PENDING"]}])
     with pytest.raises(MappingError) as err:

@@ -32,8 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
 FACTORY = RegistryEnvFactory({e.env_id: e for e in ENTRIES})
 _CFG = VariantsConfig(samples_per_combination=1)
-VARIANTS = generate_variants([BaseEnvInfo(e.env_id, e.family, e.version) for e in ENTRIES], _CFG.dimensions,
-                             _CFG.perturbations, _CFG.samples_per_combination, seed=0)
+VARIANTS = generate_variants(
+    [BaseEnvInfo(e.env_id, e.family, e.version) for e in ENTRIES],
+    _CFG.dimensions,
+    _CFG.perturbations,
+    _CFG.samples_per_combination,
+    seed=0,
+)
 SEEDS = (3, 11)
 
 
@@ -128,7 +133,9 @@ def test_reused_semantic_env_matches_a_fresh_one(entry: EnvEntry) -> None:
         fresh = FACTORY(variant)
         assert reused.max_episode_steps == fresh.max_episode_steps  # type: ignore[attr-defined]
         for seed in SEEDS:
-            assert _same(_semantic_rollout(reused, seed), _semantic_rollout(fresh, seed)), f"{variant.env_id} seed {seed}"
+            assert _same(_semantic_rollout(reused, seed), _semantic_rollout(fresh, seed)), (
+                f"{variant.env_id} seed {seed}"
+            )
         fresh.close()
         env = reused
     env.close()
@@ -136,9 +143,11 @@ def test_reused_semantic_env_matches_a_fresh_one(entry: EnvEntry) -> None:
 
 # ------------------------------------------------------------------------------------- order_db
 def _db_chain() -> list[tuple[Scenario, str]]:
-    return [(Scenario(user_tier="vip", price_factor=1.5, inventory=0, start_stage="payment"), "order_db_v1_a"),
-            (Scenario(user_tier="blocked", balance=40.0, network="packet_loss_5%"), "order_db_v1_b"),
-            (Scenario(start_stage="checkout", card_decline_rate=1.0, inventory=3), "order_db_v1_c")]
+    return [
+        (Scenario(user_tier="vip", price_factor=1.5, inventory=0, start_stage="payment"), "order_db_v1_a"),
+        (Scenario(user_tier="blocked", balance=40.0, network="packet_loss_5%"), "order_db_v1_b"),
+        (Scenario(start_stage="checkout", card_decline_rate=1.0, inventory=3), "order_db_v1_c"),
+    ]
 
 
 def test_order_db_private_database_is_rekeyed_to_the_new_env_id() -> None:
@@ -160,8 +169,19 @@ def test_order_db_private_database_is_rekeyed_to_the_new_env_id() -> None:
 def test_order_db_rollback_at_reset_still_holds_after_reconfigure() -> None:
     env = OrderDBEnv(Scenario(), "order_db_v1_iso")
     rng = np.random.default_rng(0)
-    ops = ["login", "view_product", "add_cart_item", "create_order", "open_payment", "charge", "top_up", "switch_card",
-           "escalate", "cancel_order", "remove_cart_items"]
+    ops = [
+        "login",
+        "view_product",
+        "add_cart_item",
+        "create_order",
+        "open_payment",
+        "charge",
+        "top_up",
+        "switch_card",
+        "escalate",
+        "cancel_order",
+        "remove_cart_items",
+    ]
     for scenario, env_id in _db_chain():
         env.reconfigure(scenario, env_id)
         env.reset(seed=0)
@@ -210,7 +230,7 @@ def test_worker_prefers_reuse_and_reused_envs_match_fresh_ones() -> None:
     order = np.random.default_rng(0).permutation(len(variants))  # 60 distinct variants: every reset is cold
     slots = np.arange(6)
     for round_ in range(10):
-        picks, seeds = order[round_ * 6:(round_ + 1) * 6], np.arange(6) + 100 * round_
+        picks, seeds = order[round_ * 6 : (round_ + 1) * 6], np.arange(6) + 100 * round_
         got = worker.reset(slots, picks, seeds)
         fresh = EnvWorker(FACTORY, variants, max_live=1000, step_timeout_s=30.0)
         want = fresh.reset(slots, picks, seeds)

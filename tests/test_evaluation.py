@@ -35,19 +35,63 @@ from agentflow_core.semantics import FEATURE_INDEX, N_TOKENS, SemanticAction, de
 A = SemanticAction
 
 
-def episode(i: int, *, network: str = "normal", tier: str = "standard", success: bool = False, ret: float = 0.0,
-            shaped: float | None = None, reason: str | None = "max_steps", path: list[set[str]] | None = None,
-            family: str = "web_checkout") -> EpisodeRecord:
+def episode(
+    i: int,
+    *,
+    network: str = "normal",
+    tier: str = "standard",
+    success: bool = False,
+    ret: float = 0.0,
+    shaped: float | None = None,
+    reason: str | None = "max_steps",
+    path: list[set[str]] | None = None,
+    family: str = "web_checkout",
+) -> EpisodeRecord:
     tokens = [frozenset(t) for t in (path or [{"LOGGED_IN"}])]
     reached = any("PAYMENT_SUCCESS" in t for t in tokens)
-    return EpisodeRecord(f"ep{i}", f"{family}_{network}_{tier}_{i}", family, {"network": network, "user_tier": tier},
-                         len(tokens), ret, ret if shaped is None else shaped, ret, reached, success, reason, 0, tokens)
+    return EpisodeRecord(
+        f"ep{i}",
+        f"{family}_{network}_{tier}_{i}",
+        family,
+        {"network": network, "user_tier": tier},
+        len(tokens),
+        ret,
+        ret if shaped is None else shaped,
+        ret,
+        reached,
+        success,
+        reason,
+        0,
+        tokens,
+    )
 
 
-def step(env_id: str, state: set[str], action: int, *, family: str = "web_checkout", risk: float = 0.0,
-         done: bool = False, network: str = "normal") -> StepRecord:
-    return StepRecord("e", env_id, family, {"network": network}, 1, frozenset(state), action, frozenset(state), -0.01,
-                      -0.01, risk, done, False, None)
+def step(
+    env_id: str,
+    state: set[str],
+    action: int,
+    *,
+    family: str = "web_checkout",
+    risk: float = 0.0,
+    done: bool = False,
+    network: str = "normal",
+) -> StepRecord:
+    return StepRecord(
+        "e",
+        env_id,
+        family,
+        {"network": network},
+        1,
+        frozenset(state),
+        action,
+        frozenset(state),
+        -0.01,
+        -0.01,
+        risk,
+        done,
+        False,
+        None,
+    )
 
 
 def feature_blind(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -63,8 +107,12 @@ def vip_differs_on_declined_card(obs: np.ndarray, mask: np.ndarray) -> np.ndarra
     return np.where(vip & declined, int(A.ESCALATE), base)
 
 
-VARIANT_FEATURES = [{"is_vip": 1.0, "price_factor": 0.5}, {"is_vip": 1.0, "price_factor": 0.45},
-                    {"is_vip": 0.0, "price_factor": 0.55}, {"is_vip": 0.0, "price_factor": 0.5}]
+VARIANT_FEATURES = [
+    {"is_vip": 1.0, "price_factor": 0.5},
+    {"is_vip": 1.0, "price_factor": 0.45},
+    {"is_vip": 0.0, "price_factor": 0.55},
+    {"is_vip": 0.0, "price_factor": 0.5},
+]
 
 
 def test_identical_choices_give_consistency_one() -> None:
@@ -86,8 +134,16 @@ def test_partial_disagreement_matches_the_hand_computed_value() -> None:
 
 def test_matched_state_consistency_pools_variant_pairs() -> None:
     a, b, c = {"PAYMENT_PAGE"}, {"LOGGED_OUT"}, {"CART_FILLED"}
-    steps = [step("v1", a, 6), step("v1", a, 6), step("v1", a, 9), step("v2", a, 6), step("v3", a, 8),
-             step("v1", b, 0), step("v2", b, 0), step("v3", c, 4)]
+    steps = [
+        step("v1", a, 6),
+        step("v1", a, 6),
+        step("v1", a, 9),
+        step("v2", a, 6),
+        step("v3", a, 8),
+        step("v1", b, 0),
+        step("v2", b, 0),
+        step("v3", c, 4),
+    ]
     result = matched_state_consistency(steps)
     # set a: modal actions 6, 6, 8 -> 1 agreeing pair of 3; set b: 0, 0 -> 1 of 1; set c: one variant, ignored.
     assert (result.agreeing_pairs, result.pairs, result.token_sets) == (2, 4, 2)
@@ -102,14 +158,26 @@ def planted_failures() -> list[EpisodeRecord]:
             eps.append(episode(i, network=network, path=[{"LOGGED_IN"}, {"NETWORK_TIMEOUT"}, {"NETWORK_TIMEOUT"}]))
             i += 1
     for _ in range(30):
-        eps.append(episode(i, network="latency_500ms", path=[{"PAYMENT_PAGE"}, {"PAYMENT_PAGE", "INVALID_CARD"}, {"PAYMENT_PAGE"}]))
+        eps.append(
+            episode(
+                i, network="latency_500ms", path=[{"PAYMENT_PAGE"}, {"PAYMENT_PAGE", "INVALID_CARD"}, {"PAYMENT_PAGE"}]
+            )
+        )
         i += 1
     for _ in range(20):
         eps.append(episode(i, tier="vip", reason="escalated", path=[{"PAGE_NOT_FOUND"}, {"ESCALATED"}]))
         i += 1
     for k in range(150):  # successes spread evenly over the networks
-        eps.append(episode(i, network=("normal", "latency_500ms", "packet_loss_5%")[k % 3], success=True, ret=9.9,
-                           reason=None, path=[{"PAYMENT_SUCCESS"}]))
+        eps.append(
+            episode(
+                i,
+                network=("normal", "latency_500ms", "packet_loss_5%")[k % 3],
+                success=True,
+                ret=9.9,
+                reason=None,
+                path=[{"PAYMENT_SUCCESS"}],
+            )
+        )
         i += 1
     return eps
 
@@ -118,8 +186,11 @@ def test_planted_failure_mix_is_recovered_with_shares_and_concentration() -> Non
     eps = planted_failures()
     causes, failed = root_causes(eps, ["network", "user_tier"], threshold=5.0)
     assert failed == 100
-    assert [(c.cause, c.count, c.share) for c in causes] == [("network_timeout", 50, 0.5), ("invalid_card", 30, 0.3),
-                                                             ("page_not_found", 20, 0.2)]
+    assert [(c.cause, c.count, c.share) for c in causes] == [
+        ("network_timeout", 50, 0.5),
+        ("invalid_card", 30, 0.3),
+        ("page_not_found", 20, 0.2),
+    ]
     head = causes[0].headline
     assert head is not None
     assert (head.dimension, head.value) == ("network", "packet_loss_5%")
@@ -151,14 +222,18 @@ def test_reward_hacking_flags_shaped_reward_without_payment_only() -> None:
 
 
 def test_risk_report_counts_by_action_and_family() -> None:
-    steps = [step("w", {"ORDER_PENDING"}, int(A.CANCEL_ORDER), risk=0.5),
-             step("w", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.1),
-             step("w", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.9),
-             step("d", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.1, family="order_db")]
+    steps = [
+        step("w", {"ORDER_PENDING"}, int(A.CANCEL_ORDER), risk=0.5),
+        step("w", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.1),
+        step("w", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.9),
+        step("d", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.1, family="order_db"),
+    ]
     report = risk_report(steps, [], threshold=0.3, penalty=1.5)
     assert report.risky_steps == 2 and report.total_penalty == 3.0
-    assert report.by_action == {"CANCEL_ORDER": {"risky": 1, "steps": 1, "rate": 1.0},
-                                "SUBMIT_PAYMENT": {"risky": 1, "steps": 3, "rate": pytest.approx(1 / 3)}}
+    assert report.by_action == {
+        "CANCEL_ORDER": {"risky": 1, "steps": 1, "rate": 1.0},
+        "SUBMIT_PAYMENT": {"risky": 1, "steps": 3, "rate": pytest.approx(1 / 3)},
+    }
     assert report.by_family == {"web_checkout": {"risky": 2, "steps": 3, "rate": pytest.approx(2 / 3)}}
 
 
@@ -187,7 +262,9 @@ def test_report_document_and_renderings(tmp_path: Path) -> None:
     steps = [step(e.env_id, set(t), 9, network=str(e.params["network"])) for e in eps for t in e.token_path]
     rollout = StressRollout(steps, eps, 0, sorted({e.env_id for e in eps}))
     analysis = analyze_stress(rollout, feature_blind, StressConfig(), ["network", "user_tier"], rollout.variants[:5])
-    report = build_report(analysis.to_dict(), "policy_x", "ckpt", "2024-01-01T00:00:00+00:00", {"State coverage": "c.png"})
+    report = build_report(
+        analysis.to_dict(), "policy_x", "ckpt", "2024-01-01T00:00:00+00:00", {"State coverage": "c.png"}
+    )
     assert tuple(report) == REPORT_KEYS
     json.dumps(report)  # JSON-able as is
     lines = tree_text(report_tree(report))

@@ -29,8 +29,10 @@ from agentflow_core.semantics import N_ACTIONS, encode
 TINY_TOKENS = ["LOGGED_OUT", "LOGGED_IN", "PRODUCT_VIEWED", "PAYMENT_SUCCESS"]
 
 
-@pytest.mark.parametrize(("coverage", "epsilon"), [(0.0, 0.95), (0.79, 0.95), (0.8, 0.95), (0.85, 0.625), (0.9, 0.3),
-                                                   (0.9001, 0.1), (1.0, 0.1)])
+@pytest.mark.parametrize(
+    ("coverage", "epsilon"),
+    [(0.0, 0.95), (0.79, 0.95), (0.8, 0.95), (0.85, 0.625), (0.9, 0.3), (0.9001, 0.1), (1.0, 0.1)],
+)
 def test_epsilon_schedule(coverage: float, epsilon: float) -> None:
     assert epsilon_for(coverage, ExploreConfig()) == pytest.approx(epsilon)
 
@@ -43,13 +45,19 @@ def test_coverage_hand_computed() -> None:
     assert tracker.token_coverage == 0.75 and tracker.edge_coverage == 1.0 and tracker.ratio == 0.75
     tracker.add_reference([["LOGGED_IN", "CART_EMPTY", "PRODUCT_VIEWED"]], [["LOGGED_IN", "CART_EMPTY"]])
     assert tracker.edge_coverage == 0.5 and tracker.ratio == 0.5  # 2 explored of 4 known edges
-    tracker.update(encode(["LOGGED_IN", "CART_EMPTY", "PRODUCT_VIEWED"], {})[None], encode(["LOGGED_IN", "CART_EMPTY"], {})[None])
+    tracker.update(
+        encode(["LOGGED_IN", "CART_EMPTY", "PRODUCT_VIEWED"], {})[None], encode(["LOGGED_IN", "CART_EMPTY"], {})[None]
+    )
     assert tracker.token_coverage == 1.0 and tracker.edge_coverage == 1.0 and tracker.ratio == 1.0
     tracker.update([["LOGGED_IN", "CART_EMPTY", "PRODUCT_VIEWED"]], [["LOGGED_IN", "CART_EMPTY", "PRODUCT_VIEWED"]])
     graph = json.loads(json.dumps(tracker.graph()))  # JSON-able
     edges = {(e["source"], e["target"]): (e["count"], e["reference"]) for e in graph["edges"]}
-    assert edges == {("LOGGED_OUT", "LOGGED_IN"): (1, False), ("LOGGED_OUT", "CART_EMPTY"): (1, False),
-                     ("LOGGED_IN", "PRODUCT_VIEWED"): (1, True), ("CART_EMPTY", "PRODUCT_VIEWED"): (1, True)}
+    assert edges == {
+        ("LOGGED_OUT", "LOGGED_IN"): (1, False),
+        ("LOGGED_OUT", "CART_EMPTY"): (1, False),
+        ("LOGGED_IN", "PRODUCT_VIEWED"): (1, True),
+        ("CART_EMPTY", "PRODUCT_VIEWED"): (1, True),
+    }
     visits = {n["token"]: n["visits"] for n in graph["nodes"]}
     assert visits["LOGGED_IN"] == 3 and visits["LOGGED_OUT"] == 1 and visits["PRODUCT_VIEWED"] == 2
     assert graph["state_coverage_ratio"] == 1.0
@@ -89,9 +97,20 @@ def run_tiny(out: Path, seed: int = 0, total_steps: int = 800) -> tuple:
     try:
         writer = TrajectoryWriter(out, cfg.shard_rows, card={"phase": "test"})
         reward_fn = RewardFunction(RewardConfig(shaping=[{"condition": "LOGGED_IN", "reward": 0.5}]), pool.num_envs)
-        result = explore(pool, expert.act_batch, cfg, np.random.default_rng(seed), writer, seed=seed,
-                         tracker=CoverageTracker(TINY_TOKENS), reward_fn=reward_fn, policy_hash="expert-test",
-                         reference_fn=expert.act_batch, reference_pool_steps=10, on_progress=progress.append)
+        result = explore(
+            pool,
+            expert.act_batch,
+            cfg,
+            np.random.default_rng(seed),
+            writer,
+            seed=seed,
+            tracker=CoverageTracker(TINY_TOKENS),
+            reward_fn=reward_fn,
+            policy_hash="expert-test",
+            reference_fn=expert.act_batch,
+            reference_pool_steps=10,
+            on_progress=progress.append,
+        )
         card = writer.close()
     finally:
         pool.close()
@@ -152,14 +171,22 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
     from tasks.steps.explore import run_explore
 
     write_catalogue(tiny_variants(4), tmp_path / "variants", {"generator": "test"})
-    cfg = AgentFlowConfig.model_validate({"explore": {"total_steps": 400, "num_envs": 8, "shard_rows": 1000,
-                                                      "reference_pool_steps": 10},
-                                          "pool": {"num_workers": 1}})
+    cfg = AgentFlowConfig.model_validate(
+        {
+            "explore": {"total_steps": 400, "num_envs": 8, "shard_rows": 1000, "reference_pool_steps": 10},
+            "pool": {"num_workers": 1},
+        }
+    )
     seen: list[ExploreProgress] = []
-    summary = run_explore(cfg, tmp_path / "variants", tmp_path / "explore", tmp_path / "metrics.json",
-                          on_progress=seen.append,
-                          pool_factory=lambda variants, c: InProcessPool(variants, TinyFactory(), c.explore.num_envs, c.pool),
-                          class_paths=["pool_fixtures:TinyShopEnv"])
+    summary = run_explore(
+        cfg,
+        tmp_path / "variants",
+        tmp_path / "explore",
+        tmp_path / "metrics.json",
+        on_progress=seen.append,
+        pool_factory=lambda variants, c: InProcessPool(variants, TinyFactory(), c.explore.num_envs, c.pool),
+        class_paths=["pool_fixtures:TinyShopEnv"],
+    )
     # the tiny family declares no RAW_STATES, so all 23 tokens count as reachable: coverage 4/23
     assert summary["reachable_tokens"] == 23
     assert summary["token_coverage"] == pytest.approx(4 / 23)
@@ -178,22 +205,31 @@ def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
     from tasks.steps.explore import run_explore
 
     specs = []
-    for base, family in [("web_checkout_v2", "web_checkout"), ("order_db_v1", "order_db"), ("payment_api_v1", "payment_api")]:
+    for base, family in [
+        ("web_checkout_v2", "web_checkout"),
+        ("order_db_v1", "order_db"),
+        ("payment_api_v1", "payment_api"),
+    ]:
         for stage, tier in [("login", "vip"), ("payment", "standard"), ("checkout", "blocked")]:
             params = {"start_stage": stage, "user_tier": tier, "network": "packet_loss_5%", "inventory": 0}
             specs.append(VariantSpec(f"{base}_{stage}_{tier}", base, family, params, content_hash(base, params)))
     write_catalogue(specs, tmp_path / "variants", {"generator": "test"})
-    cfg = AgentFlowConfig.model_validate({
-        "base": {"env_config_dir": str(repo_root / "configs" / "envs")},
-        "explore": {"total_steps": 1600, "num_envs": 16, "reference_pool_steps": 20}, "pool": {"num_workers": 1},
-    })
+    cfg = AgentFlowConfig.model_validate(
+        {
+            "base": {"env_config_dir": str(repo_root / "configs" / "envs")},
+            "explore": {"total_steps": 1600, "num_envs": 16, "reference_pool_steps": 20},
+            "pool": {"num_workers": 1},
+        }
+    )
     summary = run_explore(cfg, tmp_path / "variants", tmp_path / "explore", tmp_path / "metrics.json")
     assert summary["rows"] == 1600 and summary["reachable_tokens"] == 23
     assert 0.5 <= summary["token_coverage"] <= 1.0 and 0.0 < summary["edge_coverage"] <= 1.0
     card = read_card(tmp_path / "explore")
     assert card["env_versions"] == {s.env_id: ("2" if s.family == "web_checkout" else "1") for s in specs}
     table = read_steps(tmp_path / "explore")
-    masks = np.asarray(table.column("action_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)).reshape(-1, N_ACTIONS)
+    masks = np.asarray(table.column("action_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)).reshape(
+        -1, N_ACTIONS
+    )
     assert masks[np.arange(table.num_rows), table.column("action").to_numpy()].all()
     graph = json.loads((tmp_path / "explore" / "coverage.json").read_text())
     assert graph["state_coverage_ratio"] == pytest.approx(summary["state_coverage_ratio"])

@@ -65,7 +65,9 @@ def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict]) -> None:
     parent = runs["tiny-cycle"][0]
     assert parent.info.run_id == results["mlflow_run_id"] and parent.info.status == "FINISHED"
     assert parent.data.params["train.clip_range"] == "0.08"
-    children = {name for name, rs in runs.items() for r in rs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    children = {
+        name for name, rs in runs.items() for r in rs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
     assert children == PHASES
     train = runs["train"][0]
     history = client.get_metric_history(train.info.run_id, "train/losses/approx_kl")

@@ -21,15 +21,29 @@ from tasks.steps.train import run_train
 
 def _cfg(repo_root: Path, **train: Any) -> AgentFlowConfig:
     base = AgentFlowConfig()
-    train_cfg = dict(total_steps=30 * 1024, num_envs=16, n_steps=64, batch_size=1024, minibatch_size=256, n_epochs=4,
-                     learning_rate=1e-3, clip_range=0.2, eval_every_updates=10, eval_episodes=64,
-                     checkpoint_every_updates=10, heldout_fraction=0.2, bc_warm_start=False)
+    train_cfg = dict(
+        total_steps=30 * 1024,
+        num_envs=16,
+        n_steps=64,
+        batch_size=1024,
+        minibatch_size=256,
+        n_epochs=4,
+        learning_rate=1e-3,
+        clip_range=0.2,
+        eval_every_updates=10,
+        eval_episodes=64,
+        checkpoint_every_updates=10,
+        heldout_fraction=0.2,
+        bc_warm_start=False,
+    )
     train_cfg.update(train)
-    return base.model_copy(update={
-        "base": base.base.model_copy(update={"env_config_dir": str(repo_root / "configs" / "envs")}),
-        "pool": PoolConfig(num_workers=0),
-        "train": TrainConfig(**train_cfg),
-    })
+    return base.model_copy(
+        update={
+            "base": base.base.model_copy(update={"env_config_dir": str(repo_root / "configs" / "envs")}),
+            "pool": PoolConfig(num_workers=0),
+            "train": TrainConfig(**train_cfg),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +67,22 @@ def test_ppo_learns_on_heldout_variants(repo_root: Path, catalogue: Path, tmp_pa
 
 
 @pytest.mark.slow
-def test_train_resume_after_interruption_matches_uninterrupted_run(repo_root: Path, catalogue: Path, tmp_path: Path) -> None:
+def test_train_resume_after_interruption_matches_uninterrupted_run(
+    repo_root: Path, catalogue: Path, tmp_path: Path
+) -> None:
     from agentflow_core.rl.checkpoint import latest_checkpoint, load_checkpoint
 
     torch.set_num_threads(1)
-    small = dict(num_envs=8, n_steps=64, batch_size=512, minibatch_size=256, n_epochs=2, eval_every_updates=2,
-                 eval_episodes=16, checkpoint_every_updates=100)
+    small = dict(
+        num_envs=8,
+        n_steps=64,
+        batch_size=512,
+        minibatch_size=256,
+        n_epochs=2,
+        eval_every_updates=2,
+        eval_episodes=16,
+        checkpoint_every_updates=100,
+    )
     full = run_train(_cfg(repo_root, total_steps=4 * 512, **small), catalogue, None, tmp_path / "full", resume=False)
     # "killed" after update 2: a run that stopped there, then `train --resume` with the full budget
     run_train(_cfg(repo_root, total_steps=2 * 512, **small), catalogue, None, tmp_path / "cut", resume=False)

@@ -85,7 +85,10 @@ def test_status_codes_and_enums_become_tokens(generated: tuple[dict[str, Any], d
     assert features["cart_items"]["scale"] == pytest.approx(0.2) and features["price_factor"]["scale"] == pytest.approx(
         0.005
     )
-    assert features["balance_ratio"]["scale"] == pytest.approx(0.5) and features["retries_used"]["source"] == "@.client.retries"
+    assert (
+        features["balance_ratio"]["scale"] == pytest.approx(0.5)
+        and features["retries_used"]["source"] == "@.client.retries"
+    )
 
 
 def test_generated_mapping_reads_every_raw_state_like_the_hand_mapping(

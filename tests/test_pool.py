@@ -61,7 +61,9 @@ def test_same_step_autoreset_semantics() -> None:
         info = batch.infos[slot]
         # final_obs: the terminal observation; obs: the first observation of the next episode.
         assert batch.final_obs[slot, TOKEN_INDEX["PAYMENT_SUCCESS"]] == 1.0
-        assert batch.obs[slot, TOKEN_INDEX["LOGGED_OUT"]] == 1.0 and batch.obs[slot, TOKEN_INDEX["PAYMENT_SUCCESS"]] == 0.0
+        assert (
+            batch.obs[slot, TOKEN_INDEX["LOGGED_OUT"]] == 1.0 and batch.obs[slot, TOKEN_INDEX["PAYMENT_SUCCESS"]] == 0.0
+        )
         assert info["success"] is True and info["episode_length"] == 3
         assert info["episode_return"] == pytest.approx(-0.01 - 0.01 + 10.0, abs=1e-5)
         assert info["tokens"] == ["PAYMENT_SUCCESS"] and info["step_id"] == 3
@@ -77,8 +79,13 @@ def test_same_step_autoreset_semantics() -> None:
 
 
 def test_truncation_keeps_final_obs_and_reason() -> None:
-    pool = InProcessPool(tiny_variants(2), TinyFactory(max_episode_steps=3), 2,
-                         PoolConfig(num_workers=1, scheduler="round_robin"), seed=0)
+    pool = InProcessPool(
+        tiny_variants(2),
+        TinyFactory(max_episode_steps=3),
+        2,
+        PoolConfig(num_workers=1, scheduler="round_robin"),
+        seed=0,
+    )
     pool.reset(seed=0)
     pool.step(np.full(2, LOGIN))
     pool.step(np.full(2, VIEW))
@@ -131,8 +138,13 @@ def test_reset_is_deterministic_for_a_seed() -> None:
 def real_catalogue() -> tuple[RegistryEnvFactory, list]:
     registry = EnvRegistry(REPO / "configs" / "envs", load=yaml.safe_load)
     cfg = VariantsConfig(samples_per_combination=1)
-    variants = generate_variants([BaseEnvInfo(e.env_id, e.family, e.version) for e in registry.entries()],
-                                 cfg.dimensions, cfg.perturbations, cfg.samples_per_combination, seed=0)
+    variants = generate_variants(
+        [BaseEnvInfo(e.env_id, e.family, e.version) for e in registry.entries()],
+        cfg.dimensions,
+        cfg.perturbations,
+        cfg.samples_per_combination,
+        seed=0,
+    )
     return RegistryEnvFactory({e.env_id: e for e in registry.entries()}), variants
 
 

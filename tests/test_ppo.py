@@ -61,7 +61,9 @@ class KeyChainEnv(gym.Env[np.ndarray, np.int64]):
         obs[-1] = self.t / self.max_steps
         return obs
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self.room, self.t = int(self.np_random.integers(0, 2)), 0
         return self._obs(), {}
@@ -90,13 +92,27 @@ class KeyChainPool:
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=int)
 
-    def _batch(self, obs: list[np.ndarray], reward: np.ndarray, term: np.ndarray, trunc: np.ndarray,
-               final_obs: np.ndarray, infos: list[dict[str, Any]]) -> Any:
+    def _batch(
+        self,
+        obs: list[np.ndarray],
+        reward: np.ndarray,
+        term: np.ndarray,
+        trunc: np.ndarray,
+        final_obs: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> Any:
         from types import SimpleNamespace
 
         masks = np.stack([e.action_masks() for e in self.envs])
-        return SimpleNamespace(obs=np.stack(obs), action_mask=masks, reward=reward.astype(np.float32), terminated=term,
-                               truncated=trunc, final_obs=final_obs, infos=infos)
+        return SimpleNamespace(
+            obs=np.stack(obs),
+            action_mask=masks,
+            reward=reward.astype(np.float32),
+            terminated=term,
+            truncated=trunc,
+            final_obs=final_obs,
+            infos=infos,
+        )
 
     def reset(self, seed: int) -> Any:
         obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)]
@@ -130,8 +146,17 @@ class KeyChainPool:
 
 
 def small_cfg(**overrides: Any) -> TrainConfig:
-    base = dict(num_envs=8, n_steps=32, batch_size=256, minibatch_size=64, n_epochs=4, learning_rate=2.5e-3,
-                clip_range=0.2, kl_check_every=2, hidden_sizes=[32, 32])
+    base = dict(
+        num_envs=8,
+        n_steps=32,
+        batch_size=256,
+        minibatch_size=64,
+        n_epochs=4,
+        learning_rate=2.5e-3,
+        clip_range=0.2,
+        kl_check_every=2,
+        hidden_sizes=[32, 32],
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -161,8 +186,16 @@ def test_gae_bootstraps_on_truncation_not_termination() -> None:
 
 
 def test_gae_terminated_and_truncated_same_step_does_not_bootstrap() -> None:
-    adv, _ = compute_gae(torch.ones(1, 1), torch.zeros(1, 1), torch.tensor([[True]]), torch.tensor([[True]]),
-                         torch.tensor([[5.0]]), torch.tensor([7.0]), 0.9, 0.95)
+    adv, _ = compute_gae(
+        torch.ones(1, 1),
+        torch.zeros(1, 1),
+        torch.tensor([[True]]),
+        torch.tensor([[True]]),
+        torch.tensor([[5.0]]),
+        torch.tensor([7.0]),
+        0.9,
+        0.95,
+    )
     assert adv.item() == pytest.approx(1.0)
 
 
@@ -216,7 +249,9 @@ def test_masking_never_samples_an_invalid_action() -> None:
         assert torch.isfinite(logp).all()
         assert mask[torch.arange(512), torch.as_tensor(policy.act(obs.numpy(), mask.numpy()))].all()
     # a masked action is given ~zero log-probability when scored
-    _, logp_bad, _, _ = policy.get_action_and_value(obs[:1], mask[:1], torch.as_tensor([int(torch.nonzero(~mask[0])[0])]))
+    _, logp_bad, _, _ = policy.get_action_and_value(
+        obs[:1], mask[:1], torch.as_tensor([int(torch.nonzero(~mask[0])[0])])
+    )
     assert logp_bad.item() < -1e6
 
 
@@ -259,8 +294,17 @@ def test_rollout_buffer_and_diagnostics() -> None:
     buf = ppo.buffer
     assert buf.obs.shape == (32, 8, OBS_DIM) and ppo.global_step == 256
     assert buf.masks[torch.arange(32)[:, None], torch.arange(8)[None, :], buf.actions].all()
-    for key in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
-                "adaptive/clip_range", "adaptive/kl_coef", "rollout/success_rate", "time/sps"):
+    for key in (
+        "losses/policy_loss",
+        "losses/value_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "adaptive/clip_range",
+        "adaptive/kl_coef",
+        "rollout/success_rate",
+        "time/sps",
+    ):
         assert key in metrics and math.isfinite(metrics[key]), key
     assert metrics["losses/approx_kl"] >= 0.0
     assert sink.rows[0][0] == 256
@@ -468,14 +512,22 @@ def _reference_update(ppo: PPO) -> None:
     """A straightforward CleanRL update (autograd, stock Adam, clip_grad_norm_) on ``ppo``'s buffer."""
     cfg, buf = ppo.cfg, ppo.buffer
     optimizer = torch.optim.Adam(ppo.policy.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=False)
-    advantages, returns = compute_gae(buf.rewards, buf.values, buf.terminated, buf.truncated, ppo._final_values(),
-                                      ppo._next_value, cfg.gamma, cfg.gae_lambda)
+    advantages, returns = compute_gae(
+        buf.rewards,
+        buf.values,
+        buf.terminated,
+        buf.truncated,
+        ppo._final_values(),
+        ppo._next_value,
+        cfg.gamma,
+        cfg.gae_lambda,
+    )
     flat = [t.reshape(-1, *t.shape[2:]) for t in (buf.obs, buf.masks, buf.actions, buf.logprobs, advantages, returns)]
     coef = LossCoefficients(ppo.adaptive.clip_range, cfg.ent_coef, cfg.vf_coef, ppo.adaptive.kl_coef)
     for _ in range(cfg.n_epochs):
         b_inds = torch.as_tensor(ppo.np_random.permutation(ppo.batch_size))
         for start in range(0, ppo.batch_size, cfg.minibatch_size):
-            mb = b_inds[start:start + cfg.minibatch_size]
+            mb = b_inds[start : start + cfg.minibatch_size]
             loss, _ = ppo_minibatch_loss(ppo.policy, *(t[mb] for t in flat), coef)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -491,8 +543,9 @@ def test_fast_update_matches_reference_update() -> None:
     fast.update_policy()
     _reference_update(reference)
     moved = 0.0
-    for p, q, init in zip(fast.policy.parameters(), reference.policy.parameters(), make_learner(seed=11).policy.parameters(),
-                          strict=True):
+    for p, q, init in zip(
+        fast.policy.parameters(), reference.policy.parameters(), make_learner(seed=11).policy.parameters(), strict=True
+    ):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
         moved = max(moved, float((q - init).detach().abs().max()))
     assert moved > 1e-2, "the update must actually move the weights for the comparison to mean anything"

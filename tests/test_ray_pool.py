@@ -34,10 +34,17 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 def test_300_real_envs_step_in_one_call_per_worker() -> None:
     registry = EnvRegistry(REPO / "configs" / "envs", load=yaml.safe_load)
     cfg = VariantsConfig(samples_per_combination=3)
-    variants = generate_variants([BaseEnvInfo(e.env_id, e.family, e.version) for e in registry.entries()],
-                                 cfg.dimensions, cfg.perturbations, cfg.samples_per_combination, seed=0)
+    variants = generate_variants(
+        [BaseEnvInfo(e.env_id, e.family, e.version) for e in registry.entries()],
+        cfg.dimensions,
+        cfg.perturbations,
+        cfg.samples_per_combination,
+        seed=0,
+    )
     factory = RegistryEnvFactory({e.env_id: e for e in registry.entries()})
-    pool = RayPool(variants, factory, 300, PoolConfig(num_workers=2, max_live_per_worker=256, scheduler="uniform"), seed=0)
+    pool = RayPool(
+        variants, factory, 300, PoolConfig(num_workers=2, max_live_per_worker=256, scheduler="uniform"), seed=0
+    )
     try:
         batch = pool.reset(seed=0)
         rng = np.random.default_rng(0)

@@ -24,8 +24,12 @@ def enc(tokens: Sequence[str], **features: float) -> np.ndarray:
     return encode(tokens, features)
 
 
-def batch(next_states: Sequence[tuple[Sequence[str], dict[str, float]]], env_reward: Sequence[float] = (),
-          terminated: Sequence[bool] = (), reset_obs: dict[int, Sequence[str]] | None = None) -> PoolBatch:
+def batch(
+    next_states: Sequence[tuple[Sequence[str], dict[str, float]]],
+    env_reward: Sequence[float] = (),
+    terminated: Sequence[bool] = (),
+    reset_obs: dict[int, Sequence[str]] | None = None,
+) -> PoolBatch:
     """A pool step: ``next_states`` are s_{t+1}; where an env terminated, ``reset_obs`` is its new first obs."""
     n = len(next_states)
     final = np.stack([enc(t, **f) for t, f in next_states])
@@ -33,24 +37,37 @@ def batch(next_states: Sequence[tuple[Sequence[str], dict[str, float]]], env_rew
     obs = final.copy()
     for i, tokens in (reset_obs or {}).items():
         obs[i] = enc(tokens)
-    return PoolBatch(obs=obs, action_mask=np.ones((n, N_ACTIONS), bool),
-                     reward=np.array(env_reward or [-0.01] * n, dtype=np.float32), terminated=term,
-                     truncated=np.zeros(n, bool), final_obs=final, infos=[{} for _ in range(n)])
+    return PoolBatch(
+        obs=obs,
+        action_mask=np.ones((n, N_ACTIONS), bool),
+        reward=np.array(env_reward or [-0.01] * n, dtype=np.float32),
+        terminated=term,
+        truncated=np.zeros(n, bool),
+        final_obs=final,
+        infos=[{} for _ in range(n)],
+    )
 
 
 S = dict  # readability: S() = no features
 
 
 def test_token_table_pays_new_tokens_positive_once_per_episode_negative_every_time() -> None:
-    cfg = RewardConfig(mode="token_table", token_rewards={"PAYMENT_SUCCESS": 10.0, "PAYMENT_PAGE": 1.0, "INVALID_CARD": -1.0})
+    cfg = RewardConfig(
+        mode="token_table", token_rewards={"PAYMENT_SUCCESS": 10.0, "PAYMENT_PAGE": 1.0, "INVALID_CARD": -1.0}
+    )
     rf = RewardFunction(cfg, num_envs=2)
     rf.reset(np.stack([enc(["LOGGED_IN"]), enc(["PAYMENT_PAGE"])]))
     steps = [
         batch([(["PAYMENT_PAGE"], S()), (["INVALID_CARD"], S())]),
-        batch([(["INVALID_CARD"], S()), (["PAYMENT_PAGE"], S())]),  # env1: PAYMENT_PAGE was only present at reset -> pays
+        batch(
+            [(["INVALID_CARD"], S()), (["PAYMENT_PAGE"], S())]
+        ),  # env1: PAYMENT_PAGE was only present at reset -> pays
         batch([(["PAYMENT_PAGE"], S()), (["INVALID_CARD"], S())]),  # env0: already paid this episode; env1: -1 again
-        batch([(["PAYMENT_SUCCESS"], S()), (["PAYMENT_PAGE"], S())], terminated=[True, False],
-              reset_obs={0: ["LOGGED_OUT"]}),
+        batch(
+            [(["PAYMENT_SUCCESS"], S()), (["PAYMENT_PAGE"], S())],
+            terminated=[True, False],
+            reset_obs={0: ["LOGGED_OUT"]},
+        ),
         batch([(["PAYMENT_PAGE"], S()), (["PAYMENT_PAGE", "INVALID_CARD"], S())]),  # env0 new episode: pays again
     ]
     expected = [[1.0, -1.0], [-1.0, 1.0], [0.0, -1.0], [10.0, 0.0], [1.0, -1.0]]
@@ -70,23 +87,36 @@ def test_scalar_mode_is_the_env_reward() -> None:
 
 
 def test_shaping_once_per_episode_per_term_with_components() -> None:
-    cfg = RewardConfig(mode="token_table", token_rewards={"PAYMENT_SUCCESS": 10.0}, shaping=[
-        {"condition": "PAYMENT_PAGE and cart_items > 0", "reward": 2.0, "weight": 0.5},
-        {"condition": "INVALID_CARD", "reward": -1.0},
-    ])
+    cfg = RewardConfig(
+        mode="token_table",
+        token_rewards={"PAYMENT_SUCCESS": 10.0},
+        shaping=[
+            {"condition": "PAYMENT_PAGE and cart_items > 0", "reward": 2.0, "weight": 0.5},
+            {"condition": "INVALID_CARD", "reward": -1.0},
+        ],
+    )
     rf = RewardFunction(cfg, num_envs=2)
     rf.reset(np.stack([enc(["LOGGED_IN"]), enc(["LOGGED_IN"])]))
     c1 = rf.step(batch([(["PAYMENT_PAGE"], {"cart_items": 0.1}), (["PAYMENT_PAGE"], S())]))  # env1: cart empty
     np.testing.assert_allclose(c1.shaping, [1.0, 0.0])
     assert c1.fired.tolist() == [[True, False], [False, False]]
-    c2 = rf.step(batch([(["PAYMENT_PAGE", "INVALID_CARD"], {"cart_items": 0.1}), (["PAYMENT_PAGE"], {"cart_items": 0.2})]))
+    c2 = rf.step(
+        batch([(["PAYMENT_PAGE", "INVALID_CARD"], {"cart_items": 0.1}), (["PAYMENT_PAGE"], {"cart_items": 0.2})])
+    )
     np.testing.assert_allclose(c2.shaping, [-1.0, 1.0])  # term 0 already paid for env0
-    c3 = rf.step(batch([(["PAYMENT_SUCCESS"], {"cart_items": 0.1}), (["PAYMENT_PAGE", "INVALID_CARD"], {"cart_items": 0.2})],
-                       terminated=[True, False], reset_obs={0: ["LOGGED_IN"]}))
+    c3 = rf.step(
+        batch(
+            [(["PAYMENT_SUCCESS"], {"cart_items": 0.1}), (["PAYMENT_PAGE", "INVALID_CARD"], {"cart_items": 0.2})],
+            terminated=[True, False],
+            reset_obs={0: ["LOGGED_IN"]},
+        )
+    )
     np.testing.assert_allclose(c3.base, [10.0, 0.0])
     np.testing.assert_allclose(c3.shaping, [0.0, -1.0])
     np.testing.assert_allclose(c3.total, [10.0, -1.0])
-    c4 = rf.step(batch([(["PAYMENT_PAGE"], {"cart_items": 0.1}), (["PAYMENT_PAGE", "INVALID_CARD"], {"cart_items": 0.2})]))
+    c4 = rf.step(
+        batch([(["PAYMENT_PAGE"], {"cart_items": 0.1}), (["PAYMENT_PAGE", "INVALID_CARD"], {"cart_items": 0.2})])
+    )
     np.testing.assert_allclose(c4.shaping, [1.0, 0.0])  # env0's new episode pays again; env1 is farmed out
 
 
@@ -120,12 +150,14 @@ def test_normalizer_per_env_hand_computed() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["web", "db", "api"]), st.floats(-100, 100)), min_size=1, max_size=60),
-       st.integers(1, 7))
+@given(
+    st.lists(st.tuples(st.sampled_from(["web", "db", "api"]), st.floats(-100, 100)), min_size=1, max_size=60),
+    st.integers(1, 7),
+)
 def test_batched_welford_equals_numpy(pairs: list[tuple[str, float]], chunk: int) -> None:
     norm = PerEnvRewardNormalizer()
     for start in range(0, len(pairs), chunk):
-        part = pairs[start:start + chunk]
+        part = pairs[start : start + chunk]
         norm.update([k for k, _ in part], np.array([r for _, r in part]))
     for key in {k for k, _ in pairs}:
         values = np.array([r for k, r in pairs if k == key])

@@ -29,25 +29,28 @@ def values(**overrides: float) -> dict[str, float]:
     return v
 
 
-@pytest.mark.parametrize(("expr", "env", "expected"), [
-    ("PAYMENT_PAGE", {"PAYMENT_PAGE": 1.0}, 1.0),
-    ("PAYMENT_PAGE", {}, 0.0),
-    ("PAYMENT_PAGE and cart_items > 0", {"PAYMENT_PAGE": 1.0, "cart_items": 0.3}, 1.0),
-    ("PAYMENT_PAGE and cart_items > 0", {"PAYMENT_PAGE": 1.0}, 0.0),
-    ("not user_logged_in or payment_page_loaded", {"user_logged_in": 1.0}, 0.0),
-    ("0 < cart_items <= 0.5", {"cart_items": 0.5}, 1.0),
-    ("0 < cart_items <= 0.5", {"cart_items": 0.6}, 0.0),
-    ("1 < 2 > 1.5 != 3", {}, 1.0),
-    ("cart_items * 10 + 2", {"cart_items": 0.3}, 5.0),
-    ("(balance_ratio - 0.5) / 0.25", {"balance_ratio": 1.0}, 2.0),
-    ("7 % 4", {}, 3.0),
-    ("-cart_items ** 2", {"cart_items": 0.5}, -0.25),
-    ("2 ** -2", {}, 0.25),
-    ("(cart_items + 1) ** 8", {"cart_items": 1.0}, 256.0),
-    ("True + True", {}, 2.0),
-    ("PAYMENT_PAGE and 3", {"PAYMENT_PAGE": 1.0}, 1.0),  # and/or yield 1.0/0.0, not the operand
-    ("1e9 >= cart_items", {}, 1.0),
-])
+@pytest.mark.parametrize(
+    ("expr", "env", "expected"),
+    [
+        ("PAYMENT_PAGE", {"PAYMENT_PAGE": 1.0}, 1.0),
+        ("PAYMENT_PAGE", {}, 0.0),
+        ("PAYMENT_PAGE and cart_items > 0", {"PAYMENT_PAGE": 1.0, "cart_items": 0.3}, 1.0),
+        ("PAYMENT_PAGE and cart_items > 0", {"PAYMENT_PAGE": 1.0}, 0.0),
+        ("not user_logged_in or payment_page_loaded", {"user_logged_in": 1.0}, 0.0),
+        ("0 < cart_items <= 0.5", {"cart_items": 0.5}, 1.0),
+        ("0 < cart_items <= 0.5", {"cart_items": 0.6}, 0.0),
+        ("1 < 2 > 1.5 != 3", {}, 1.0),
+        ("cart_items * 10 + 2", {"cart_items": 0.3}, 5.0),
+        ("(balance_ratio - 0.5) / 0.25", {"balance_ratio": 1.0}, 2.0),
+        ("7 % 4", {}, 3.0),
+        ("-cart_items ** 2", {"cart_items": 0.5}, -0.25),
+        ("2 ** -2", {}, 0.25),
+        ("(cart_items + 1) ** 8", {"cart_items": 1.0}, 256.0),
+        ("True + True", {}, 2.0),
+        ("PAYMENT_PAGE and 3", {"PAYMENT_PAGE": 1.0}, 1.0),  # and/or yield 1.0/0.0, not the operand
+        ("1e9 >= cart_items", {}, 1.0),
+    ],
+)
 def test_values_hand_computed(expr: str, env: dict[str, float], expected: float) -> None:
     condition = compile_condition(expr, NAMES)
     assert condition.value(values(**env)) == pytest.approx(expected)
@@ -58,17 +61,22 @@ def test_names_used_are_recorded() -> None:
     assert compile_condition("PAYMENT_PAGE and cart_items > 0", NAMES).names == {"PAYMENT_PAGE", "cart_items"}
 
 
-@pytest.mark.parametrize(("expr", "env", "reason"), [
-    ("1 / cart_items", {}, "division by zero"),
-    ("1 % cart_items", {}, "modulo by zero"),
-    ("(0 - cart_items - 1) ** 0.5", {}, "fractional power"),
-    ("cart_items ** -1", {}, "zero to a negative power"),
-    ("((1e9 * 1e9) ** 8) ** 8", {}, "exceeds"),
-    ("cart_items > 0", {"cart_items": float("nan")}, "non-finite"),
-    ("cart_items > 0", {"cart_items": float("inf")}, "non-finite"),
-    (balanced("1e9", "*", 64) + " > 1", {}, "non-finite"),  # 1e576 overflows to inf
-])
-def test_undefined_arithmetic_raises_in_value_and_is_false_as_condition(expr: str, env: dict[str, float], reason: str) -> None:
+@pytest.mark.parametrize(
+    ("expr", "env", "reason"),
+    [
+        ("1 / cart_items", {}, "division by zero"),
+        ("1 % cart_items", {}, "modulo by zero"),
+        ("(0 - cart_items - 1) ** 0.5", {}, "fractional power"),
+        ("cart_items ** -1", {}, "zero to a negative power"),
+        ("((1e9 * 1e9) ** 8) ** 8", {}, "exceeds"),
+        ("cart_items > 0", {"cart_items": float("nan")}, "non-finite"),
+        ("cart_items > 0", {"cart_items": float("inf")}, "non-finite"),
+        (balanced("1e9", "*", 64) + " > 1", {}, "non-finite"),  # 1e576 overflows to inf
+    ],
+)
+def test_undefined_arithmetic_raises_in_value_and_is_false_as_condition(
+    expr: str, env: dict[str, float], reason: str
+) -> None:
     condition = compile_condition(expr, NAMES)
     with pytest.raises(ExpressionEvalError, match=reason):
         condition.value(values(**env))
@@ -160,7 +168,9 @@ def test_config_rejects_bad_condition_at_load_with_expression_and_reason() -> No
 
 
 def test_evaluation_is_cheap() -> None:
-    condition = compile_condition("PAYMENT_PAGE and cart_items > 0 and not SESSION_EXPIRED or balance_ratio * 2 >= 1.5", NAMES)
+    condition = compile_condition(
+        "PAYMENT_PAGE and cart_items > 0 and not SESSION_EXPIRED or balance_ratio * 2 >= 1.5", NAMES
+    )
     env = values(PAYMENT_PAGE=1.0, cart_items=0.4)
     n = 20_000
     start = time.perf_counter()

@@ -26,16 +26,27 @@ def tiny_policy(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def small_cfg(repo_root: Path, tmp_path: Path, **stress: object) -> AgentFlowConfig:
     cfg = AgentFlowConfig()
-    base = cfg.base.model_copy(update={"data_dir": str(tmp_path / "data"), "env_config_dir": str(repo_root / "configs/envs")})
+    base = cfg.base.model_copy(
+        update={"data_dir": str(tmp_path / "data"), "env_config_dir": str(repo_root / "configs/envs")}
+    )
     variants = cfg.variants.model_copy(update={"samples_per_combination": 1})
-    return cfg.model_copy(update={"base": base, "variants": variants,
-                                  "stress": cfg.stress.model_copy(update={"variants": 24, "num_envs": 8,
-                                                                          "consistency_variants": 12, **stress})})
+    return cfg.model_copy(
+        update={
+            "base": base,
+            "variants": variants,
+            "stress": cfg.stress.model_copy(
+                update={"variants": 24, "num_envs": 8, "consistency_variants": 12, **stress}
+            ),
+        }
+    )
 
 
 def test_stratified_sample_covers_every_family_and_dimension_value() -> None:
-    bases = [BaseEnvInfo("web_checkout_v2", "web_checkout", 2), BaseEnvInfo("order_db_v1", "order_db", 1),
-             BaseEnvInfo("payment_api_v1", "payment_api", 1)]
+    bases = [
+        BaseEnvInfo("web_checkout_v2", "web_checkout", 2),
+        BaseEnvInfo("order_db_v1", "order_db", 1),
+        BaseEnvInfo("payment_api_v1", "payment_api", 1),
+    ]
     cfg = AgentFlowConfig().variants
     catalogue = generate_variants(bases, cfg.dimensions, cfg.perturbations, 2, seed=0)
     dims = list(cfg.dimensions)
@@ -93,7 +104,9 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     assert m["consistency_variants"] == 12 and 0.0 <= m["consistency"] <= 1.0
     assert m["consistency"] == 1.0  # the expert's rules read tokens only
     assert m["robustness_score"] == pytest.approx(m["success_rate"] * m["consistency"] * (1 - m["crash_rate"]))
-    assert {r["env_id"] for r in summary["consistency"]["per_variant"]} <= set(summary["consistency"]["canonical"]["variants"])
+    assert {r["env_id"] for r in summary["consistency"]["per_variant"]} <= set(
+        summary["consistency"]["canonical"]["variants"]
+    )
     out = tmp_path / "data" / "stress"
     for name in ("summary.json", "steps.parquet", "episodes.parquet", "coverage_heatmap.png", "consistency_matrix.png"):
         assert (out / name).is_file(), name
@@ -109,7 +122,13 @@ def test_report_files_are_written_with_documented_keys(repo_root: Path, tmp_path
     cfg = small_cfg(repo_root, tmp_path, episodes=40)
     summary = run_report(cfg, EXPERT)
     out = Path(summary["report_dir"])
-    assert sorted(summary["files"]) == ["consistency_matrix.png", "coverage_heatmap.png", "report.html", "report.json", "report.md"]
+    assert sorted(summary["files"]) == [
+        "consistency_matrix.png",
+        "coverage_heatmap.png",
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
     report = json.loads((out / "report.json").read_text())
     assert set(report) == set(REPORT_KEYS)
     assert report["metrics"]["episodes"] == 40 and report["checkpoint"] == EXPERT

@@ -13,17 +13,36 @@ REPO = Path(__file__).resolve().parents[1]
 def tiny_params(root: Path, **section_overrides: dict[str, Any]) -> dict[str, Any]:
     """params.yaml content whose outputs and service state all live under ``root``."""
     params: dict[str, Any] = {
-        "base": {"seed": 0, "run_name": "tiny", "state_dir": str(root / ".agentflow"), "data_dir": str(root / "data"),
-                 "env_config_dir": str(REPO / "configs" / "envs")},
+        "base": {
+            "seed": 0,
+            "run_name": "tiny",
+            "state_dir": str(root / ".agentflow"),
+            "data_dir": str(root / "data"),
+            "env_config_dir": str(REPO / "configs" / "envs"),
+        },
         "calibrate": {"variants_per_family": 1, "resets": 5},
-        "variants": {"dimensions": {"start_stage": ["login", "checkout"], "user_tier": ["standard", "vip"],
-                                    "network": ["normal", "packet_loss_5%"]},
-                     "samples_per_combination": 2},
+        "variants": {
+            "dimensions": {
+                "start_stage": ["login", "checkout"],
+                "user_tier": ["standard", "vip"],
+                "network": ["normal", "packet_loss_5%"],
+            },
+            "samples_per_combination": 2,
+        },
         "pool": {"num_workers": 0},
         "explore": {"total_steps": 320, "num_envs": 8, "reference_pool_steps": 10},
-        "train": {"total_steps": 1024, "num_envs": 8, "n_steps": 64, "batch_size": 512, "minibatch_size": 128,
-                  "n_epochs": 2, "checkpoint_every_updates": 1, "eval_every_updates": 1, "eval_episodes": 8,
-                  "heldout_fraction": 0.2},
+        "train": {
+            "total_steps": 1024,
+            "num_envs": 8,
+            "n_steps": 64,
+            "batch_size": 512,
+            "minibatch_size": 128,
+            "n_epochs": 2,
+            "checkpoint_every_updates": 1,
+            "eval_every_updates": 1,
+            "eval_episodes": 8,
+            "heldout_fraction": 0.2,
+        },
         "stress": {"episodes": 24, "variants": 12, "num_envs": 8, "consistency_variants": 6},
         "report": {"champion_episodes": 8, "champion_slice": 0.5},
     }

@@ -125,7 +125,9 @@ class APISchemaAdapter(BaseSemanticAdapter):
             return lambda values: ((v := values[i]) is not _MISSING and v is not None) == exists
         if "equals" in when:
             expected = when["equals"]
-            return self.keyed_leaf(i, (expected,), lambda values: (v := values[i]) is not _MISSING and bool(v == expected))
+            return self.keyed_leaf(
+                i, (expected,), lambda values: (v := values[i]) is not _MISSING and bool(v == expected)
+            )
         allowed = when["in"]
         return self.keyed_leaf(i, allowed, lambda values: (v := values[i]) is not _MISSING and v in allowed)
 

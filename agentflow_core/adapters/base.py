@@ -144,9 +144,18 @@ class AdaptedStep:
 
     __slots__ = ("vec", "mask", "tokens", "ordered", "finite", "_context", "_names", "_values", "_obs")
 
-    def __init__(self, vec: np.ndarray, mask: np.ndarray, tokens: frozenset[str], ordered: tuple[str, ...],
-                 finite: bool, context: Mapping[str, float] | None, names: tuple[str, ...], values: list[float],
-                 obs: SemanticObs | None = None) -> None:
+    def __init__(
+        self,
+        vec: np.ndarray,
+        mask: np.ndarray,
+        tokens: frozenset[str],
+        ordered: tuple[str, ...],
+        finite: bool,
+        context: Mapping[str, float] | None,
+        names: tuple[str, ...],
+        values: list[float],
+        obs: SemanticObs | None = None,
+    ) -> None:
         self.vec, self.mask, self.tokens, self.ordered, self.finite = vec, mask, tokens, ordered, finite
         self._context, self._names, self._values, self._obs = context, names, values, obs
 
@@ -255,7 +264,9 @@ class BaseSemanticAdapter:
         for combinator in ("all", "any"):
             if combinator in when:
                 if set(when) != {combinator} or not isinstance(when[combinator], list):
-                    raise MappingError(self.source, _json_path(path), f"'{combinator}' must be the only key and hold a list")
+                    raise MappingError(
+                        self.source, _json_path(path), f"'{combinator}' must be the only key and hold a list"
+                    )
                 for j, sub in enumerate(when[combinator]):
                     self._check_when(sub, [*path, combinator, j])
                 return
@@ -291,8 +302,14 @@ class BaseSemanticAdapter:
             if self.holds(rule["when"], raw):
                 tokens.update(rule["emit"])
                 if debug:
-                    logger.debug("family=%s rule=%s when=%s -> %s raw=%.300r", self.mapping["family"], rule["id"],
-                                 rule["when"], rule["emit"], raw)
+                    logger.debug(
+                        "family=%s rule=%s when=%s -> %s raw=%.300r",
+                        self.mapping["family"],
+                        rule["id"],
+                        rule["when"],
+                        rule["emit"],
+                        raw,
+                    )
         features: dict[str, float] = dict(context or {})
         for rule in self.feature_rules:
             value = self.extract(rule["source"], raw)
@@ -300,8 +317,14 @@ class BaseSemanticAdapter:
             lo, hi = rule.get("clip", (0.0, 1.0))
             features[rule["feature"]] = min(max(value, lo), hi) if math.isfinite(value) else value
             if debug:
-                logger.debug("family=%s feature_rule=%s source=%s -> %s=%s", self.mapping["family"], rule["id"],
-                             rule["source"], rule["feature"], features[rule["feature"]])
+                logger.debug(
+                    "family=%s feature_rule=%s source=%s -> %s=%s",
+                    self.mapping["family"],
+                    rule["id"],
+                    rule["source"],
+                    rule["feature"],
+                    features[rule["feature"]],
+                )
         return SemanticObs(frozenset(tokens), features)
 
     def reference_action_mask(self, raw: Any) -> np.ndarray:
@@ -319,19 +342,32 @@ class BaseSemanticAdapter:
         self._reader_index: dict[Hashable, int] = {}
         self._keyed: dict[int, tuple[Predicate, int, tuple[Any, ...]]] = {}
         own_holds = type(self).holds is not BaseSemanticAdapter.holds
-        self._token_tables, self._token_plan = self._plan([
-            (self._compile_holds(rule["when"]) if own_holds else self._compile_tree(rule["when"], ["token_rules", i, "when"]),
-             sum(1 << TOKEN_INDEX[t] for t in set(rule["emit"])))
-            for i, rule in enumerate(self.token_rules)
-        ])
+        self._token_tables, self._token_plan = self._plan(
+            [
+                (
+                    self._compile_holds(rule["when"])
+                    if own_holds
+                    else self._compile_tree(rule["when"], ["token_rules", i, "when"]),
+                    sum(1 << TOKEN_INDEX[t] for t in set(rule["emit"])),
+                )
+                for i, rule in enumerate(self.token_rules)
+            ]
+        )
         self._feature_names: tuple[str, ...] = tuple(r["feature"] for r in self.feature_rules)
         self._feature_plan: tuple[tuple[int, Reader, float, float, Any, Any], ...] = tuple(
-            (FEATURE_INDEX[r["feature"]], self.compile_feature(r["source"]), float(r.get("scale", 1.0)),
-             float(r.get("default", 0.0)), *r.get("clip", (0.0, 1.0)))
+            (
+                FEATURE_INDEX[r["feature"]],
+                self.compile_feature(r["source"]),
+                float(r.get("scale", 1.0)),
+                float(r.get("default", 0.0)),
+                *r.get("clip", (0.0, 1.0)),
+            )
             for r in self.feature_rules
         )
         # Clip bounds a float32 cannot hold leave the finiteness of the vector to the exact numpy check.
-        self._wide_clip = not all(-_FLOAT32_SAFE <= b <= _FLOAT32_SAFE for *_, lo, hi in self._feature_plan for b in (lo, hi))
+        self._wide_clip = not all(
+            -_FLOAT32_SAFE <= b <= _FLOAT32_SAFE for *_, lo, hi in self._feature_plan for b in (lo, hi)
+        )
         always, plan = 0, []
         for action, native in sorted(self.native_actions.items()):
             predicate = self.compile_available(native, ["actions", SemanticAction(action).name])
@@ -344,11 +380,15 @@ class BaseSemanticAdapter:
         self._token_cache: dict[int, tuple[frozenset[str], tuple[str, ...], np.ndarray]] = {}
         self._mask_cache: dict[int, np.ndarray] = {}
         cls = type(self)
-        self._compiled_step_ok = (cls.adapt_observation is BaseSemanticAdapter.adapt_observation
-                                  and cls.action_mask is BaseSemanticAdapter.action_mask)
+        self._compiled_step_ok = (
+            cls.adapt_observation is BaseSemanticAdapter.adapt_observation
+            and cls.action_mask is BaseSemanticAdapter.action_mask
+        )
         self._plain_reward = cls.adapt_reward is BaseSemanticAdapter.adapt_reward
 
-    def _plan(self, entries: list[tuple[Predicate, int]]) -> tuple[tuple[_Table, ...], tuple[tuple[Predicate, int], ...]]:
+    def _plan(
+        self, entries: list[tuple[Predicate, int]]
+    ) -> tuple[tuple[_Table, ...], tuple[tuple[Predicate, int], ...]]:
         """Split (predicate, bits) pairs into per-reader lookup tables (keyed leaves) and the rest."""
         grouped: dict[int, list[tuple[Predicate, int, tuple[Any, ...]]]] = {}
         rest: list[tuple[Predicate, int]] = []
@@ -466,7 +506,9 @@ class BaseSemanticAdapter:
         obs = self.adapt_observation(raw, context)
         vec = obs.encode()
         mask = self.action_mask(raw)
-        return AdaptedStep(vec, mask, obs.tokens, tuple(sorted(obs.tokens)), bool(np.isfinite(vec).all()), None, (), [], obs)
+        return AdaptedStep(
+            vec, mask, obs.tokens, tuple(sorted(obs.tokens)), bool(np.isfinite(vec).all()), None, (), [], obs
+        )
 
     def adapt_observation(self, raw: Any, context: Mapping[str, float] | None = None) -> SemanticObs:
         """Map raw channel output to tokens + features.

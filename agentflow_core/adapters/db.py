@@ -23,7 +23,12 @@ from agentflow_core.semantics import SemanticAction
 
 _COLUMN_PATTERN = r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$"
 _OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    "==": operator.eq, "!=": operator.ne, ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
 }
 _MISSING = object()
 

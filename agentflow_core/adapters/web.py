@@ -158,7 +158,9 @@ class WebAdapter(BaseSemanticAdapter):
         if "selector" in when:
             selector = when["selector"]
             name = selector[1:] if selector.startswith("#") else selector
-            return selector in raw.get("buttons", ()) or selector in raw.get("links", ()) or name in raw.get("fields", {})
+            return (
+                selector in raw.get("buttons", ()) or selector in raw.get("links", ()) or name in raw.get("fields", {})
+            )
         if "banner" in when:
             kind = when["banner"]
             if kind == "any":

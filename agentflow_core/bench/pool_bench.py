@@ -22,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -34,8 +35,14 @@ from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import N_ACTIONS
 
-TARGETS = {"semantic_overhead": 0.25, "ray_speedup_2_workers": 1.3, "catalogue_7200_mb": 20.0, "live_300_mb": 300.0,
-           "recovery_s": 2.0, "throughput_after_5s_ratio": 0.9}
+TARGETS = {
+    "semantic_overhead": 0.25,
+    "ray_speedup_2_workers": 1.3,
+    "catalogue_7200_mb": 20.0,
+    "live_300_mb": 300.0,
+    "recovery_s": 2.0,
+    "throughput_after_5s_ratio": 0.9,
+}
 
 
 class RawPhysicalEnv(gym.Env[np.ndarray, np.int64]):
@@ -48,7 +55,9 @@ class RawPhysicalEnv(gym.Env[np.ndarray, np.int64]):
         self.physical, self.native_actions = physical, list(native_actions)
         self._obs = np.zeros(1, dtype=np.float32)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         self.physical.reset(seed=seed)
         return self._obs, {}
 
@@ -69,7 +78,13 @@ class _InfoFree(gym.Wrapper):
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, _ = self.env.step(action)
-        return obs, reward, terminated, truncated, {}
+        return obs, float(reward), terminated, truncated, {}
+
+
+def _semantic_env(factory: EnvFactory, variant: VariantLike) -> gym.Env[Any, Any]:
+    """The pool's semantic env for ``variant`` without the per-step info (SyncVectorEnv merges infos)."""
+    env: gym.Env[Any, Any] = factory(variant)  # type: ignore[assignment]
+    return _InfoFree(env)
 
 
 def _raw_env(factory: EnvFactory, variant: VariantLike) -> RawPhysicalEnv:
@@ -93,8 +108,16 @@ def _drive(pool: PoolDriver, steps: int, rng: np.random.Generator, first_mask: n
     return time.perf_counter() - started, mask
 
 
-def semantic_overhead(variants: Sequence[VariantLike], factory: EnvFactory, num_envs: int = 64, steps: int = 200,
-                      scheduler: str = "plr_coverage", seed: int = 0, warmup: int = 50, blocks: int = 5) -> dict[str, Any]:
+def semantic_overhead(
+    variants: Sequence[VariantLike],
+    factory: EnvFactory,
+    num_envs: int = 64,
+    steps: int = 200,
+    scheduler: str = "plr_coverage",
+    seed: int = 0,
+    warmup: int = 50,
+    blocks: int = 5,
+) -> dict[str, Any]:
     """Pool (adapters + scheduler + bookkeeping) vs raw SyncVectorEnv over the same physical envs.
 
     Both sides warm up first (the pool creates envs lazily as the scheduler spreads slots over
@@ -105,10 +128,12 @@ def semantic_overhead(variants: Sequence[VariantLike], factory: EnvFactory, num_
     sample = _mixed_sample(variants, num_envs, rng)
     block = max(steps // blocks, 1)
     actions = rng.integers(0, N_ACTIONS, size=(warmup + block * blocks, len(sample)))
-    raw = gym.vector.SyncVectorEnv([lambda v=v: _raw_env(factory, v) for v in sample],
-                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    semantic = gym.vector.SyncVectorEnv([lambda v=v: _InfoFree(factory(v)) for v in sample],
-                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    raw = gym.vector.SyncVectorEnv(
+        [partial(_raw_env, factory, v) for v in sample], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    semantic = gym.vector.SyncVectorEnv(
+        [partial(_semantic_env, factory, v) for v in sample], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
     pool = InProcessPool(sample, factory, len(sample), PoolConfig(num_workers=1, scheduler=scheduler), seed=seed)
     raw.reset(seed=seed)
     semantic.reset(seed=seed)
@@ -121,7 +146,7 @@ def semantic_overhead(variants: Sequence[VariantLike], factory: EnvFactory, num_
     semantic_s: list[float] = []
     pool_s: list[float] = []
     for b in range(blocks):
-        rows = actions[warmup + b * block: warmup + (b + 1) * block]
+        rows = actions[warmup + b * block : warmup + (b + 1) * block]
         for step_fn, times in ((raw.step, raw_s), (semantic.step, semantic_s), (pool.step, pool_s)):
             started = time.perf_counter()
             for a in rows:
@@ -134,11 +159,17 @@ def semantic_overhead(variants: Sequence[VariantLike], factory: EnvFactory, num_
     per_block = block * len(sample)
     raw_med, semantic_med, pool_med = float(np.median(raw_s)), float(np.median(semantic_s)), float(np.median(pool_s))
     # Split: adapters alone (SyncVectorEnv over SemanticEnv) vs the pool's own share on top of them.
-    return {"semantic_overhead": pool_med / raw_med - 1.0, "raw_step_us": raw_med / per_block * 1e6,
-            "adapter_only_overhead": semantic_med / raw_med - 1.0, "pool_vs_semantic_vector": pool_med / semantic_med - 1.0,
-            "semantic_vector_step_us": semantic_med / per_block * 1e6,
-            "pool_step_us": pool_med / per_block * 1e6, "overhead_envs": len(sample), "overhead_steps": block * blocks,
-            "overhead_pool_envs_created": int(created)}
+    return {
+        "semantic_overhead": pool_med / raw_med - 1.0,
+        "raw_step_us": raw_med / per_block * 1e6,
+        "adapter_only_overhead": semantic_med / raw_med - 1.0,
+        "pool_vs_semantic_vector": pool_med / semantic_med - 1.0,
+        "semantic_vector_step_us": semantic_med / per_block * 1e6,
+        "pool_step_us": pool_med / per_block * 1e6,
+        "overhead_envs": len(sample),
+        "overhead_steps": block * blocks,
+        "overhead_pool_envs_created": int(created),
+    }
 
 
 # --------------------------------------------------------------------------------------- memory
@@ -166,8 +197,9 @@ def _probe(variant_json: list[str], factory: EnvFactory, num_envs: int, max_live
         return workers.apply(_memory_probe, (variant_json, factory, num_envs, max_live))
 
 
-def memory_footprint(variants: Sequence[VariantLike], factory: EnvFactory, live: int = 300,
-                     measure_all_live: bool = True) -> dict[str, Any]:
+def memory_footprint(
+    variants: Sequence[VariantLike], factory: EnvFactory, live: int = 300, measure_all_live: bool = True
+) -> dict[str, Any]:
     """Catalogue, 300-live and all-live memory beyond an empty pool, each probe in its own process."""
     texts = [v.to_json() for v in variants]  # type: ignore[attr-defined]
     empty = _probe(texts[:1], factory, 1, 1)
@@ -183,28 +215,42 @@ def memory_footprint(variants: Sequence[VariantLike], factory: EnvFactory, live:
     }
     if measure_all_live:
         all_live = _probe(texts, factory, len(texts), len(texts))
-        out.update(all_live_7200_mb=all_live["mb"] - catalogue["mb"], all_live_7200_extrapolated=False,
-                   all_live_7200_envs=int(all_live["live_envs"]), all_live_7200_build_s=all_live["build_s"])
+        out.update(
+            all_live_7200_mb=all_live["mb"] - catalogue["mb"],
+            all_live_7200_extrapolated=False,
+            all_live_7200_envs=int(all_live["live_envs"]),
+            all_live_7200_build_s=all_live["build_s"],
+        )
     else:
         out.update(all_live_7200_mb=per_env_mb * len(texts), all_live_7200_extrapolated=True)
     return out
 
 
 # --------------------------------------------------------------------------------------- ray
-def ray_speedup_and_recovery(variants: Sequence[VariantLike], factory: EnvFactory, num_envs: int = 300,
-                             steps: int = 30, seed: int = 0, config: PoolConfig | None = None,
-                             ray_config: RayConfig | None = None, window_s: float = 2.0,
-                             recovery: bool = True) -> dict[str, Any]:
+def ray_speedup_and_recovery(
+    variants: Sequence[VariantLike],
+    factory: EnvFactory,
+    num_envs: int = 300,
+    steps: int = 30,
+    seed: int = 0,
+    config: PoolConfig | None = None,
+    ray_config: RayConfig | None = None,
+    window_s: float = 2.0,
+    recovery: bool = True,
+) -> dict[str, Any]:
     """In-process vs Ray (2 workers) on the same variants, then a SIGKILL of one Ray worker."""
     from agentflow_core.pool.ray_pool import RayPool
 
     base = config or PoolConfig()
     config = base.model_copy(update={"num_workers": 2, "max_live_per_worker": max(base.max_live_per_worker, num_envs)})
     timings: dict[str, float] = {}
-    pools: dict[str, PoolDriver] = {}
+    pools: dict[str, InProcessPool | RayPool] = {}
     for name in ("inprocess", "ray"):
-        pool: PoolDriver = (InProcessPool(variants, factory, num_envs, config, seed=seed) if name == "inprocess"
-                            else RayPool(variants, factory, num_envs, config, seed=seed, ray_config=ray_config))
+        pool: InProcessPool | RayPool = (
+            InProcessPool(variants, factory, num_envs, config, seed=seed)
+            if name == "inprocess"
+            else RayPool(variants, factory, num_envs, config, seed=seed, ray_config=ray_config)
+        )
         rng = np.random.default_rng(seed)
         _, mask = _drive(pool, 10, rng, pool.reset(seed=seed).action_mask)  # warm-up: envs created lazily
         timings[name], _ = _drive(pool, steps, rng, mask)
@@ -214,7 +260,8 @@ def ray_speedup_and_recovery(variants: Sequence[VariantLike], factory: EnvFactor
         "ray_speedup_2_workers": timings["inprocess"] / timings["ray"],
         "inprocess_env_steps_per_s": steps * num_envs / timings["inprocess"],
         "ray_env_steps_per_s": steps * num_envs / timings["ray"],
-        "ray_num_envs": num_envs, "ray_steps": steps,
+        "ray_num_envs": num_envs,
+        "ray_steps": steps,
     }
     if recovery:
         out.update(_recovery(pools["ray"], seed, window_s))  # type: ignore[arg-type]
@@ -222,7 +269,9 @@ def ray_speedup_and_recovery(variants: Sequence[VariantLike], factory: EnvFactor
     return out
 
 
-def _throughput(pool: PoolDriver, rng: np.random.Generator, mask: np.ndarray, seconds: float) -> tuple[float, np.ndarray]:
+def _throughput(
+    pool: PoolDriver, rng: np.random.Generator, mask: np.ndarray, seconds: float
+) -> tuple[float, np.ndarray]:
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         mask = pool.step(np.argmax(rng.random(mask.shape) * mask, axis=1)).action_mask
@@ -245,28 +294,53 @@ def _recovery(pool: Any, seed: int, window_s: float) -> dict[str, Any]:
         mask = pool.step(np.argmax(rng.random(mask.shape) * mask, axis=1)).action_mask
     after, _ = _throughput(pool, rng, mask, window_s)
     event = pool.loss_events[-1] if pool.loss_events else {"detected_at": float("nan"), "restored_at": float("nan")}
-    return {"recovery_detect_s": event["detected_at"] - killed_at, "recovery_restart_s": event["restored_at"] - killed_at,
-            "recovery_s": stepping_again, "recovery_steps_lost": int(lost),
-            "throughput_before_env_steps_per_s": before, "throughput_after_5s_env_steps_per_s": after,
-            "throughput_after_5s_ratio": after / before}
+    return {
+        "recovery_detect_s": event["detected_at"] - killed_at,
+        "recovery_restart_s": event["restored_at"] - killed_at,
+        "recovery_s": stepping_again,
+        "recovery_steps_lost": int(lost),
+        "throughput_before_env_steps_per_s": before,
+        "throughput_after_5s_env_steps_per_s": after,
+        "throughput_after_5s_ratio": after / before,
+    }
 
 
 # --------------------------------------------------------------------------------------- all
-def scheduler_coverage(config: PoolConfig, n_variants: int = 1000, draws: int = 50_000, seed: int = 0) -> dict[str, Any]:
+def scheduler_coverage(
+    config: PoolConfig, n_variants: int = 1000, draws: int = 50_000, seed: int = 0
+) -> dict[str, Any]:
     """The configured strategy's coverage ratios from the scheduler benchmark."""
     from agentflow_core.bench.scheduler_bench import run_scheduler_bench
 
-    result = run_scheduler_bench(n_variants=n_variants, draws=draws, seed=seed, cfg=config,
-                                 strategies=(config.scheduler,))
+    result = run_scheduler_bench(
+        n_variants=n_variants, draws=draws, seed=seed, cfg=config, strategies=(config.scheduler,)
+    )
     metrics = result["strategies"][config.scheduler]
-    return {"scheduler": config.scheduler, "scheduler_n_variants": n_variants, "scheduler_draws": draws,
-            **{k: metrics[k] for k in ("cold_share_vs_round_robin", "max_visit_gap_over_n", "draws_to_90pct_vs_round_robin")}}
+    return {
+        "scheduler": config.scheduler,
+        "scheduler_n_variants": n_variants,
+        "scheduler_draws": draws,
+        **{
+            k: metrics[k]
+            for k in ("cold_share_vs_round_robin", "max_visit_gap_over_n", "draws_to_90pct_vs_round_robin")
+        },
+    }
 
 
-def run_pool_bench(variants: Sequence[VariantLike], factory: EnvFactory, *, config: PoolConfig | None = None,
-                   ray_config: RayConfig | None = None, num_envs: int = 300, steps: int = 30,
-                   overhead_envs: int = 64, overhead_steps: int = 200, measure_all_live: bool = True,
-                   scheduler_draws: int = 50_000, seed: int = 0) -> dict[str, Any]:
+def run_pool_bench(
+    variants: Sequence[VariantLike],
+    factory: EnvFactory,
+    *,
+    config: PoolConfig | None = None,
+    ray_config: RayConfig | None = None,
+    num_envs: int = 300,
+    steps: int = 30,
+    overhead_envs: int = 64,
+    overhead_steps: int = 200,
+    measure_all_live: bool = True,
+    scheduler_draws: int = 50_000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Run every pool measurement; returns one flat dict of numbers plus targets and their verdicts."""
     config = config or PoolConfig()
     started = time.perf_counter()

@@ -50,8 +50,12 @@ from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, gene
 
 GOAL_INDEX = TOKEN_INDEX[GOAL_TOKEN]
 
-TARGETS = {"sps_ratio_vs_sb3": 3.0, "update_s_2048": 0.1, "heldout_success_vs_expert": 0.8,
-           "heldout_success_vs_exploration": 2.0}
+TARGETS = {
+    "sps_ratio_vs_sb3": 3.0,
+    "update_s_2048": 0.1,
+    "heldout_success_vs_expert": 0.8,
+    "heldout_success_vs_exploration": 2.0,
+}
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,9 @@ class GymIdEnv:
 
     env: Any
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -108,8 +114,15 @@ class GymVectorPool:
         obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self._return[:], self._length[:] = 0.0, 0
         zeros = np.zeros(self.num_envs, dtype=bool)
-        return PoolBatch(obs, self._masks(), np.zeros(self.num_envs, np.float32), zeros, zeros.copy(), obs.copy(),
-                         [{} for _ in range(self.num_envs)])
+        return PoolBatch(
+            obs,
+            self._masks(),
+            np.zeros(self.num_envs, np.float32),
+            zeros,
+            zeros.copy(),
+            obs.copy(),
+            [{} for _ in range(self.num_envs)],
+        )
 
     def step(self, actions: np.ndarray) -> PoolBatch:
         n = self.num_envs
@@ -125,8 +138,11 @@ class GymVectorPool:
             self._return[i] += r
             self._length[i] += 1
             if te or tr:
-                infos[i] = {"episode_return": float(self._return[i]), "episode_length": int(self._length[i]),
-                            "success": bool(te and o[GOAL_INDEX] > 0.5)}
+                infos[i] = {
+                    "episode_return": float(self._return[i]),
+                    "episode_length": int(self._length[i]),
+                    "success": bool(te and o[GOAL_INDEX] > 0.5),
+                }
                 self._return[i], self._length[i] = 0.0, 0
                 o, _ = env.reset()
             obs[i] = o
@@ -138,14 +154,29 @@ class GymVectorPool:
 
 
 def _matched_train_config(n_envs: int, n_steps: int, minibatch: int, epochs: int, total_steps: int) -> TrainConfig:
-    return TrainConfig(total_steps=total_steps, num_envs=n_envs, n_steps=n_steps, batch_size=n_envs * n_steps,
-                       minibatch_size=minibatch, n_epochs=epochs, learning_rate=3e-4, clip_range=0.2, ent_coef=0.01,
-                       vf_coef=0.5, max_grad_norm=0.5, gamma=0.99, gae_lambda=0.95, hidden_sizes=[64, 64])
+    return TrainConfig(
+        total_steps=total_steps,
+        num_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=n_envs * n_steps,
+        minibatch_size=minibatch,
+        n_epochs=epochs,
+        learning_rate=3e-4,
+        clip_range=0.2,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        gamma=0.99,
+        gae_lambda=0.95,
+        hidden_sizes=[64, 64],
+    )
 
 
 def _gym_pool(gym_id: str, n_envs: int, seed: int) -> InProcessPool:
     spec = VariantSpec(f"bench_{gym_id.replace('/', '_')}", gym_id, "bench", {}, content_hash(gym_id, {}))
-    return InProcessPool([spec], GymIdFactory(gym_id), n_envs, PoolConfig(num_workers=0, scheduler="uniform"), seed=seed)
+    return InProcessPool(
+        [spec], GymIdFactory(gym_id), n_envs, PoolConfig(num_workers=0, scheduler="uniform"), seed=seed
+    )
 
 
 def _ours_sps(gym_id: str, cfg: TrainConfig, seed: int, catalogue_pool: bool = False) -> tuple[float, PPO]:
@@ -169,11 +200,26 @@ def _sb3_model(gym_id: str, cfg: TrainConfig, seed: int) -> Any:
 
     # A callable, not the id: make_vec_env would pass render_mode, which the Scenario-kwargs entry point rejects.
     venv = make_vec_env(lambda: gymnasium.make(gym_id), n_envs=cfg.num_envs, seed=seed)
-    return SB3PPO("MlpPolicy", venv, n_steps=cfg.n_steps, batch_size=cfg.minibatch_size, n_epochs=cfg.n_epochs,
-                  learning_rate=cfg.learning_rate, clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
-                  max_grad_norm=cfg.max_grad_norm, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, seed=seed, device="cpu",
-                  policy_kwargs={"net_arch": {"pi": list(cfg.hidden_sizes), "vf": list(cfg.hidden_sizes)},
-                                 "activation_fn": torch.nn.Tanh})
+    return SB3PPO(
+        "MlpPolicy",
+        venv,
+        n_steps=cfg.n_steps,
+        batch_size=cfg.minibatch_size,
+        n_epochs=cfg.n_epochs,
+        learning_rate=cfg.learning_rate,
+        clip_range=cfg.clip_range,
+        ent_coef=cfg.ent_coef,
+        vf_coef=cfg.vf_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        gamma=cfg.gamma,
+        gae_lambda=cfg.gae_lambda,
+        seed=seed,
+        device="cpu",
+        policy_kwargs={
+            "net_arch": {"pi": list(cfg.hidden_sizes), "vf": list(cfg.hidden_sizes)},
+            "activation_fn": torch.nn.Tanh,
+        },
+    )
 
 
 def _sb3_sps(gym_id: str, cfg: TrainConfig, seed: int) -> float:
@@ -227,8 +273,14 @@ def _packaged_factory(variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
     return RegistryEnvFactory({b: packaged_entry(b) for b in sorted({v.base_env_id for v in variants})})
 
 
-def learning_curves(variants: Sequence[VariantSpec], cfg: TrainConfig, seed: int, eval_every: int,
-                    eval_episodes: int, heldout_fraction: float = 0.2) -> dict[str, Any]:
+def learning_curves(
+    variants: Sequence[VariantSpec],
+    cfg: TrainConfig,
+    seed: int,
+    eval_every: int,
+    eval_episodes: int,
+    heldout_fraction: float = 0.2,
+) -> dict[str, Any]:
     """Train on the non-held-out variants; evaluate trained / exploration / expert on the held-out ones."""
     train, heldout = split_heldout(variants, heldout_fraction)
     factory = _packaged_factory(variants)
@@ -242,11 +294,17 @@ def learning_curves(variants: Sequence[VariantSpec], cfg: TrainConfig, seed: int
         sink = MemorySink()
         ppo = PPO(policy, pool, cfg, seed=seed, sink=sink)
         reference = {
-            "exploration": evaluate_policy(eval_pool, exploration_policy(untrained, 0.95, np.random.default_rng(seed)),
-                                           eval_episodes, seed=seed + 3),
+            "exploration": evaluate_policy(
+                eval_pool,
+                exploration_policy(untrained, 0.95, np.random.default_rng(seed)),
+                eval_episodes,
+                seed=seed + 3,
+            ),
             "expert": evaluate_policy(eval_pool, expert_policy(eval_pool), eval_episodes, seed=seed + 3),
         }
-        evals = [{"step": 0, **evaluate_policy(eval_pool, greedy_policy(policy), eval_episodes, seed=seed + 3).metrics("")}]
+        evals = [
+            {"step": 0, **evaluate_policy(eval_pool, greedy_policy(policy), eval_episodes, seed=seed + 3).metrics("")}
+        ]
         while ppo.update < cfg.num_updates:
             ppo.train_iteration()
             if ppo.update % eval_every == 0 or ppo.update == cfg.num_updates:
@@ -257,15 +315,24 @@ def learning_curves(variants: Sequence[VariantSpec], cfg: TrainConfig, seed: int
         eval_pool.close()
     final = evals[-1]
     return {
-        "train_variants": len(train), "heldout_variants": len(heldout), "steps": ppo.global_step,
-        "heldout_success": final["success_rate"], "heldout_return": final["mean_return"],
+        "train_variants": len(train),
+        "heldout_variants": len(heldout),
+        "steps": ppo.global_step,
+        "heldout_success": final["success_rate"],
+        "heldout_return": final["mean_return"],
         "heldout_success_exploration": reference["exploration"].success_rate,
         "heldout_return_exploration": reference["exploration"].mean_return,
         "heldout_success_expert": reference["expert"].success_rate,
         "heldout_return_expert": reference["expert"].mean_return,
         "evals": evals,
-        "train_curve": [{"step": s, "success_rate": m.get("rollout/success_rate", float("nan")),
-                         "episode_return": m.get("rollout/episode_return", float("nan"))} for s, m in sink.rows],
+        "train_curve": [
+            {
+                "step": s,
+                "success_rate": m.get("rollout/success_rate", float("nan")),
+                "episode_return": m.get("rollout/episode_return", float("nan")),
+            }
+            for s, m in sink.rows
+        ],
     }
 
 
@@ -303,7 +370,9 @@ def _iteration_split(gym_id: str, cfg: TrainConfig, seed: int, repeats: int = 3)
         pool.close()
 
 
-def throughput_vs_sb3(gym_id: str, cfg: TrainConfig, seed: int, repeats: int, catalogue_pool: bool = False) -> dict[str, Any]:
+def throughput_vs_sb3(
+    gym_id: str, cfg: TrainConfig, seed: int, repeats: int, catalogue_pool: bool = False
+) -> dict[str, Any]:
     """Alternating SB3 / ours runs at one matched setting: both sides' best steps/s and the ratio."""
     ours_runs, sb3_runs, pool_runs = [], [], []
     for r in range(repeats):
@@ -311,49 +380,97 @@ def throughput_vs_sb3(gym_id: str, cfg: TrainConfig, seed: int, repeats: int, ca
         ours_runs.append(_ours_sps(gym_id, cfg, seed + r)[0])
         if catalogue_pool:
             pool_runs.append(_ours_sps(gym_id, cfg, seed + r, catalogue_pool=True)[0])
-    result = {"n_envs": cfg.num_envs, "n_steps": cfg.n_steps, "minibatch_size": cfg.minibatch_size,
-              "n_epochs": cfg.n_epochs, "steps_per_run": cfg.num_updates * cfg.num_envs * cfg.n_steps,
-              "ours_sps": max(ours_runs), "sb3_sps": max(sb3_runs), "ours_sps_runs": ours_runs, "sb3_sps_runs": sb3_runs,
-              "sps_ratio_vs_sb3": max(ours_runs) / max(sb3_runs)}
+    result = {
+        "n_envs": cfg.num_envs,
+        "n_steps": cfg.n_steps,
+        "minibatch_size": cfg.minibatch_size,
+        "n_epochs": cfg.n_epochs,
+        "steps_per_run": cfg.num_updates * cfg.num_envs * cfg.n_steps,
+        "ours_sps": max(ours_runs),
+        "sb3_sps": max(sb3_runs),
+        "ours_sps_runs": ours_runs,
+        "sb3_sps_runs": sb3_runs,
+        "sps_ratio_vs_sb3": max(ours_runs) / max(sb3_runs),
+    }
     if pool_runs:
-        result.update(ours_inprocess_pool_sps=max(pool_runs), inprocess_pool_sps_ratio_vs_sb3=max(pool_runs) / max(sb3_runs))
+        result.update(
+            ours_inprocess_pool_sps=max(pool_runs), inprocess_pool_sps_ratio_vs_sb3=max(pool_runs) / max(sb3_runs)
+        )
     return result
 
 
-def run_ppo_bench(gym_id: str = "agentflow/WebCheckout-v2", n_envs: int = 8, n_steps: int = 256, minibatch: int = 64,
-                  epochs: int = 10, large_minibatch: int = 512, large_epochs: int = 4, sps_updates: int = 5,
-                  repeats: int = 2, update_repeats: int = 7, catalogue_samples: int = 3, learn_updates: int = 30,
-                  seed: int = 0) -> dict[str, Any]:
+def run_ppo_bench(
+    gym_id: str = "agentflow/WebCheckout-v2",
+    n_envs: int = 8,
+    n_steps: int = 256,
+    minibatch: int = 64,
+    epochs: int = 10,
+    large_minibatch: int = 512,
+    large_epochs: int = 4,
+    sps_updates: int = 5,
+    repeats: int = 2,
+    update_repeats: int = 7,
+    catalogue_samples: int = 3,
+    learn_updates: int = 30,
+    seed: int = 0,
+) -> dict[str, Any]:
     """All PPO benchmark numbers and the learning-curve data, as one dict."""
     torch.set_num_threads(1)
     total = sps_updates * n_envs * n_steps
     cfg = _matched_train_config(n_envs, n_steps, minibatch, epochs, total)
     headline = throughput_vs_sb3(gym_id, cfg, seed, repeats, catalogue_pool=True)
-    large = throughput_vs_sb3(gym_id, _matched_train_config(n_envs, n_steps, large_minibatch, large_epochs, total), seed,
-                              repeats)
+    large = throughput_vs_sb3(
+        gym_id, _matched_train_config(n_envs, n_steps, large_minibatch, large_epochs, total), seed, repeats
+    )
     env_sps = _env_only_sps(gym_id, n_envs, n_steps, seed)
     rollout_s, update_s = _iteration_split(gym_id, cfg, seed)
     update_ours, update_sb3 = _update_latency(gym_id, seed, update_repeats)
-    learn_cfg = TrainConfig(total_steps=learn_updates * 1024, num_envs=16, n_steps=64, batch_size=1024, minibatch_size=256,
-                            n_epochs=4, learning_rate=1e-3, clip_range=0.2, hidden_sizes=[64, 64])
-    learning = learning_curves(demo_catalogue(catalogue_samples, seed), learn_cfg, seed, eval_every=5, eval_episodes=128)
+    learn_cfg = TrainConfig(
+        total_steps=learn_updates * 1024,
+        num_envs=16,
+        n_steps=64,
+        batch_size=1024,
+        minibatch_size=256,
+        n_epochs=4,
+        learning_rate=1e-3,
+        clip_range=0.2,
+        hidden_sizes=[64, 64],
+    )
+    learning = learning_curves(
+        demo_catalogue(catalogue_samples, seed), learn_cfg, seed, eval_every=5, eval_episodes=128
+    )
     return {
         "gym_id": gym_id,
-        "matched": {"n_envs": n_envs, "n_steps": n_steps, "minibatch_size": minibatch, "n_epochs": epochs,
-                    "minibatch_source": "SB3 PPO defaults (batch_size=64, n_epochs=10), set on both sides",
-                    "large_minibatch_size": large_minibatch, "large_n_epochs": large_epochs,
-                    "net": "64x64 tanh actor + critic", "steps_per_run": total, "repeats": repeats, "torch_threads": 1},
-        "ours_sps": headline["ours_sps"], "sb3_sps": headline["sb3_sps"],
-        "ours_sps_runs": headline["ours_sps_runs"], "sb3_sps_runs": headline["sb3_sps_runs"],
+        "matched": {
+            "n_envs": n_envs,
+            "n_steps": n_steps,
+            "minibatch_size": minibatch,
+            "n_epochs": epochs,
+            "minibatch_source": "SB3 PPO defaults (batch_size=64, n_epochs=10), set on both sides",
+            "large_minibatch_size": large_minibatch,
+            "large_n_epochs": large_epochs,
+            "net": "64x64 tanh actor + critic",
+            "steps_per_run": total,
+            "repeats": repeats,
+            "torch_threads": 1,
+        },
+        "ours_sps": headline["ours_sps"],
+        "sb3_sps": headline["sb3_sps"],
+        "ours_sps_runs": headline["ours_sps_runs"],
+        "sb3_sps_runs": headline["sb3_sps_runs"],
         "sps_ratio_vs_sb3": headline["sps_ratio_vs_sb3"],
-        "ours_sps_large_minibatch": large["ours_sps"], "sb3_sps_large_minibatch": large["sb3_sps"],
+        "ours_sps_large_minibatch": large["ours_sps"],
+        "sb3_sps_large_minibatch": large["sb3_sps"],
         "sps_ratio_vs_sb3_large_minibatch": large["sps_ratio_vs_sb3"],
         "throughput": {"sb3_default_minibatch": headline, "large_minibatch": large},
         "ours_inprocess_pool_sps": headline["ours_inprocess_pool_sps"],
         "inprocess_pool_sps_ratio_vs_sb3": headline["inprocess_pool_sps_ratio_vs_sb3"],
-        "env_only_sps": env_sps, "sps_ratio_ceiling_vs_sb3": env_sps / headline["sb3_sps"],
-        "ours_rollout_s": rollout_s, "ours_update_s": update_s,
-        "update_s_2048": update_ours, "sb3_update_s_2048": update_sb3,
+        "env_only_sps": env_sps,
+        "sps_ratio_ceiling_vs_sb3": env_sps / headline["sb3_sps"],
+        "ours_rollout_s": rollout_s,
+        "ours_update_s": update_s,
+        "update_s_2048": update_ours,
+        "sb3_update_s_2048": update_sb3,
         "heldout_success_vs_expert": _ratio(learning["heldout_success"], learning["heldout_success_expert"]),
         "heldout_success_vs_exploration": _ratio(learning["heldout_success"], learning["heldout_success_exploration"]),
         "learning": learning,

@@ -103,8 +103,14 @@ class StepResult:
         return self.terminated or self.truncated
 
     def as_dict(self) -> dict[str, Any]:
-        return {"obs": self.obs, "reward": self.reward, "done": self.done, "terminated": self.terminated,
-                "truncated": self.truncated, "info": self.info}
+        return {
+            "obs": self.obs,
+            "reward": self.reward,
+            "done": self.done,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "info": self.info,
+        }
 
 
 @runtime_checkable

@@ -57,7 +57,13 @@ class ScriptedExpert:
 
     def act_batch(self, obs: np.ndarray, masks: np.ndarray | None = None) -> np.ndarray:
         """Vectorised over a batch of observations (pools step many envs per call)."""
-        return np.array([self.act(o, None if masks is None else m) for o, m in zip(obs, masks if masks is not None else [None] * len(obs), strict=True)], dtype=np.int64)
+        return np.array(
+            [
+                self.act(o, None if masks is None else m)
+                for o, m in zip(obs, masks if masks is not None else [None] * len(obs), strict=True)
+            ],
+            dtype=np.int64,
+        )
 
 
 _EXPERTS: dict[str, ScriptedExpert] = {

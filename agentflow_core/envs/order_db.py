@@ -83,14 +83,28 @@ N_PRODUCTS = 3
 # ISO 8583 response codes written into payments.code.
 CODE_APPROVED, CODE_DECLINED, CODE_NSF, CODE_MALFUNCTION = "00", "05", "51", "96"
 
-OPS = ("login", "view_product", "add_cart_item", "remove_cart_items", "create_order", "open_payment",
-       "charge", "top_up", "switch_card", "cancel_order", "escalate", "retry", "refresh")
+OPS = (
+    "login",
+    "view_product",
+    "add_cart_item",
+    "remove_cart_items",
+    "create_order",
+    "open_payment",
+    "charge",
+    "top_up",
+    "switch_card",
+    "cancel_order",
+    "escalate",
+    "retry",
+    "refresh",
+)
 
 # ---------------------------------------------------------------------------------------- schema
 metadata = MetaData()
 
 users = Table(
-    "users", metadata,
+    "users",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("name", String(200), nullable=False, unique=True),
     Column("tier", String(16), nullable=False),
@@ -101,20 +115,23 @@ users = Table(
     CheckConstraint("balance >= 0", name="ck_users_balance_nonneg"),
 )
 products = Table(
-    "products", metadata,
+    "products",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("sku", String(200), nullable=False, unique=True),
     Column("price", Float, nullable=False),
     CheckConstraint("price > 0", name="ck_products_price_positive"),
 )
 inventory = Table(
-    "inventory", metadata,
+    "inventory",
+    metadata,
     Column("product_id", Integer, ForeignKey("products.id"), primary_key=True),
     Column("stock", Integer, nullable=False),
     CheckConstraint("stock >= 0", name="ck_inventory_stock_nonneg"),
 )
 sessions = Table(
-    "sessions", metadata,
+    "sessions",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False),
     Column("token", String(32), nullable=False, unique=True),
@@ -123,12 +140,14 @@ sessions = Table(
     CheckConstraint("status IN ('active', 'expired')", name="ck_sessions_status"),
 )
 carts = Table(
-    "carts", metadata,
+    "carts",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False, unique=True),
 )
 cart_items = Table(
-    "cart_items", metadata,
+    "cart_items",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("cart_id", Integer, ForeignKey("carts.id"), nullable=False),
     Column("product_id", Integer, ForeignKey("products.id"), nullable=False),
@@ -137,7 +156,8 @@ cart_items = Table(
     CheckConstraint("qty > 0", name="ck_cart_items_qty_positive"),
 )
 orders = Table(
-    "orders", metadata,
+    "orders",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False),
     Column("status", String(16), nullable=False),
@@ -147,10 +167,16 @@ orders = Table(
     CheckConstraint("total > 0", name="ck_orders_total_positive"),
 )
 # One pending order per user: a second CHECKOUT is refused by the database, not by Python.
-Index("uq_orders_one_pending", orders.c.user_id, unique=True,
-      sqlite_where=orders.c.status == "pending", postgresql_where=orders.c.status == "pending")
+Index(
+    "uq_orders_one_pending",
+    orders.c.user_id,
+    unique=True,
+    sqlite_where=orders.c.status == "pending",
+    postgresql_where=orders.c.status == "pending",
+)
 payments = Table(
-    "payments", metadata,
+    "payments",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("order_id", Integer, ForeignKey("orders.id"), nullable=False),
     Column("attempt", Integer, nullable=False),
@@ -159,15 +185,22 @@ payments = Table(
     Column("status", String(24), nullable=False),
     Column("code", String(4)),
     UniqueConstraint("order_id", "attempt", name="uq_payments_attempt"),
-    CheckConstraint("status IN ('initiated', 'captured', 'declined', 'insufficient_funds', 'error')",
-                    name="ck_payments_status"),
+    CheckConstraint(
+        "status IN ('initiated', 'captured', 'declined', 'insufficient_funds', 'error')", name="ck_payments_status"
+    ),
     CheckConstraint("card IN ('primary', 'backup')", name="ck_payments_card"),
 )
 # Never two captures for one order (a double charge).
-Index("uq_payments_one_capture", payments.c.order_id, unique=True,
-      sqlite_where=payments.c.status == "captured", postgresql_where=payments.c.status == "captured")
+Index(
+    "uq_payments_one_capture",
+    payments.c.order_id,
+    unique=True,
+    sqlite_where=payments.c.status == "captured",
+    postgresql_where=payments.c.status == "captured",
+)
 topups = Table(
-    "topups", metadata,
+    "topups",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False),
     Column("payment_id", Integer, ForeignKey("payments.id"), nullable=False),
@@ -175,7 +208,8 @@ topups = Table(
     CheckConstraint("amount > 0", name="ck_topups_amount_positive"),
 )
 tickets = Table(
-    "tickets", metadata,
+    "tickets",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False),
     Column("reason", String(32), nullable=False),
@@ -231,41 +265,76 @@ _READ_OBS = select(
 )
 _SESSION_STATUS = select(sessions.c.status).where(sessions.c.id == bindparam("b_session"))
 _USER_STATUS = select(users.c.status).where(users.c.id == bindparam("b_user"))
-_INSERT_SESSION = insert(sessions).values(user_id=bindparam("b_user"), token=bindparam("b_token"),
-                                          created_step=bindparam("b_step"), status="active")
-_EXPIRE_SESSION = update(sessions).where(and_(sessions.c.id == bindparam("b_session"), sessions.c.status == "active")
-                                         ).values(status="expired")
-_RESERVE_STOCK = update(inventory).where(inventory.c.product_id == bindparam("b_product")).values(stock=inventory.c.stock - 1)
-_ADD_QTY = update(cart_items).where(and_(cart_items.c.cart_id == bindparam("b_cart"),
-                                         cart_items.c.product_id == bindparam("b_product"))).values(qty=cart_items.c.qty + 1)
+_INSERT_SESSION = insert(sessions).values(
+    user_id=bindparam("b_user"), token=bindparam("b_token"), created_step=bindparam("b_step"), status="active"
+)
+_EXPIRE_SESSION = (
+    update(sessions)
+    .where(and_(sessions.c.id == bindparam("b_session"), sessions.c.status == "active"))
+    .values(status="expired")
+)
+_RESERVE_STOCK = (
+    update(inventory).where(inventory.c.product_id == bindparam("b_product")).values(stock=inventory.c.stock - 1)
+)
+_ADD_QTY = (
+    update(cart_items)
+    .where(and_(cart_items.c.cart_id == bindparam("b_cart"), cart_items.c.product_id == bindparam("b_product")))
+    .values(qty=cart_items.c.qty + 1)
+)
 _INSERT_ITEM = insert(cart_items).values(cart_id=bindparam("b_cart"), product_id=bindparam("b_product"), qty=1)
 _CART_LINES = select(cart_items.c.product_id, cart_items.c.qty).where(cart_items.c.cart_id == bindparam("b_cart"))
-_RELEASE_STOCK = update(inventory).where(inventory.c.product_id == bindparam("b_product")).values(
-    stock=inventory.c.stock + bindparam("b_qty"))
+_RELEASE_STOCK = (
+    update(inventory)
+    .where(inventory.c.product_id == bindparam("b_product"))
+    .values(stock=inventory.c.stock + bindparam("b_qty"))
+)
 _EMPTY_CART = delete(cart_items).where(cart_items.c.cart_id == bindparam("b_cart"))
-_CART_SUBTOTAL = select(func.coalesce(func.sum(cart_items.c.qty * products.c.price), 0.0)).select_from(
-    cart_items.join(products, cart_items.c.product_id == products.c.id)).where(cart_items.c.cart_id == bindparam("b_cart"))
-_INSERT_ORDER = insert(orders).values(user_id=bindparam("b_user"), status="pending", total=bindparam("b_total"),
-                                      created_step=bindparam("b_step"))
+_CART_SUBTOTAL = (
+    select(func.coalesce(func.sum(cart_items.c.qty * products.c.price), 0.0))
+    .select_from(cart_items.join(products, cart_items.c.product_id == products.c.id))
+    .where(cart_items.c.cart_id == bindparam("b_cart"))
+)
+_INSERT_ORDER = insert(orders).values(
+    user_id=bindparam("b_user"), status="pending", total=bindparam("b_total"), created_step=bindparam("b_step")
+)
 _ORDER_ROW = select(orders.c.status, orders.c.total).where(orders.c.id == bindparam("b_order"))
-_SET_ORDER_STATUS = update(orders).where(and_(orders.c.id == bindparam("b_order"), orders.c.status == bindparam("b_from"))
-                                         ).values(status=bindparam("b_to"))
-_CANCEL_ORDER = update(orders).where(and_(orders.c.id == bindparam("b_order"), orders.c.status.in_(("pending", "expired")))
-                                     ).values(status="cancelled")
+_SET_ORDER_STATUS = (
+    update(orders)
+    .where(and_(orders.c.id == bindparam("b_order"), orders.c.status == bindparam("b_from")))
+    .values(status=bindparam("b_to"))
+)
+_CANCEL_ORDER = (
+    update(orders)
+    .where(and_(orders.c.id == bindparam("b_order"), orders.c.status.in_(("pending", "expired"))))
+    .values(status="cancelled")
+)
 _INSERT_PAYMENT = insert(payments).values(
-    order_id=bindparam("b_order"), card=bindparam("b_card"), amount=bindparam("b_amount"), status="initiated",
-    attempt=select(func.coalesce(func.max(payments.c.attempt), 0) + 1).where(
-        payments.c.order_id == bindparam("b_order")).scalar_subquery())
+    order_id=bindparam("b_order"),
+    card=bindparam("b_card"),
+    amount=bindparam("b_amount"),
+    status="initiated",
+    attempt=select(func.coalesce(func.max(payments.c.attempt), 0) + 1)
+    .where(payments.c.order_id == bindparam("b_order"))
+    .scalar_subquery(),
+)
 _PAYMENT_ROW = select(payments.c.status, payments.c.amount).where(payments.c.id == bindparam("b_payment"))
-_SET_PAYMENT = update(payments).where(and_(payments.c.id == bindparam("b_payment"), payments.c.status == "initiated")
-                                      ).values(status=bindparam("b_status"), code=bindparam("b_code"))
-_DEBIT = update(users).where(and_(users.c.id == bindparam("b_user"), users.c.balance >= bindparam("b_amount"))
-                             ).values(balance=users.c.balance - bindparam("b_amount"))
+_SET_PAYMENT = (
+    update(payments)
+    .where(and_(payments.c.id == bindparam("b_payment"), payments.c.status == "initiated"))
+    .values(status=bindparam("b_status"), code=bindparam("b_code"))
+)
+_DEBIT = (
+    update(users)
+    .where(and_(users.c.id == bindparam("b_user"), users.c.balance >= bindparam("b_amount")))
+    .values(balance=users.c.balance - bindparam("b_amount"))
+)
 _CREDIT = update(users).where(users.c.id == bindparam("b_user")).values(balance=users.c.balance + bindparam("b_amount"))
-_INSERT_TOPUP = insert(topups).values(user_id=bindparam("b_user"), payment_id=bindparam("b_payment"),
-                                      amount=bindparam("b_amount"))
-_INSERT_TICKET = insert(tickets).values(user_id=bindparam("b_user"), reason=bindparam("b_reason"),
-                                        created_step=bindparam("b_step"))
+_INSERT_TOPUP = insert(topups).values(
+    user_id=bindparam("b_user"), payment_id=bindparam("b_payment"), amount=bindparam("b_amount")
+)
+_INSERT_TICKET = insert(tickets).values(
+    user_id=bindparam("b_user"), reason=bindparam("b_reason"), created_step=bindparam("b_step")
+)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -337,8 +406,10 @@ def _clone_template() -> sqlite3.Connection:
 
 def dump_tables(connection: Connection) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, ordered by primary key: the before/after image of isolation tests."""
-    return {t.name: [tuple(r) for r in connection.execute(select(t).order_by(*t.primary_key.columns))]
-            for t in metadata.sorted_tables}
+    return {
+        t.name: [tuple(r) for r in connection.execute(select(t).order_by(*t.primary_key.columns))]
+        for t in metadata.sorted_tables
+    }
 
 
 def _error_row(kind: str | None, message: str | None = None, constraint: str | None = None) -> dict[str, Any]:
@@ -376,8 +447,11 @@ def _seed_values(scenario: Scenario) -> tuple[str, str, float, list[int]]:
 def _insert_seed_rows(conn: Connection, scenario: Scenario, env_id: str) -> tuple[int, int, list[int]]:
     """Insert one env's customer, cart, products and stock; returns (user_id, cart_id, product_ids)."""
     tier, status, price, stocks = _seed_values(scenario)
-    user_id = _new_id(conn.execute(insert(users).values(name=f"customer@{env_id}", tier=tier, status=status,
-                                                        balance=scenario.balance)))
+    user_id = _new_id(
+        conn.execute(
+            insert(users).values(name=f"customer@{env_id}", tier=tier, status=status, balance=scenario.balance)
+        )
+    )
     cart_id = _new_id(conn.execute(insert(carts).values(user_id=user_id)))
     product_ids = []
     for i, stock in enumerate(stocks):
@@ -387,11 +461,16 @@ def _insert_seed_rows(conn: Connection, scenario: Scenario, env_id: str) -> tupl
     return user_id, cart_id, product_ids
 
 
-def _align_seed_rows(conn: Connection, scenario: Scenario, env_id: str, user_id: int, product_ids: Sequence[int]) -> None:
+def _align_seed_rows(
+    conn: Connection, scenario: Scenario, env_id: str, user_id: int, product_ids: Sequence[int]
+) -> None:
     """Set existing seed rows (by id) to ``env_id``'s keys and the scenario's values."""
     tier, status, price, stocks = _seed_values(scenario)
-    conn.execute(update(users).where(users.c.id == user_id).values(name=f"customer@{env_id}", tier=tier, status=status,
-                                                                    balance=scenario.balance))
+    conn.execute(
+        update(users)
+        .where(users.c.id == user_id)
+        .values(name=f"customer@{env_id}", tier=tier, status=status, balance=scenario.balance)
+    )
     for i, (pid, stock) in enumerate(zip(product_ids, stocks, strict=True)):
         conn.execute(update(products).where(products.c.id == pid).values(sku=f"{env_id}/sku-{i}", price=price))
         conn.execute(update(inventory).where(inventory.c.product_id == pid).values(stock=stock))
@@ -503,8 +582,10 @@ class OrderDBEnv:
         user_id = conn.execute(select(users.c.id).where(users.c.name == name)).scalar()
         if user_id is None:
             return _insert_seed_rows(conn, self.scenario, self.env_id)
-        product_ids = [int(conn.execute(select(products.c.id).where(products.c.sku == f"{self.env_id}/sku-{i}")).scalar_one())
-                       for i in range(N_PRODUCTS)]
+        product_ids = [
+            int(conn.execute(select(products.c.id).where(products.c.sku == f"{self.env_id}/sku-{i}")).scalar_one())
+            for i in range(N_PRODUCTS)
+        ]
         _align_seed_rows(conn, self.scenario, self.env_id, int(user_id), product_ids)
         cart_id = conn.execute(select(carts.c.id).where(carts.c.user_id == user_id)).scalar_one()
         return int(user_id), int(cart_id), product_ids
@@ -533,9 +614,12 @@ class OrderDBEnv:
 
     def _setup(self, stage: str) -> dict[str, Any] | None:
         """Drive the funnel to ``start_stage`` with the same ops an agent would use."""
-        plan = {"login": (), "product_detail": ("login", "view_product"),
-                "checkout": ("login", "view_product", "add_cart_item"),
-                "payment": ("login", "view_product", "add_cart_item", "create_order", "open_payment")}[stage]
+        plan = {
+            "login": (),
+            "product_detail": ("login", "view_product"),
+            "checkout": ("login", "view_product", "add_cart_item"),
+            "payment": ("login", "view_product", "add_cart_item", "create_order", "open_payment"),
+        }[stage]
         for op in plan:
             if op == "add_cart_item" and self._viewed_stock() == 0:
                 self._c.product_idx = 1  # the demo product is sold out: take the next one, as a user would
@@ -598,7 +682,9 @@ class OrderDBEnv:
             return _error_row("network_timeout", "no response from database")
         if latency > QUERY_TIMEOUT_S:
             self._sim_time += QUERY_TIMEOUT_S
-            return _error_row("query_timeout", f"statement cancelled after {QUERY_TIMEOUT_S:.1f}s (latency {latency:.3f}s)")
+            return _error_row(
+                "query_timeout", f"statement cancelled after {QUERY_TIMEOUT_S:.1f}s (latency {latency:.3f}s)"
+            )
         self._sim_time += latency
         return None
 
@@ -608,8 +694,10 @@ class OrderDBEnv:
             return "noop"
         op = native_action.get("op")
         if kind != "sql" or op not in OPS:
-            raise ValueError(f"env {self.env_id}: native action {dict(native_action)!r}, expected "
-                             f"{{'type': 'sql', 'op': one of {OPS}}} or {{'type': 'noop'}}")
+            raise ValueError(
+                f"env {self.env_id}: native action {dict(native_action)!r}, expected "
+                f"{{'type': 'sql', 'op': one of {OPS}}} or {{'type': 'noop'}}"
+            )
         return str(op)
 
     # ------------------------------------------------------------------------------- execution
@@ -681,8 +769,9 @@ class OrderDBEnv:
         if conn.execute(_USER_STATUS, {"b_user": self._user_id}).scalar_one() == "blocked":
             return _APPLIED  # authentication answered "blocked"; no session row
         token = self._rng.bytes(12).hex()
-        self._c.session_id = _new_id(conn.execute(_INSERT_SESSION, {"b_user": self._user_id, "b_token": token,
-                                                                    "b_step": self._step}))
+        self._c.session_id = _new_id(
+            conn.execute(_INSERT_SESSION, {"b_user": self._user_id, "b_token": token, "b_step": self._step})
+        )
         self._c.session_step = self._step
         return _APPLIED
 
@@ -740,8 +829,9 @@ class OrderDBEnv:
         return row.status, float(row.amount)
 
     def _new_attempt(self, total: float) -> int:
-        result = self.conn.execute(_INSERT_PAYMENT, {"b_order": self._c.order_id, "b_card": self._c.card,
-                                                      "b_amount": total})
+        result = self.conn.execute(
+            _INSERT_PAYMENT, {"b_order": self._c.order_id, "b_card": self._c.card, "b_amount": total}
+        )
         self._c.payment_id = _new_id(result)
         return self._c.payment_id
 
@@ -807,20 +897,32 @@ class OrderDBEnv:
         conn = self.conn
         blocked = self._c.user_seen and conn.execute(_USER_STATUS, {"b_user": self._user_id}).scalar_one() == "blocked"
         reason = "user_blocked" if blocked else "manual"
-        self._c.ticket_id = _new_id(conn.execute(_INSERT_TICKET, {"b_user": self._user_id, "b_reason": reason,
-                                                                  "b_step": self._step}))
+        self._c.ticket_id = _new_id(
+            conn.execute(_INSERT_TICKET, {"b_user": self._user_id, "b_reason": reason, "b_step": self._step})
+        )
         if blocked:
-            return _Outcome(applied=True, reward=BLOCKED_ESCALATION_REWARD, terminated=True, failure_reason="user_blocked")
+            return _Outcome(
+                applied=True, reward=BLOCKED_ESCALATION_REWARD, terminated=True, failure_reason="user_blocked"
+            )
         return _Outcome(applied=True, reward=WRONG_ESCALATION_REWARD, terminated=True, failure_reason="escalated")
 
     # ------------------------------------------------------------------------------- observation
     def _read(self, error: dict[str, Any] | None) -> dict[str, Any]:
         """One SELECT of scalar subqueries: the rows this client can see."""
         product_id = None if self._c.product_idx is None else self._product_ids[self._c.product_idx]
-        row = self.conn.execute(_READ_OBS, {
-            "b_user": self._user_id, "b_cart": self._cart_id, "b_session": self._c.session_id,
-            "b_product": product_id, "b_catalog": self._product_ids[0], "b_order": self._c.order_id,
-            "b_payment": self._c.payment_id, "b_ticket": self._c.ticket_id}).one()
+        row = self.conn.execute(
+            _READ_OBS,
+            {
+                "b_user": self._user_id,
+                "b_cart": self._cart_id,
+                "b_session": self._c.session_id,
+                "b_product": product_id,
+                "b_catalog": self._product_ids[0],
+                "b_order": self._c.order_id,
+                "b_payment": self._c.payment_id,
+                "b_ticket": self._c.ticket_id,
+            },
+        ).one()
         seen = self._c.user_seen
         balance = float(row.user_balance) if seen else None
         attempts = int(row.payment_attempts) if self._c.order_id is not None else 0
@@ -829,15 +931,24 @@ class OrderDBEnv:
         due = float(row.order_total) if row.order_status == "pending" else unit * max(int(row.cart_items), 1)
         return {
             "session": {"status": row.session_status, "active": int(row.session_status == "active")},
-            "user": {"tier": row.user_tier if seen else None, "status": row.user_status if seen else None,
-                     "balance": balance, "vip": int(seen and row.user_tier == "vip")},
+            "user": {
+                "tier": row.user_tier if seen else None,
+                "status": row.user_status if seen else None,
+                "balance": balance,
+                "vip": int(seen and row.user_tier == "vip"),
+            },
             "wallet": {"balance_ratio": None if balance is None else round(balance / due, 4)},
             "cart": {"items": int(row.cart_items)},
             "product": {"id": product_id, "stock": row.product_stock, "price": row.product_price},
             "catalog": {"price": float(row.catalog_price)},
             "order": {"id": self._c.order_id, "status": row.order_status, "total": row.order_total},
-            "payment": {"status": row.payment_status, "code": row.payment_code, "card": row.payment_card,
-                        "open": int(row.payment_status == "initiated"), "attempts": attempts},
+            "payment": {
+                "status": row.payment_status,
+                "code": row.payment_code,
+                "card": row.payment_card,
+                "open": int(row.payment_status == "initiated"),
+                "attempts": attempts,
+            },
             "client": {"retries": self._retries},
             "topup": {"amount": row.topup_amount},
             "ticket": {"reason": row.ticket_reason},
@@ -847,14 +958,25 @@ class OrderDBEnv:
         }
 
     def _info(self, failure: str | None, error: dict[str, Any] | None, op: str, applied: bool) -> dict[str, Any]:
-        return {"env_id": self.env_id, "step_id": self._step, "failure_reason": failure,
-                "sim_time_s": round(self._sim_time, 6), "op": op, "applied": applied,
-                "error": error}
+        return {
+            "env_id": self.env_id,
+            "step_id": self._step,
+            "failure_reason": failure,
+            "sim_time_s": round(self._sim_time, 6),
+            "op": op,
+            "applied": applied,
+            "error": error,
+        }
 
 
 _READ_ONLY_OPS = frozenset({"view_product", "refresh", "noop"})
-_ERROR_FAILURE = {"constraint": "constraint_violation", "lock_timeout": "lock_timeout", "db_error": "db_error",
-                  "network_timeout": "network_timeout", "query_timeout": "query_timeout"}
+_ERROR_FAILURE = {
+    "constraint": "constraint_violation",
+    "lock_timeout": "lock_timeout",
+    "db_error": "db_error",
+    "network_timeout": "network_timeout",
+    "query_timeout": "query_timeout",
+}
 
 
 def _raw(**parts: Mapping[str, Any]) -> dict[str, Any]:
@@ -877,27 +999,68 @@ RAW_STATES: list[tuple[dict[str, Any], str]] = [
     (_raw(session={"status": "expired", "active": 0}), "LOGGED_OUT"),
     (_raw(session=_ACTIVE, product={"id": 1, "stock": 20, "price": 100.0}), "PRODUCT_VIEWED"),
     (_raw(session=_ACTIVE, product={"id": 1, "stock": 0, "price": 100.0}), "OUT_OF_STOCK"),
-    (_raw(session=_ACTIVE, product={"id": 1, "stock": 0, "price": 100.0},
-          error={"kind": "constraint", "constraint": "ck_inventory_stock_nonneg", "message": "CHECK constraint failed"}),
-     "OUT_OF_STOCK"),
+    (
+        _raw(
+            session=_ACTIVE,
+            product={"id": 1, "stock": 0, "price": 100.0},
+            error={
+                "kind": "constraint",
+                "constraint": "ck_inventory_stock_nonneg",
+                "message": "CHECK constraint failed",
+            },
+        ),
+        "OUT_OF_STOCK",
+    ),
     (_raw(session=_ACTIVE, cart={"items": 2}), "CART_FILLED"),
-    (_raw(session=_ACTIVE, error={"kind": "constraint", "constraint": "ck_orders_total_positive", "message": "CHECK"}),
-     "CART_EMPTY"),
+    (
+        _raw(
+            session=_ACTIVE, error={"kind": "constraint", "constraint": "ck_orders_total_positive", "message": "CHECK"}
+        ),
+        "CART_EMPTY",
+    ),
     (_raw(session=_ACTIVE, cart={"items": 1}, order=_PENDING), "CHECKOUT_STARTED"),
     (_raw(session=_ACTIVE, cart={"items": 1}, order=_PENDING), "ORDER_PENDING"),
-    (_raw(session=_ACTIVE, cart={"items": 1}, order=_PENDING,
-          error={"kind": "constraint", "constraint": "uq_orders_one_pending", "message": "UNIQUE"}), "ORDER_PENDING"),
+    (
+        _raw(
+            session=_ACTIVE,
+            cart={"items": 1},
+            order=_PENDING,
+            error={"kind": "constraint", "constraint": "uq_orders_one_pending", "message": "UNIQUE"},
+        ),
+        "ORDER_PENDING",
+    ),
     (_raw(session=_ACTIVE, order=_PENDING, payment={"status": "initiated", "open": 1, "attempts": 1}), "PAYMENT_PAGE"),
-    (_raw(session=_ACTIVE, order={"id": 1, "status": "paid", "total": 100.0},
-          payment={"status": "captured", "code": CODE_APPROVED, "attempts": 1}), "PAYMENT_SUCCESS"),
-    (_raw(session=_ACTIVE, order=_PENDING, payment={"status": "declined", "code": CODE_DECLINED, "attempts": 1}),
-     "INVALID_CARD"),
-    (_raw(session=_ACTIVE, order=_PENDING, payment={"status": "insufficient_funds", "code": CODE_NSF, "attempts": 1}),
-     "INSUFFICIENT_FUNDS"),
-    (_raw(session=_ACTIVE, order=_PENDING, payment={"status": "error", "code": CODE_MALFUNCTION, "attempts": 1}),
-     "PAYMENT_FAILED"),
-    (_raw(session=_ACTIVE, order=_PENDING, payment={"status": "initiated", "open": 1, "attempts": 2},
-          topup={"amount": 50.0}), "FUNDS_TOPPED_UP"),
+    (
+        _raw(
+            session=_ACTIVE,
+            order={"id": 1, "status": "paid", "total": 100.0},
+            payment={"status": "captured", "code": CODE_APPROVED, "attempts": 1},
+        ),
+        "PAYMENT_SUCCESS",
+    ),
+    (
+        _raw(session=_ACTIVE, order=_PENDING, payment={"status": "declined", "code": CODE_DECLINED, "attempts": 1}),
+        "INVALID_CARD",
+    ),
+    (
+        _raw(
+            session=_ACTIVE, order=_PENDING, payment={"status": "insufficient_funds", "code": CODE_NSF, "attempts": 1}
+        ),
+        "INSUFFICIENT_FUNDS",
+    ),
+    (
+        _raw(session=_ACTIVE, order=_PENDING, payment={"status": "error", "code": CODE_MALFUNCTION, "attempts": 1}),
+        "PAYMENT_FAILED",
+    ),
+    (
+        _raw(
+            session=_ACTIVE,
+            order=_PENDING,
+            payment={"status": "initiated", "open": 1, "attempts": 2},
+            topup={"amount": 50.0},
+        ),
+        "FUNDS_TOPPED_UP",
+    ),
     (_raw(error={"kind": "network_timeout", "message": "no response"}), "NETWORK_TIMEOUT"),
     (_raw(error={"kind": "query_timeout", "message": "statement cancelled"}), "NETWORK_TIMEOUT"),
     (_raw(error={"kind": "lock_timeout", "message": "database is locked"}), "SERVER_ERROR"),

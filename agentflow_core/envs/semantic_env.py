@@ -41,11 +41,15 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, physical: PhysicalEnv, adapter: BaseSemanticAdapter, max_episode_steps: int | None = None) -> None:
+    def __init__(
+        self, physical: PhysicalEnv, adapter: BaseSemanticAdapter, max_episode_steps: int | None = None
+    ) -> None:
         self.physical = physical
         self.adapter = adapter
         self.env_id = physical.env_id
-        self.max_episode_steps = max_episode_steps or int(getattr(getattr(physical, "scenario", None), "max_episode_steps", 200))
+        self.max_episode_steps = max_episode_steps or int(
+            getattr(getattr(physical, "scenario", None), "max_episode_steps", 200)
+        )
         observation_space, action_space = _space_prototypes()
         self.observation_space = copy.copy(observation_space)  # own instances (own sampling RNG), no re-validation
         self.action_space = copy.copy(action_space)
@@ -62,11 +66,15 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
     def _observe(self, raw: Any) -> AdaptedStep:
         step = self.adapter.adapt_step(raw, {"step_fraction": min(self.step_id / self.max_episode_steps, 1.0)})
         if not step.finite:
-            raise EnvInvalidError(self.env_id, self.step_id, f"non-finite observation features {dict(step.obs.features)}")
+            raise EnvInvalidError(
+                self.env_id, self.step_id, f"non-finite observation features {dict(step.obs.features)}"
+            )
         self._raw, self._step, self._mask = raw, step, step.mask
         return step
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         # The physical env draws from its own generator, seeded from ours so reset(seed) is reproducible.
         child_seed = int(self.np_random.integers(0, 2**31 - 1))

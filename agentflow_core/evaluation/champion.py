@@ -57,20 +57,43 @@ def reward_gain(challenger_return: float, champion_return: float) -> float:
     return (challenger_return - champion_return) / max(abs(champion_return), 1e-8)
 
 
-def decide_promotion(challenger_return: float, champion_return: float | None, consistency: float | None,
-                     min_consistency: float = 0.85, min_reward_gain: float = 0.05) -> PromotionDecision:
+def decide_promotion(
+    challenger_return: float,
+    champion_return: float | None,
+    consistency: float | None,
+    min_consistency: float = 0.85,
+    min_reward_gain: float = 0.05,
+) -> PromotionDecision:
     """The canary rule: promote iff consistent with the champion AND better by the required margin."""
     if champion_return is None:
-        return PromotionDecision(True, f"no champion yet: promote the challenger (mean evaluated return {challenger_return:.3f})",
-                                 {"challenger_return": challenger_return})
+        return PromotionDecision(
+            True,
+            f"no champion yet: promote the challenger (mean evaluated return {challenger_return:.3f})",
+            {"challenger_return": challenger_return},
+        )
     gain = reward_gain(challenger_return, champion_return)
-    numbers = {"challenger_return": challenger_return, "champion_return": champion_return, "reward_gain": gain,
-               "consistency": consistency, "min_consistency": min_consistency, "min_reward_gain": min_reward_gain}
+    numbers = {
+        "challenger_return": challenger_return,
+        "champion_return": champion_return,
+        "reward_gain": gain,
+        "consistency": consistency,
+        "min_consistency": min_consistency,
+        "min_reward_gain": min_reward_gain,
+    }
     consistent = consistency is not None and consistency >= min_consistency
     better = gain >= min_reward_gain
-    detail = (f"consistency {consistency if consistency is not None else float('nan'):.3f} (need >= {min_consistency:.2f}), "
-              f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%} (need >= {min_reward_gain:+.0%})")
+    detail = (
+        f"consistency {consistency if consistency is not None else float('nan'):.3f} (need >= {min_consistency:.2f}), "
+        f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%} (need >= {min_reward_gain:+.0%})"
+    )
     if consistent and better:
         return PromotionDecision(True, f"promote: {detail}", numbers)
-    why = [w for w, bad in (("actions diverge from the champion", not consistent), ("reward does not improve enough", not better)) if bad]
+    why = [
+        w
+        for w, bad in (
+            ("actions diverge from the champion", not consistent),
+            ("reward does not improve enough", not better),
+        )
+        if bad
+    ]
     return PromotionDecision(False, f"keep the champion ({' and '.join(why)}): {detail}", numbers)

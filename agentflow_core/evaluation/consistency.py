@@ -53,7 +53,9 @@ CANONICAL_STATES: tuple[CanonicalState, ...] = (
     CanonicalState("cart_filled", frozenset({"LOGGED_IN", "CART_FILLED", "PRODUCT_VIEWED"}), cart_items=1),
     CanonicalState("order_pending", _FUNNEL, cart_items=1),
     CanonicalState("payment_page", _FUNNEL | {"PAYMENT_PAGE"}, cart_items=1, payment_page=True),
-    CanonicalState("insufficient_funds", _FUNNEL | {"PAYMENT_PAGE", "INSUFFICIENT_FUNDS"}, cart_items=1, payment_page=True),
+    CanonicalState(
+        "insufficient_funds", _FUNNEL | {"PAYMENT_PAGE", "INSUFFICIENT_FUNDS"}, cart_items=1, payment_page=True
+    ),
     CanonicalState("declined_card", _FUNNEL | {"PAYMENT_PAGE", "INVALID_CARD"}, cart_items=1, payment_page=True),
     CanonicalState("network_timeout", _FUNNEL | {"NETWORK_TIMEOUT"}, cart_items=1),
 )
@@ -70,8 +72,13 @@ class ConsistencyResult:
     score: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"score": self.score, "variants": self.variant_ids, "states": self.states,
-                "actions": self.actions.tolist(), "matrix": np.round(self.matrix, 4).tolist()}
+        return {
+            "score": self.score,
+            "variants": self.variant_ids,
+            "states": self.states,
+            "actions": self.actions.tolist(),
+            "matrix": np.round(self.matrix, 4).tolist(),
+        }
 
 
 @dataclass(frozen=True)
@@ -85,15 +92,27 @@ class MatchedConsistency:
     worst: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"score": self.score, "token_sets": self.token_sets, "agreeing_pairs": self.agreeing_pairs,
-                "pairs": self.pairs, "least_consistent_states": self.worst}
+        return {
+            "score": self.score,
+            "token_sets": self.token_sets,
+            "agreeing_pairs": self.agreeing_pairs,
+            "pairs": self.pairs,
+            "least_consistent_states": self.worst,
+        }
 
 
-def probe_observation(state: CanonicalState, variant_features: Mapping[str, float], cart_scale: float = DEFAULT_CART_SCALE) -> np.ndarray:
+def probe_observation(
+    state: CanonicalState, variant_features: Mapping[str, float], cart_scale: float = DEFAULT_CART_SCALE
+) -> np.ndarray:
     """The encoded observation of ``state`` in a variant with ``variant_features``."""
     features = {name: float(variant_features.get(name, 0.0)) for name in VARIANT_FEATURES}
-    features.update(user_logged_in=float(state.logged_in), cart_items=state.cart_items * cart_scale,
-                    payment_page_loaded=float(state.payment_page), retries_used=0.0, step_fraction=0.0)
+    features.update(
+        user_logged_in=float(state.logged_in),
+        cart_items=state.cart_items * cart_scale,
+        payment_page_loaded=float(state.payment_page),
+        retries_used=0.0,
+        step_fraction=0.0,
+    )
     tokens = set(state.tokens)
     if state.logged_in and features["is_vip"] >= 0.5:
         tokens.add("VIP_USER")
@@ -114,14 +133,27 @@ def mean_off_diagonal(matrix: np.ndarray) -> float:
     return float((matrix.sum() - np.trace(matrix)) / (k * (k - 1)))
 
 
-def canonical_consistency(policy_fn: PolicyFn, variant_ids: Sequence[str], variant_features: Sequence[Mapping[str, float]],
-                          cart_scales: Sequence[float] | None = None,
-                          states: Sequence[CanonicalState] = CANONICAL_STATES) -> ConsistencyResult:
+def canonical_consistency(
+    policy_fn: PolicyFn,
+    variant_ids: Sequence[str],
+    variant_features: Sequence[Mapping[str, float]],
+    cart_scales: Sequence[float] | None = None,
+    states: Sequence[CanonicalState] = CANONICAL_STATES,
+) -> ConsistencyResult:
     """Ask ``policy_fn`` for its greedy action in every canonical state of every variant (one batch)."""
     k, s = len(variant_ids), len(states)
     scales = list(cart_scales) if cart_scales is not None else [DEFAULT_CART_SCALE] * k
-    obs = np.stack([probe_observation(state, feats, scale) for feats, scale in zip(variant_features, scales, strict=True)
-                    for state in states]) if k else np.zeros((0, 1), np.float32)
+    obs = (
+        np.stack(
+            [
+                probe_observation(state, feats, scale)
+                for feats, scale in zip(variant_features, scales, strict=True)
+                for state in states
+            ]
+        )
+        if k
+        else np.zeros((0, 1), np.float32)
+    )
     masks = np.ones((k * s, N_ACTIONS), dtype=bool)
     actions = np.asarray(policy_fn(obs, masks), dtype=np.int64).reshape(k, s) if k else np.zeros((0, s), np.int64)
     matrix = agreement_matrix(actions) if k else np.zeros((0, 0))
@@ -133,7 +165,10 @@ def _modal_actions(steps: Iterable[StepRecord]) -> dict[frozenset[str], dict[str
     for step in steps:
         counts.setdefault(step.state_tokens, {}).setdefault(step.env_id, Counter())[step.action] += 1
     # Ties go to the smallest action id, so the result does not depend on the order of the steps.
-    return {tokens: {env: min(c, key=lambda a: (-c[a], a)) for env, c in by_env.items()} for tokens, by_env in counts.items()}
+    return {
+        tokens: {env: min(c, key=lambda a: (-c[a], a)) for env, c in by_env.items()}
+        for tokens, by_env in counts.items()
+    }
 
 
 def matched_state_consistency(steps: Iterable[StepRecord], worst: int = 5) -> MatchedConsistency:
@@ -148,8 +183,14 @@ def matched_state_consistency(steps: Iterable[StepRecord], worst: int = 5) -> Ma
         agree = sum(c * (c - 1) // 2 for c in by_action.values())
         pairs = n * (n - 1) // 2
         agreeing, total, sets = agreeing + agree, total + pairs, sets + 1
-        rows.append({"tokens": sorted(tokens), "variants": n, "agreement": agree / pairs,
-                     "actions": {str(a): c for a, c in sorted(by_action.items())}})
+        rows.append(
+            {
+                "tokens": sorted(tokens),
+                "variants": n,
+                "agreement": agree / pairs,
+                "actions": {str(a): c for a, c in sorted(by_action.items())},
+            }
+        )
     rows.sort(key=lambda r: (float(r["agreement"]), -int(r["variants"])))
     return MatchedConsistency(agreeing / total if total else 1.0, sets, agreeing, total, rows[:worst])
 
@@ -160,7 +201,9 @@ def policy_agreement(actions_a: np.ndarray, actions_b: np.ndarray) -> float:
     return float((a == b).mean()) if a.size else 1.0
 
 
-def per_variant_rows(result: ConsistencyResult, episodes: Sequence[EpisodeRecord], target: float) -> list[dict[str, Any]]:
+def per_variant_rows(
+    result: ConsistencyResult, episodes: Sequence[EpisodeRecord], target: float
+) -> list[dict[str, Any]]:
     """Each probed variant's mean agreement with the others next to its success rate.
 
     ``consistent_but_bad`` marks a variant that agrees with the rest (>= ``target``) but succeeds
@@ -175,7 +218,14 @@ def per_variant_rows(result: ConsistencyResult, episodes: Sequence[EpisodeRecord
         agreement = float((result.matrix[i].sum() - 1.0) / (k - 1)) if k > 1 else 1.0
         eps = by_env.get(env_id, [])
         success = sum(e.success for e in eps) / len(eps) if eps else float("nan")
-        rows.append({"env_id": env_id, "family": eps[0].family if eps else "", "agreement": agreement,
-                     "success_rate": success, "episodes": len(eps),
-                     "consistent_but_bad": bool(agreement >= target and eps and success < 0.5)})
+        rows.append(
+            {
+                "env_id": env_id,
+                "family": eps[0].family if eps else "",
+                "agreement": agreement,
+                "success_rate": success,
+                "episodes": len(eps),
+                "consistent_but_bad": bool(agreement >= target and eps and success < 0.5),
+            }
+        )
     return rows

@@ -34,10 +34,17 @@ class CoverageTable:
     group_dimension: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"group_dimension": self.group_dimension, "rows": self.rows, "tokens": self.tokens,
-                "frequency": np.round(self.frequency, 5).tolist(), "states_per_row": self.states.tolist(),
-                "overall": {t: round(float(f), 5) for t, f in zip(self.tokens, self.overall, strict=True)},
-                "long_tail": self.long_tail, "unseen": self.unseen, "state_coverage": self.state_coverage}
+        return {
+            "group_dimension": self.group_dimension,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "frequency": np.round(self.frequency, 5).tolist(),
+            "states_per_row": self.states.tolist(),
+            "overall": {t: round(float(f), 5) for t, f in zip(self.tokens, self.overall, strict=True)},
+            "long_tail": self.long_tail,
+            "unseen": self.unseen,
+            "state_coverage": self.state_coverage,
+        }
 
 
 def _visited(steps: Iterable[StepRecord]) -> Iterable[tuple[StepRecord, frozenset[str]]]:
@@ -47,8 +54,12 @@ def _visited(steps: Iterable[StepRecord]) -> Iterable[tuple[StepRecord, frozense
             yield step, step.tokens
 
 
-def coverage_table(steps: Iterable[StepRecord], group_dimension: str = "network", reachable: Sequence[str] = TOKENS,
-                   long_tail: float = 0.01) -> CoverageTable:
+def coverage_table(
+    steps: Iterable[StepRecord],
+    group_dimension: str = "network",
+    reachable: Sequence[str] = TOKENS,
+    long_tail: float = 0.01,
+) -> CoverageTable:
     """Token frequencies per ``family · <group value>`` row, with long-tail and unseen tokens."""
     counts: dict[str, np.ndarray] = {}
     states: dict[str, int] = {}

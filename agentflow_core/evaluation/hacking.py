@@ -27,8 +27,13 @@ class HackingReport:
     examples: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "flagged": self.flagged, "rate": self.rate,
-                "by_family": self.by_family, "examples": self.examples}
+        return {
+            "threshold": self.threshold,
+            "flagged": self.flagged,
+            "rate": self.rate,
+            "by_family": self.by_family,
+            "examples": self.examples,
+        }
 
 
 def is_hacking(episode: EpisodeRecord, threshold: float) -> bool:
@@ -50,8 +55,22 @@ def reward_hacking(episodes: Sequence[EpisodeRecord], threshold: float, max_exam
     """Flag episodes whose shaped return is high while the goal token never appeared."""
     flagged = [e for e in episodes if is_hacking(e, threshold)]
     flagged.sort(key=lambda e: -e.shaped_return)
-    examples = [{"episode_id": e.episode_id, "env_id": e.env_id, "shaped_return": round(e.shaped_return, 4),
-                 "env_return": round(e.env_return, 4), "length": e.length, "failure_reason": e.failure_reason,
-                 "path": _path_summary(e)} for e in flagged[:max_examples]]
-    return HackingReport(threshold, len(flagged), len(flagged) / len(episodes) if episodes else 0.0,
-                         dict(Counter(e.family for e in flagged).most_common()), examples)
+    examples = [
+        {
+            "episode_id": e.episode_id,
+            "env_id": e.env_id,
+            "shaped_return": round(e.shaped_return, 4),
+            "env_return": round(e.env_return, 4),
+            "length": e.length,
+            "failure_reason": e.failure_reason,
+            "path": _path_summary(e),
+        }
+        for e in flagged[:max_examples]
+    ]
+    return HackingReport(
+        threshold,
+        len(flagged),
+        len(flagged) / len(episodes) if episodes else 0.0,
+        dict(Counter(e.family for e in flagged).most_common()),
+        examples,
+    )

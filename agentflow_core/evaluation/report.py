@@ -17,8 +17,22 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 REPORT_KEYS: tuple[str, ...] = (
-    "schema_version", "policy", "checkpoint", "created_at", "passed", "metrics", "by_family", "coverage",
-    "consistency", "root_causes", "reward_hacking", "risk", "recommendation", "recommendations", "plots", "champion",
+    "schema_version",
+    "policy",
+    "checkpoint",
+    "created_at",
+    "passed",
+    "metrics",
+    "by_family",
+    "coverage",
+    "consistency",
+    "root_causes",
+    "reward_hacking",
+    "risk",
+    "recommendation",
+    "recommendations",
+    "plots",
+    "champion",
 )
 
 
@@ -30,16 +44,32 @@ class TreeNode:
     children: list[TreeNode] = field(default_factory=list)
 
 
-def build_report(analysis: Mapping[str, Any], policy: str, checkpoint: str | None, created_at: str,
-                 plots: Mapping[str, str] | None = None, champion: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def build_report(
+    analysis: Mapping[str, Any],
+    policy: str,
+    checkpoint: str | None,
+    created_at: str,
+    plots: Mapping[str, str] | None = None,
+    champion: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The report document; ``plots`` maps a plot name to its file name next to the report."""
     recs = list(analysis.get("recommendations", []))
     return {
-        "schema_version": SCHEMA_VERSION, "policy": policy, "checkpoint": checkpoint, "created_at": created_at,
-        "passed": bool(analysis["passed"]), "metrics": dict(analysis["metrics"]), "by_family": analysis.get("by_family", {}),
-        "coverage": analysis["coverage"], "consistency": analysis["consistency"], "root_causes": analysis["root_causes"],
-        "reward_hacking": analysis["reward_hacking"], "risk": analysis["risk"],
-        "recommendation": recs[0] if recs else "", "recommendations": recs, "plots": dict(plots or {}),
+        "schema_version": SCHEMA_VERSION,
+        "policy": policy,
+        "checkpoint": checkpoint,
+        "created_at": created_at,
+        "passed": bool(analysis["passed"]),
+        "metrics": dict(analysis["metrics"]),
+        "by_family": analysis.get("by_family", {}),
+        "coverage": analysis["coverage"],
+        "consistency": analysis["consistency"],
+        "root_causes": analysis["root_causes"],
+        "reward_hacking": analysis["reward_hacking"],
+        "risk": analysis["risk"],
+        "recommendation": recs[0] if recs else "",
+        "recommendations": recs,
+        "plots": dict(plots or {}),
         "champion": dict(champion) if champion is not None else None,
     }
 
@@ -58,22 +88,37 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
     risk = report["risk"]
     top_risky = next(iter(risk["by_action"]), None)
     nodes = [
-        TreeNode(f"Robustness: {m['robustness_score']:.3f} = success {m['success_rate']:.1%} × consistency "
-                 f"{m['consistency']:.1%} × (1 − crash {m['crash_rate']:.1%}) {_mark(bool(report['passed']))}"),
-        TreeNode(f"Episodes: {m['episodes']} on {m['variants']} variants; payment success {m['payment_success_rate']:.1%}, "
-                 f"mean evaluated return {m['mean_evaluated_return']:.2f}, crash episodes {m['crash_episodes']}"),
+        TreeNode(
+            f"Robustness: {m['robustness_score']:.3f} = success {m['success_rate']:.1%} × consistency "
+            f"{m['consistency']:.1%} × (1 − crash {m['crash_rate']:.1%}) {_mark(bool(report['passed']))}"
+        ),
+        TreeNode(
+            f"Episodes: {m['episodes']} on {m['variants']} variants; payment success {m['payment_success_rate']:.1%}, "
+            f"mean evaluated return {m['mean_evaluated_return']:.2f}, crash episodes {m['crash_episodes']}"
+        ),
         TreeNode(f"State Coverage: {cov['state_coverage']:.1%} of reachable tokens (long tail / unseen: {rare})"),
-        TreeNode(f"Policy Consistency: {m['consistency']:.1%} (target ≥{target:.0%} {_mark(m['consistency'] >= target)}) "
-                 f"over {m['consistency_variants']} variants; matched states {m['matched_state_consistency']:.1%}"),
+        TreeNode(
+            f"Policy Consistency: {m['consistency']:.1%} (target ≥{target:.0%} {_mark(m['consistency'] >= target)}) "
+            f"over {m['consistency_variants']} variants; matched states {m['matched_state_consistency']:.1%}"
+        ),
         TreeNode(f"Failure Root Causes ({causes['failures']} failed of {m['episodes']}):", cause_nodes),
-        TreeNode(f"Reward Hacking: {report['reward_hacking']['flagged']} episode(s) with shaped return ≥ "
-                 f"{report['reward_hacking']['threshold']:g} and no PAYMENT_SUCCESS"),
-        TreeNode(f"Risk: {risk['risky_steps']} risky step(s) ({risk['rate']:.2%}) in {risk['risky_episodes']} episode(s)"
-                 + (f", mostly {top_risky}" if top_risky else "") + f"; penalty {risk['total_penalty']:g}"),
+        TreeNode(
+            f"Reward Hacking: {report['reward_hacking']['flagged']} episode(s) with shaped return ≥ "
+            f"{report['reward_hacking']['threshold']:g} and no PAYMENT_SUCCESS"
+        ),
+        TreeNode(
+            f"Risk: {risk['risky_steps']} risky step(s) ({risk['rate']:.2%}) in {risk['risky_episodes']} episode(s)"
+            + (f", mostly {top_risky}" if top_risky else "")
+            + f"; penalty {risk['total_penalty']:g}"
+        ),
     ]
     if report.get("champion"):
-        nodes.append(TreeNode(f"Champion/Challenger: {'promote' if report['champion']['promote'] else 'keep champion'} — "
-                              f"{report['champion']['reason']}"))
+        nodes.append(
+            TreeNode(
+                f"Champion/Challenger: {'promote' if report['champion']['promote'] else 'keep champion'} — "
+                f"{report['champion']['reason']}"
+            )
+        )
     nodes.append(TreeNode(f"Recommendation: {report['recommendation']}"))
     return TreeNode(f"📊 Evaluation Report for {report['policy']}", nodes)
 
@@ -106,24 +151,46 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
     """(title, headers, rows) of the report's tables, shared by markdown and HTML."""
     m = report["metrics"]
     metrics = [[k, f"{v:.4g}" if isinstance(v, float) else v] for k, v in m.items()]
-    fams = [[f, d["episodes"], _pct(d["success_rate"]), f"{d['mean_evaluated_return']:.2f}", d["crash_episodes"]]
-            for f, d in report["by_family"].items()]
-    causes = [[c["cause"], c["count"], _pct(c["share"]), c["summary"], c["recommendation"]] for c in report["root_causes"]["top"]]
+    fams = [
+        [f, d["episodes"], _pct(d["success_rate"]), f"{d['mean_evaluated_return']:.2f}", d["crash_episodes"]]
+        for f, d in report["by_family"].items()
+    ]
+    causes = [
+        [c["cause"], c["count"], _pct(c["share"]), c["summary"], c["recommendation"]]
+        for c in report["root_causes"]["top"]
+    ]
     worst = report["consistency"]["per_variant"]
-    variants = [[r["env_id"], r["family"], _pct(r["agreement"]), _pct(r["success_rate"]), r["episodes"],
-                 "yes" if r["consistent_but_bad"] else ""] for r in sorted(worst, key=lambda r: r["agreement"])[:10]]
-    matched = [[" ".join(r["tokens"]), r["variants"], _pct(r["agreement"]), r["actions"]]
-               for r in report["consistency"]["matched_states"]["least_consistent_states"]]
+    variants = [
+        [
+            r["env_id"],
+            r["family"],
+            _pct(r["agreement"]),
+            _pct(r["success_rate"]),
+            r["episodes"],
+            "yes" if r["consistent_but_bad"] else "",
+        ]
+        for r in sorted(worst, key=lambda r: r["agreement"])[:10]
+    ]
+    matched = [
+        [" ".join(r["tokens"]), r["variants"], _pct(r["agreement"]), r["actions"]]
+        for r in report["consistency"]["matched_states"]["least_consistent_states"]
+    ]
     risk = report["risk"]
     risk_rows = [[f"action {k}", v["risky"], v["steps"], _pct(v["rate"])] for k, v in risk["by_action"].items()]
     risk_rows += [[f"family {k}", v["risky"], v["steps"], _pct(v["rate"])] for k, v in risk["by_family"].items()]
-    hack = [[e["episode_id"], e["env_id"], e["shaped_return"], e["env_return"], " → ".join(e["path"][-4:])]
-            for e in report["reward_hacking"]["examples"]]
+    hack = [
+        [e["episode_id"], e["env_id"], e["shaped_return"], e["env_return"], " → ".join(e["path"][-4:])]
+        for e in report["reward_hacking"]["examples"]
+    ]
     return [
         ("Metrics", ["metric", "value"], metrics),
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),
         ("Failure root causes", ["cause", "episodes", "share", "summary", "recommendation"], causes),
-        ("Least consistent probed variants", ["env_id", "family", "agreement", "success", "episodes", "consistent but bad"], variants),
+        (
+            "Least consistent probed variants",
+            ["env_id", "family", "agreement", "success", "episodes", "consistent but bad"],
+            variants,
+        ),
         ("Least consistent matched states", ["tokens", "variants", "agreement", "modal actions"], matched),
         ("Risk", ["group", "risky steps", "steps", "rate"], risk_rows),
         ("Reward hacking examples", ["episode", "env_id", "shaped return", "env return", "path (last)"], hack),
@@ -132,9 +199,17 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     """Markdown with the tree in a code block, the tables, and the plots linked by file name."""
-    lines = [f"# Evaluation report: {report['policy']}", "",
-             f"Created {report['created_at']} from checkpoint `{report['checkpoint']}`; "
-             f"phase {'passed' if report['passed'] else 'did not pass'}.", "", "```", *tree_text(report_tree(report)), "```", ""]
+    lines = [
+        f"# Evaluation report: {report['policy']}",
+        "",
+        f"Created {report['created_at']} from checkpoint `{report['checkpoint']}`; "
+        f"phase {'passed' if report['passed'] else 'did not pass'}.",
+        "",
+        "```",
+        *tree_text(report_tree(report)),
+        "```",
+        "",
+    ]
     for name, file in report["plots"].items():
         lines += [f"![{name}]({file})", ""]
     for title, headers, rows in _sections(report):
@@ -149,20 +224,27 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 def render_html(report: Mapping[str, Any], images: Mapping[str, bytes]) -> str:
     """A standalone HTML page: the tree, the tables and the plots as base64 PNGs."""
     esc = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
-             f"<title>Evaluation report: {esc(report['policy'])}</title>",
-             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}pre{background:#f6f6f6;padding:1em}</style>",
-             "</head><body>", f"<h1>Evaluation report: {esc(report['policy'])}</h1>",
-             f"<pre>{esc(chr(10).join(tree_text(report_tree(report))))}</pre>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>Evaluation report: {esc(report['policy'])}</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}pre{background:#f6f6f6;padding:1em}</style>",
+        "</head><body>",
+        f"<h1>Evaluation report: {esc(report['policy'])}</h1>",
+        f"<pre>{esc(chr(10).join(tree_text(report_tree(report))))}</pre>",
+    ]
     for name, data in images.items():
-        parts.append(f"<h2>{esc(name)}</h2><img alt='{esc(name)}' style='max-width:100%' "
-                     f"src='data:image/png;base64,{base64.b64encode(data).decode('ascii')}'>")
+        parts.append(
+            f"<h2>{esc(name)}</h2><img alt='{esc(name)}' style='max-width:100%' "
+            f"src='data:image/png;base64,{base64.b64encode(data).decode('ascii')}'>"
+        )
     for title, headers, rows in _sections(report):
         if rows:
             parts.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>")
             parts += ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in rows]
             parts.append("</table>")
-    parts.append("<h2>Recommendations</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in report["recommendations"]) + "</ul>")
+    parts.append(
+        "<h2>Recommendations</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in report["recommendations"]) + "</ul>"
+    )
     parts.append("</body></html>")
     return "\n".join(parts)

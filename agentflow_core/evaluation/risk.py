@@ -37,22 +37,35 @@ class RiskReport:
         return self.risky_steps / self.steps if self.steps else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "penalty": self.penalty, "risky_steps": self.risky_steps,
-                "steps": self.steps, "rate": self.rate, "risky_episodes": self.risky_episodes,
-                "total_penalty": self.total_penalty, "max_risk": self.max_risk,
-                "by_action": self.by_action, "by_family": self.by_family}
+        return {
+            "threshold": self.threshold,
+            "penalty": self.penalty,
+            "risky_steps": self.risky_steps,
+            "steps": self.steps,
+            "rate": self.rate,
+            "risky_episodes": self.risky_episodes,
+            "total_penalty": self.total_penalty,
+            "max_risk": self.max_risk,
+            "by_action": self.by_action,
+            "by_family": self.by_family,
+        }
 
 
 def _table(risky: Counter[str], total: Counter[str]) -> dict[str, dict[str, float]]:
-    return {k: {"risky": risky[k], "steps": total[k], "rate": risky[k] / total[k]}
-            for k in sorted(total, key=lambda k: (-risky[k], k)) if risky[k]}
+    return {
+        k: {"risky": risky[k], "steps": total[k], "rate": risky[k] / total[k]}
+        for k in sorted(total, key=lambda k: (-risky[k], k))
+        if risky[k]
+    }
 
 
 def action_name(action: int) -> str:
     return ACTIONS[action] if 0 <= action < len(ACTIONS) else str(action)
 
 
-def risk_report(steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], threshold: float, penalty: float) -> RiskReport:
+def risk_report(
+    steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], threshold: float, penalty: float
+) -> RiskReport:
     """Count steps with ``risk > threshold``; rates are per action taken and per family's steps."""
     by_action: Counter[str] = Counter()
     action_total: Counter[str] = Counter()
@@ -66,6 +79,14 @@ def risk_report(steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], 
             by_action[name] += 1
             by_family[step.family] += 1
     risky = sum(by_action.values())
-    return RiskReport(threshold, penalty, risky, len(steps), sum(e.risky_steps > 0 for e in episodes), penalty * risky,
-                      _table(by_action, action_total), _table(by_family, family_total),
-                      max((s.risk for s in steps), default=0.0))
+    return RiskReport(
+        threshold,
+        penalty,
+        risky,
+        len(steps),
+        sum(e.risky_steps > 0 for e in episodes),
+        penalty * risky,
+        _table(by_action, action_total),
+        _table(by_family, family_total),
+        max((s.risk for s in steps), default=0.0),
+    )

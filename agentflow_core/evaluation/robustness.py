@@ -63,17 +63,26 @@ class StressAnalysis:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "metrics": self.metrics, "passed": self.passed, "by_family": self.by_family,
+            "metrics": self.metrics,
+            "passed": self.passed,
+            "by_family": self.by_family,
             "coverage": self.coverage.to_dict(),
-            "consistency": {"target": self.target, "canonical": self.consistency.to_dict(),
-                            "matched_states": self.matched.to_dict(), "per_variant": self.per_variant},
+            "consistency": {
+                "target": self.target,
+                "canonical": self.consistency.to_dict(),
+                "matched_states": self.matched.to_dict(),
+                "per_variant": self.per_variant,
+            },
             "root_causes": {"failures": self.failures, "top": [c.to_dict() for c in self.causes]},
-            "reward_hacking": self.hacking.to_dict(), "risk": self.risk.to_dict(),
+            "reward_hacking": self.hacking.to_dict(),
+            "risk": self.risk.to_dict(),
             "recommendations": self.recommendations,
         }
 
 
-def consistency_variants(rollout: StressRollout, sample_order: Sequence[str], k: int) -> tuple[list[str], list[dict[str, float]], list[str]]:
+def consistency_variants(
+    rollout: StressRollout, sample_order: Sequence[str], k: int
+) -> tuple[list[str], list[dict[str, float]], list[str]]:
     """The first ``k`` variants of the sample that were played: ids, first-observation features, families."""
     first: dict[str, EpisodeRecord] = {}
     for episode in rollout.episodes:
@@ -86,35 +95,57 @@ def _by_family(episodes: Sequence[EpisodeRecord]) -> dict[str, dict[str, float]]
     groups: dict[str, list[EpisodeRecord]] = {}
     for e in episodes:
         groups.setdefault(e.family, []).append(e)
-    return {fam: {"episodes": len(eps), "success_rate": fmean(e.success for e in eps),
-                  "mean_evaluated_return": fmean(e.evaluated_return for e in eps),
-                  "crash_episodes": sum(e.crashed for e in eps)} for fam, eps in sorted(groups.items())}
+    return {
+        fam: {
+            "episodes": len(eps),
+            "success_rate": fmean(e.success for e in eps),
+            "mean_evaluated_return": fmean(e.evaluated_return for e in eps),
+            "crash_episodes": sum(e.crashed for e in eps),
+        }
+        for fam, eps in sorted(groups.items())
+    }
 
 
-def _recommendations(metrics: Mapping[str, Any], cfg: StressConfig, per_variant: Sequence[Mapping[str, Any]],
-                     causes: Sequence[RootCause], hacking: HackingReport, coverage: CoverageTable) -> list[str]:
+def _recommendations(
+    metrics: Mapping[str, Any],
+    cfg: StressConfig,
+    per_variant: Sequence[Mapping[str, Any]],
+    causes: Sequence[RootCause],
+    hacking: HackingReport,
+    coverage: CoverageTable,
+) -> list[str]:
     out = []
     if metrics["crash_episodes"]:
         out.append(f"{metrics['crash_episodes']} crash episode(s): {RECOMMENDATIONS['env_crash']}")
     if metrics["consistency"] < cfg.consistency_target:
-        out.append(f"Policy consistency {metrics['consistency']:.1%} is below the {cfg.consistency_target:.0%} target: "
-                   "train on more variants per update (uniform/PLR scheduler) and compare the probe actions per family.")
+        out.append(
+            f"Policy consistency {metrics['consistency']:.1%} is below the {cfg.consistency_target:.0%} target: "
+            "train on more variants per update (uniform/PLR scheduler) and compare the probe actions per family."
+        )
     bad = [r["env_id"] for r in per_variant if r["consistent_but_bad"]]
     if bad:
         out.append(f"{len(bad)} variant(s) are consistent but bad (agree with the rest, succeed < 50%), e.g. {bad[0]}.")
     out.extend(c.recommendation for c in causes)
     if hacking.flagged:
-        out.append(f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without PAYMENT_SUCCESS: "
-                   "cap or remove the shaping terms they farm.")
+        out.append(
+            f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without PAYMENT_SUCCESS: "
+            "cap or remove the shaping terms they farm."
+        )
     if coverage.long_tail or coverage.unseen:
         rare = ", ".join((coverage.long_tail + coverage.unseen)[:4])
         out.append(f"Rare or unseen states ({rare}): oversample the variants that reach them (PLR token bonus).")
     return out or ["No action needed: no crashes, consistency on target, no failure cluster."]
 
 
-def analyze_stress(rollout: StressRollout, policy_fn: PolicyFn, cfg: StressConfig, dimensions: Sequence[str],
-                   sample_order: Sequence[str], reachable: Sequence[str] = TOKENS,
-                   cart_scales: Mapping[str, float] | None = None) -> StressAnalysis:
+def analyze_stress(
+    rollout: StressRollout,
+    policy_fn: PolicyFn,
+    cfg: StressConfig,
+    dimensions: Sequence[str],
+    sample_order: Sequence[str],
+    reachable: Sequence[str] = TOKENS,
+    cart_scales: Mapping[str, float] | None = None,
+) -> StressAnalysis:
     """Compute every stress measure from the rollout records (plus the canonical probes of ``policy_fn``)."""
     episodes, steps = rollout.episodes, rollout.steps
     n = max(len(episodes), 1)
@@ -130,21 +161,42 @@ def analyze_stress(rollout: StressRollout, policy_fn: PolicyFn, cfg: StressConfi
     success_rate = sum(e.success for e in episodes) / n
     crash_episodes = sum(e.crashed for e in episodes)
     metrics: dict[str, Any] = {
-        "episodes": len(episodes), "steps": len(steps), "variants": len(rollout.variants),
-        "success_rate": success_rate, "payment_success_rate": sum(e.reached_goal for e in episodes) / n,
-        "crash_episodes": crash_episodes, "crash_rate": crash_episodes / n,
-        "consistency": consistency.score, "consistency_variants": len(ids),
+        "episodes": len(episodes),
+        "steps": len(steps),
+        "variants": len(rollout.variants),
+        "success_rate": success_rate,
+        "payment_success_rate": sum(e.reached_goal for e in episodes) / n,
+        "crash_episodes": crash_episodes,
+        "crash_rate": crash_episodes / n,
+        "consistency": consistency.score,
+        "consistency_variants": len(ids),
         "matched_state_consistency": matched.score,
         "robustness_score": robustness_score(success_rate, consistency.score, crash_episodes / n),
         "mean_env_return": fmean(e.env_return for e in episodes) if episodes else 0.0,
         "mean_evaluated_return": fmean(e.evaluated_return for e in episodes) if episodes else 0.0,
         "mean_shaped_return": fmean(e.shaped_return for e in episodes) if episodes else 0.0,
         "mean_length": fmean(e.length for e in episodes) if episodes else 0.0,
-        "failure_episodes": failures, "failure_rate": failures / n,
-        "state_coverage": coverage.state_coverage, "hacking_flagged": hacking.flagged,
-        "risky_steps": risk.risky_steps, "risk_rate": risk.rate,
+        "failure_episodes": failures,
+        "failure_rate": failures / n,
+        "state_coverage": coverage.state_coverage,
+        "hacking_flagged": hacking.flagged,
+        "risky_steps": risk.risky_steps,
+        "risk_rate": risk.rate,
     }
     recommendations = _recommendations(metrics, cfg, per_variant, causes, hacking, coverage)
     passed = crash_episodes == 0 and consistency.score >= cfg.consistency_target
-    return StressAnalysis(metrics, _by_family(episodes), coverage, consistency, matched, per_variant, causes, failures,
-                          hacking, risk, recommendations, passed, cfg.consistency_target)
+    return StressAnalysis(
+        metrics,
+        _by_family(episodes),
+        coverage,
+        consistency,
+        matched,
+        per_variant,
+        causes,
+        failures,
+        hacking,
+        risk,
+        recommendations,
+        passed,
+        cfg.consistency_target,
+    )

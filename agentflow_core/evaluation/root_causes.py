@@ -95,16 +95,25 @@ class RootCause:
         text = f"{self.cause}: {self.share:.0%}"
         head = self.headline
         if head is not None and head.lift > 1.0:
-            text += (f" (mostly {head.dimension}={head.value}: {head.share_in_cause:.0%} of these vs "
-                     f"{head.share_overall:.0%} overall)")
+            text += (
+                f" (mostly {head.dimension}={head.value}: {head.share_in_cause:.0%} of these vs "
+                f"{head.share_overall:.0%} overall)"
+            )
         return text
 
     def to_dict(self) -> dict[str, Any]:
         head = self.headline
-        return {"cause": self.cause, "count": self.count, "share": self.share, "endings": self.endings,
-                "summary": self.summary(), "recommendation": self.recommendation,
-                "headline": asdict(head) if head else None,
-                "concentration": [asdict(c) for c in self.concentration[:8]], "examples": self.examples}
+        return {
+            "cause": self.cause,
+            "count": self.count,
+            "share": self.share,
+            "endings": self.endings,
+            "summary": self.summary(),
+            "recommendation": self.recommendation,
+            "headline": asdict(head) if head else None,
+            "concentration": [asdict(c) for c in self.concentration[:8]],
+            "examples": self.examples,
+        }
 
 
 def is_failure(episode: EpisodeRecord, threshold: float) -> bool:
@@ -131,21 +140,29 @@ def recommendation_for(cause: str, head: Concentration | None = None) -> str:
     return text
 
 
-def _concentration(members: Sequence[EpisodeRecord], population: Sequence[EpisodeRecord],
-                   dimensions: Sequence[str]) -> list[Concentration]:
+def _concentration(
+    members: Sequence[EpisodeRecord], population: Sequence[EpisodeRecord], dimensions: Sequence[str]
+) -> list[Concentration]:
     rows = []
     for dim in dimensions:
         overall = Counter(dimension_value(e, dim) for e in population)
         inside = Counter(dimension_value(e, dim) for e in members)
         for value, count in inside.items():
             share_in, share_all = count / len(members), overall[value] / len(population)
-            rows.append(Concentration(dim, value, share_in, share_all, share_in / share_all if share_all else float("inf")))
+            rows.append(
+                Concentration(dim, value, share_in, share_all, share_in / share_all if share_all else float("inf"))
+            )
     rows.sort(key=lambda c: (-c.lift, -c.share_in_cause, c.dimension, c.value))
     return rows
 
 
-def root_causes(episodes: Sequence[EpisodeRecord], dimensions: Sequence[str], threshold: float = 5.0,
-                top: int = 3, lookback: int = 3) -> tuple[list[RootCause], int]:
+def root_causes(
+    episodes: Sequence[EpisodeRecord],
+    dimensions: Sequence[str],
+    threshold: float = 5.0,
+    top: int = 3,
+    lookback: int = 3,
+) -> tuple[list[RootCause], int]:
     """The ``top`` causes of failed episodes (share of all failures) and the number of failures."""
     failed = [e for e in episodes if is_failure(e, threshold)]
     groups: dict[str, list[EpisodeRecord]] = {}
@@ -158,6 +175,15 @@ def root_causes(episodes: Sequence[EpisodeRecord], dimensions: Sequence[str], th
         conc = _concentration(members, episodes, dims)
         draft = RootCause(cause, len(members), len(members) / len(failed), {}, conc, "")
         endings = dict(Counter(str(e.failure_reason) for e in members).most_common())
-        causes.append(RootCause(cause, len(members), draft.share, endings, conc,
-                                recommendation_for(cause, draft.headline), [e.episode_id for e in members[:3]]))
+        causes.append(
+            RootCause(
+                cause,
+                len(members),
+                draft.share,
+                endings,
+                conc,
+                recommendation_for(cause, draft.headline),
+                [e.episode_id for e in members[:3]],
+            )
+        )
     return causes, len(failed)

@@ -125,18 +125,27 @@ class _Slot:
     steps: list[StepRecord] = field(default_factory=list)
 
 
-def _variant_of(info: Mapping[str, Any], key: str, variants: Sequence[VariantRow],
-                by_id: Mapping[str, VariantRow], id_key: str) -> VariantRow:
+def _variant_of(
+    info: Mapping[str, Any], key: str, variants: Sequence[VariantRow], by_id: Mapping[str, VariantRow], id_key: str
+) -> VariantRow:
     index = info.get(key)
     if index is not None and 0 <= int(index) < len(variants) and variants[int(index)].env_id == info.get(id_key):
         return variants[int(index)]
     return by_id[str(info[id_key])]
 
 
-def run_stress_episodes(pool: StressPool, policy_fn: PolicyFn, variants: Sequence[VariantRow], episodes: int, *,
-                        seed: int = 0, reward_fn: RewardFn | None = None, risk: RiskRule = RiskRule(),
-                        handled_outcomes: frozenset[str] | set[str] = frozenset(),
-                        on_progress: Callable[[int, int], None] | None = None) -> StressRollout:
+def run_stress_episodes(
+    pool: StressPool,
+    policy_fn: PolicyFn,
+    variants: Sequence[VariantRow],
+    episodes: int,
+    *,
+    seed: int = 0,
+    reward_fn: RewardFn | None = None,
+    risk: RiskRule = RiskRule(),
+    handled_outcomes: frozenset[str] | set[str] = frozenset(),
+    on_progress: Callable[[int, int], None] | None = None,
+) -> StressRollout:
     """Run ``policy_fn`` until ``episodes`` episodes have finished; record every step of them.
 
     ``variants`` is the list the pool was built from (``info["variant_index"]`` indexes it).
@@ -148,8 +157,14 @@ def run_stress_episodes(pool: StressPool, policy_fn: PolicyFn, variants: Sequenc
     if reward_fn is not None:
         reward_fn.reset(batch.obs)
     counters = [0] * pool.num_envs
-    slots = [_Slot(f"{seed}-{i}-0", _variant_of(info, "variant_index", variants, by_id, "env_id"),
-                   decode_features(batch.obs[i])) for i, info in enumerate(batch.infos)]
+    slots = [
+        _Slot(
+            f"{seed}-{i}-0",
+            _variant_of(info, "variant_index", variants, by_id, "env_id"),
+            decode_features(batch.obs[i]),
+        )
+        for i, info in enumerate(batch.infos)
+    ]
     finished: list[EpisodeRecord] = []
     steps: list[StepRecord] = []
     pool_steps = 0
@@ -162,20 +177,37 @@ def run_stress_episodes(pool: StressPool, policy_fn: PolicyFn, variants: Sequenc
         done = np.asarray(batch.terminated, bool) | np.asarray(batch.truncated, bool)
         for i, info in enumerate(batch.infos):
             slot = slots[i]
-            slot.steps.append(StepRecord(
-                slot.episode_id, slot.variant.env_id, slot.variant.family, slot.variant.params,
-                int(info.get("step_id", len(slot.steps) + 1)), decode_tokens(obs[i]), int(actions[i]),
-                frozenset(info.get("tokens", ())), float(batch.reward[i]), float(shaped[i]), float(info.get("risk", 0.0)),
-                bool(batch.terminated[i]), bool(batch.truncated[i]), info.get("failure_reason")))
+            slot.steps.append(
+                StepRecord(
+                    slot.episode_id,
+                    slot.variant.env_id,
+                    slot.variant.family,
+                    slot.variant.params,
+                    int(info.get("step_id", len(slot.steps) + 1)),
+                    decode_tokens(obs[i]),
+                    int(actions[i]),
+                    frozenset(info.get("tokens", ())),
+                    float(batch.reward[i]),
+                    float(shaped[i]),
+                    float(info.get("risk", 0.0)),
+                    bool(batch.terminated[i]),
+                    bool(batch.truncated[i]),
+                    info.get("failure_reason"),
+                )
+            )
             if not done[i]:
                 continue
             if len(finished) < episodes:
                 finished.append(_close(slot, info, risk, handled_outcomes))
                 steps.extend(slot.steps)
             counters[i] += 1
-            slots[i] = _Slot(f"{seed}-{i}-{counters[i]}",
-                             _variant_of(info, "next_variant_index", variants, by_id, "next_env_id")
-                             if "next_env_id" in info else slot.variant, decode_features(batch.obs[i]))
+            slots[i] = _Slot(
+                f"{seed}-{i}-{counters[i]}",
+                _variant_of(info, "next_variant_index", variants, by_id, "next_env_id")
+                if "next_env_id" in info
+                else slot.variant,
+                decode_features(batch.obs[i]),
+            )
         if on_progress is not None:
             on_progress(len(finished), episodes)
     return StressRollout(steps, finished, pool_steps, sorted({e.env_id for e in finished}))
@@ -190,8 +222,18 @@ def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule, handled: frozen
     reached = any(GOAL_TOKEN in t for t in path)
     success = bool(info.get("success", reached and records[-1].terminated)) or reason in handled
     return EpisodeRecord(
-        episode_id=slot.episode_id, env_id=slot.variant.env_id, family=slot.variant.family, params=slot.variant.params,
-        length=int(info.get("episode_length", len(records))), env_return=env_return,
-        shaped_return=float(sum(s.shaped_reward for s in records)), evaluated_return=env_return - risk.penalty * risky,
-        reached_goal=reached, success=success, failure_reason=reason, risky_steps=risky, token_path=path,
-        initial_features=slot.initial_features)
+        episode_id=slot.episode_id,
+        env_id=slot.variant.env_id,
+        family=slot.variant.family,
+        params=slot.variant.params,
+        length=int(info.get("episode_length", len(records))),
+        env_return=env_return,
+        shaped_return=float(sum(s.shaped_reward for s in records)),
+        evaluated_return=env_return - risk.penalty * risky,
+        reached_goal=reached,
+        success=success,
+        failure_reason=reason,
+        risky_steps=risky,
+        token_path=path,
+        initial_features=slot.initial_features,
+    )

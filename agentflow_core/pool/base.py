@@ -54,7 +54,9 @@ class VariantLike(Protocol):
 class PoolEnv(Protocol):
     """The env surface a pool steps: Gymnasium reset/step plus the mask of legal actions."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]: ...
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]: ...
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]: ...
 

@@ -46,13 +46,26 @@ class _StepRows:
 
     @classmethod
     def zeros(cls, n: int) -> _StepRows:
-        return cls(np.zeros((n, OBS_DIM), np.float32), np.ones((n, N_ACTIONS), bool), np.zeros(n, np.float32),
-                   np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.float32), [None] * n)
+        return cls(
+            np.zeros((n, OBS_DIM), np.float32),
+            np.ones((n, N_ACTIONS), bool),
+            np.zeros(n, np.float32),
+            np.zeros(n, bool),
+            np.zeros(n, bool),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.float32),
+            [None] * n,
+        )
 
     def scatter(self, res: WorkerBatch) -> None:
         s = res.slots
         self.obs[s], self.action_mask[s], self.reward[s] = res.obs, res.action_mask, res.reward
-        self.terminated[s], self.truncated[s], self.step_id[s], self.risk[s] = res.terminated, res.truncated, res.step_id, res.risk
+        self.terminated[s], self.truncated[s], self.step_id[s], self.risk[s] = (
+            res.terminated,
+            res.truncated,
+            res.step_id,
+            res.risk,
+        )
         for slot, reason in zip(s.tolist(), res.failure_reason, strict=True):
             self.failure_reason[slot] = reason
 
@@ -60,8 +73,15 @@ class _StepRows:
 class PoolDriver:
     """Slots, scheduling, SAME_STEP autoreset and fault accounting over ``n_workers`` env workers."""
 
-    def __init__(self, variants: Sequence[VariantLike], num_envs: int, config: PoolConfig, scheduler: Any,
-                 n_workers: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        variants: Sequence[VariantLike],
+        num_envs: int,
+        config: PoolConfig,
+        scheduler: Any,
+        n_workers: int,
+        seed: int = 0,
+    ) -> None:
         if num_envs < 1:
             raise PoolError(f"num_envs must be >= 1, got {num_envs}")
         self.variants = as_variant_list(variants)
@@ -71,7 +91,9 @@ class PoolDriver:
         self.n_workers = max(int(n_workers), 1)
         self.env_ids = [v.env_id for v in self.variants]
         self.variant_hashes = [v.content_hash for v in self.variants]
-        self.worker_of = np.fromiter((stable_worker(e, self.n_workers) for e in self.env_ids), np.int64, len(self.env_ids))
+        self.worker_of = np.fromiter(
+            (stable_worker(e, self.n_workers) for e in self.env_ids), np.int64, len(self.env_ids)
+        )
         self._rng = np.random.default_rng(seed)
         n = self.num_envs
         self._slot_variant = np.full(n, -1, np.int64)
@@ -85,7 +107,12 @@ class PoolDriver:
         self.failures = np.zeros(len(self.variants), np.int64)
         self.quarantined: dict[int, str] = {}
         self.worker_restarts = 0
-        self.counters: dict[str, int] = {"steps": 0, "episodes": 0, "successes": 0, **{r: 0 for r in sorted(POOL_FAILURES)}}
+        self.counters: dict[str, int] = {
+            "steps": 0,
+            "episodes": 0,
+            "successes": 0,
+            **{r: 0 for r in sorted(POOL_FAILURES)},
+        }
 
     # ------------------------------------------------------------------ transport (subclasses)
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
@@ -99,11 +126,19 @@ class PoolDriver:
     def _worker_lost(self, worker: int, error: BaseException) -> None:
         """Count a lost worker; past ``max_worker_restarts`` the pool stops with :class:`PoolError`."""
         self.worker_restarts += 1
-        logger.error("pool: worker %d lost (%s: %s); restart %d of %d", worker, type(error).__name__, error,
-                     self.worker_restarts, self.config.max_worker_restarts)
+        logger.error(
+            "pool: worker %d lost (%s: %s); restart %d of %d",
+            worker,
+            type(error).__name__,
+            error,
+            self.worker_restarts,
+            self.config.max_worker_restarts,
+        )
         if self.worker_restarts > self.config.max_worker_restarts:
-            raise PoolError(f"worker {worker} lost again ({type(error).__name__}); the pool already restarted workers "
-                            f"{self.worker_restarts - 1} times (max_worker_restarts={self.config.max_worker_restarts})") from error
+            raise PoolError(
+                f"worker {worker} lost again ({type(error).__name__}); the pool already restarted workers "
+                f"{self.worker_restarts - 1} times (max_worker_restarts={self.config.max_worker_restarts})"
+            ) from error
 
     # ------------------------------------------------------------------ public API
     def reset(self, seed: int) -> PoolBatch:
@@ -120,14 +155,22 @@ class PoolDriver:
         self._autoreset(list(range(self.num_envs)), rows, infos, rows.obs.copy())
         for slot, info in enumerate(infos):
             v = int(self._slot_variant[slot])
-            info.update(env_id=self.env_ids[v], variant_index=v, variant_hash=self.variant_hashes[v], step_id=0,
-                        failure_reason=None, tokens=self._tokens(rows.obs[slot]), risk=0.0)
+            info.update(
+                env_id=self.env_ids[v],
+                variant_index=v,
+                variant_hash=self.variant_hashes[v],
+                step_id=0,
+                failure_reason=None,
+                tokens=self._tokens(rows.obs[slot]),
+                risk=0.0,
+            )
             for key in ("next_env_id", "next_variant_index", "next_variant_hash"):
                 info.pop(key, None)
         self._obs = rows.obs
         zeros = np.zeros(self.num_envs, bool)
-        return PoolBatch(rows.obs, rows.action_mask, np.zeros(self.num_envs, np.float32), zeros, zeros.copy(),
-                         rows.obs.copy(), infos)
+        return PoolBatch(
+            rows.obs, rows.action_mask, np.zeros(self.num_envs, np.float32), zeros, zeros.copy(), rows.obs.copy(), infos
+        )
 
     def step(self, actions: np.ndarray) -> PoolBatch:
         """Advance every slot by its action; ended episodes autoreset in the same step."""
@@ -136,7 +179,10 @@ class PoolDriver:
             raise PoolError("step() before reset(): every slot needs a live episode")
         rows = _StepRows.zeros(self.num_envs)
         hosts = self.worker_of[self._slot_variant]
-        calls = {w: ("step", (slots, actions[slots])) for w, slots in self._by_worker(np.arange(self.num_envs), hosts).items()}
+        calls = {
+            w: ("step", (slots, actions[slots]))
+            for w, slots in self._by_worker(np.arange(self.num_envs), hosts).items()
+        }
         lost = np.zeros(self.num_envs, bool)
         for w, res in self._invoke(calls).items():
             if res is None:
@@ -169,7 +215,9 @@ class PoolDriver:
         """Variant index each slot is playing now (for feeding per-variant scores back)."""
         return self._slot_variant.copy()
 
-    def set_value_loss(self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray) -> None:
+    def set_value_loss(
+        self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray
+    ) -> None:
         """Learner feedback (PLR's learning signal): reported with each variant's next finished episode."""
         idx = np.asarray(variant_indices, dtype=np.int64)
         self._value_loss[idx] = np.asarray(value_loss, dtype=np.float64)
@@ -204,9 +252,18 @@ class PoolDriver:
         v = self._slot_variant.tolist()
         step_id, risk = rows.step_id.tolist(), rows.risk.tolist()
         hot = rows.obs[:, :N_TOKENS] > 0.5
-        return [{"env_id": self.env_ids[v[i]], "variant_index": v[i], "variant_hash": self.variant_hashes[v[i]],
-                 "step_id": step_id[i], "failure_reason": rows.failure_reason[i], "tokens": _TOKEN_NAMES[hot[i]].tolist(),
-                 "risk": risk[i]} for i in range(self.num_envs)]
+        return [
+            {
+                "env_id": self.env_ids[v[i]],
+                "variant_index": v[i],
+                "variant_hash": self.variant_hashes[v[i]],
+                "step_id": step_id[i],
+                "failure_reason": rows.failure_reason[i],
+                "tokens": _TOKEN_NAMES[hot[i]].tolist(),
+                "risk": risk[i],
+            }
+            for i in range(self.num_envs)
+        ]
 
     def _mark_lost(self, rows: _StepRows, slots: np.ndarray, last_obs: np.ndarray) -> None:
         rows.obs[slots] = last_obs[slots]
@@ -230,9 +287,17 @@ class PoolDriver:
                 self.counters[reason] += 1
                 self._count_failure(v, reason)
             loss = self._value_loss[v]
-            self.scheduler.update(v, EpisodeStats(return_=ret, success=success, length=length, failure_reason=reason,
-                                                  tokens=frozenset(_TOKEN_NAMES[self._ep_tokens[s]].tolist()),
-                                                  value_loss=None if np.isnan(loss) else float(loss)))
+            self.scheduler.update(
+                v,
+                EpisodeStats(
+                    return_=ret,
+                    success=success,
+                    length=length,
+                    failure_reason=reason,
+                    tokens=frozenset(_TOKEN_NAMES[self._ep_tokens[s]].tolist()),
+                    value_loss=None if np.isnan(loss) else float(loss),
+                ),
+            )
 
     def _count_failure(self, v: int, reason: str) -> None:
         if reason == WORKER_LOST:  # the worker died, not this variant
@@ -241,15 +306,21 @@ class PoolDriver:
         if self.failures[v] >= self.config.quarantine_after and v not in self.quarantined:
             self.quarantined[v] = reason
             self.scheduler.quarantine(v, reason)
-            logger.warning("pool: variant %s quarantined after %d failures (last: %s)", self.env_ids[v],
-                           int(self.failures[v]), reason)
+            logger.warning(
+                "pool: variant %s quarantined after %d failures (last: %s)",
+                self.env_ids[v],
+                int(self.failures[v]),
+                reason,
+            )
 
     def _sample(self, n: int) -> np.ndarray:
         try:
             return np.asarray(self.scheduler.sample(n), dtype=np.int64)
         except Exception as exc:  # e.g. every variant quarantined
-            raise PoolError(f"the scheduler cannot pick variants: {exc} (quarantined: {len(self.quarantined)} "
-                            f"of {len(self.variants)})") from exc
+            raise PoolError(
+                f"the scheduler cannot pick variants: {exc} (quarantined: {len(self.quarantined)} "
+                f"of {len(self.variants)})"
+            ) from exc
 
     def _autoreset(self, slots: list[int], rows: _StepRows, infos: list[dict[str, Any]], final_obs: np.ndarray) -> None:
         """Reset ``slots`` on scheduler-picked variants, retrying failed resets and lost workers."""
@@ -277,20 +348,27 @@ class PoolDriver:
                     if reason is not None:
                         self.counters[reason] = self.counters.get(reason, 0) + 1
                         self._count_failure(v, reason)
-                        self.scheduler.update(v, EpisodeStats(return_=0.0, success=False, length=0, failure_reason=reason))
+                        self.scheduler.update(
+                            v, EpisodeStats(return_=0.0, success=False, length=0, failure_reason=reason)
+                        )
                         pending.append(s)
                         continue
                     self._slot_variant[s], self._slot_live[s] = v, True
                     self._ep_return[s], self._ep_length[s], self._step_id[s] = 0.0, 0, 0
                     self._ep_tokens[s] = res.obs[row, :N_TOKENS] > 0.5
                     rows.obs[s], rows.action_mask[s] = res.obs[row], res.action_mask[row]
-                    infos[s].update(next_env_id=self.env_ids[v], next_variant_index=v,
-                                    next_variant_hash=self.variant_hashes[v])
+                    infos[s].update(
+                        next_env_id=self.env_ids[v], next_variant_index=v, next_variant_hash=self.variant_hashes[v]
+                    )
         if pending:
-            raise PoolError(f"could not start episodes in slots {pending[:8]} after {MAX_RESET_ROUNDS} rounds of resets "
-                            f"(quarantined {len(self.quarantined)} of {len(self.variants)} variants)")
+            raise PoolError(
+                f"could not start episodes in slots {pending[:8]} after {MAX_RESET_ROUNDS} rounds of resets "
+                f"(quarantined {len(self.quarantined)} of {len(self.variants)} variants)"
+            )
 
-    def _orphans_of(self, worker: int, rows: _StepRows, infos: list[dict[str, Any]], final_obs: np.ndarray) -> list[int]:
+    def _orphans_of(
+        self, worker: int, rows: _StepRows, infos: list[dict[str, Any]], final_obs: np.ndarray
+    ) -> list[int]:
         """Slots whose live episode sat on a worker that was just lost: close them as worker_lost."""
         live = np.flatnonzero(self._slot_live & (self.worker_of[np.maximum(self._slot_variant, 0)] == worker))
         closing = [s for s in live.tolist() if not (rows.terminated[s] or rows.truncated[s])]

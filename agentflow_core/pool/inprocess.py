@@ -24,7 +24,9 @@ def default_scheduler(config: PoolConfig, n_variants: int, seed: int) -> Any:
     return make_scheduler(config.scheduler, n_variants, np.random.default_rng(seed), config)
 
 
-def catalogue_slices(variants: Sequence[VariantLike], worker_of: np.ndarray, n_workers: int) -> list[dict[int, VariantLike]]:
+def catalogue_slices(
+    variants: Sequence[VariantLike], worker_of: np.ndarray, n_workers: int
+) -> list[dict[int, VariantLike]]:
     """``{global variant index: spec}`` for each worker: the slice its envs come from."""
     slices: list[dict[int, VariantLike]] = [{} for _ in range(n_workers)]
     for i, (v, w) in enumerate(zip(variants, worker_of.tolist(), strict=True)):
@@ -35,15 +37,29 @@ def catalogue_slices(variants: Sequence[VariantLike], worker_of: np.ndarray, n_w
 class InProcessPool(PoolDriver):
     """``num_envs`` slots over ``config.num_workers`` (at least one) in-process env workers."""
 
-    def __init__(self, variants: Sequence[VariantLike], factory: EnvFactory, num_envs: int,
-                 config: PoolConfig | None = None, scheduler: Any | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        variants: Sequence[VariantLike],
+        factory: EnvFactory,
+        num_envs: int,
+        config: PoolConfig | None = None,
+        scheduler: Any | None = None,
+        seed: int = 0,
+    ) -> None:
         config = config or PoolConfig()
         n_workers = max(config.num_workers, 1)
-        super().__init__(variants, num_envs, config,
-                         scheduler if scheduler is not None else default_scheduler(config, len(variants), seed),
-                         n_workers, seed)
-        self.workers = [EnvWorker(factory, part, config.max_live_per_worker, config.step_timeout_s, w)
-                        for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))]
+        super().__init__(
+            variants,
+            num_envs,
+            config,
+            scheduler if scheduler is not None else default_scheduler(config, len(variants), seed),
+            n_workers,
+            seed,
+        )
+        self.workers = [
+            EnvWorker(factory, part, config.max_live_per_worker, config.step_timeout_s, w)
+            for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))
+        ]
 
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
         return {w: getattr(self.workers[w], method)(*args) for w, (method, args) in calls.items()}

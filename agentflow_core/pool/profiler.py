@@ -43,7 +43,9 @@ def _family(variant: VariantLike) -> str:
     return str(getattr(variant, "family", variant.base_env_id))
 
 
-def _time_variant(variant: VariantLike, factory: EnvFactory, steps: int, rng: np.random.Generator) -> tuple[float, list[float], list[float]]:
+def _time_variant(
+    variant: VariantLike, factory: EnvFactory, steps: int, rng: np.random.Generator
+) -> tuple[float, list[float], list[float]]:
     started = time.perf_counter()
     env = factory(variant)
     create = time.perf_counter() - started
@@ -94,8 +96,14 @@ def memory_per_env_kb(variants: Sequence[VariantLike], factory: EnvFactory, seed
     return delta / n / 1024.0, py_delta / n / 1024.0
 
 
-def profile_envs(variants: Sequence[VariantLike], factory: EnvFactory, per_family: int = 4, steps: int = 200,
-                 mem_envs: int = 50, seed: int = 0) -> list[EnvProfile]:
+def profile_envs(
+    variants: Sequence[VariantLike],
+    factory: EnvFactory,
+    per_family: int = 4,
+    steps: int = 200,
+    mem_envs: int = 50,
+    seed: int = 0,
+) -> list[EnvProfile]:
     """Per sampled variant and per family: create/reset means and step p50/p95 (ms), memory per env."""
     rng = np.random.default_rng(seed)
     by_family: dict[str, list[VariantLike]] = {}
@@ -120,12 +128,24 @@ def profile_envs(variants: Sequence[VariantLike], factory: EnvFactory, per_famil
     return records
 
 
-def _record(family: str, env_id: str, create: list[float], resets: list[float], step_times: list[float],
-            mem_kb: float | None = None, heap_kb: float | None = None) -> EnvProfile:
+def _record(
+    family: str,
+    env_id: str,
+    create: list[float],
+    resets: list[float],
+    step_times: list[float],
+    mem_kb: float | None = None,
+    heap_kb: float | None = None,
+) -> EnvProfile:
     ms = np.asarray(step_times) * 1e3
-    return EnvProfile(family=family, env_id=env_id, create_ms=float(np.mean(create) * 1e3),
-                      reset_ms=float(np.mean(resets) * 1e3),
-                      step_p50_ms=float(np.percentile(ms, 50)) if ms.size else 0.0,
-                      step_p95_ms=float(np.percentile(ms, 95)) if ms.size else 0.0,
-                      steps=int(ms.size), mem_per_env_kb=None if mem_kb is None else round(mem_kb, 2),
-                      py_heap_per_env_kb=None if heap_kb is None else round(heap_kb, 2))
+    return EnvProfile(
+        family=family,
+        env_id=env_id,
+        create_ms=float(np.mean(create) * 1e3),
+        reset_ms=float(np.mean(resets) * 1e3),
+        step_p50_ms=float(np.percentile(ms, 50)) if ms.size else 0.0,
+        step_p95_ms=float(np.percentile(ms, 95)) if ms.size else 0.0,
+        steps=int(ms.size),
+        mem_per_env_kb=None if mem_kb is None else round(mem_kb, 2),
+        py_heap_per_env_kb=None if heap_kb is None else round(heap_kb, 2),
+    )

@@ -43,9 +43,13 @@ def ray_init_kwargs(ray_config: RayConfig) -> dict[str, Any]:
     """Join the cluster at ``address`` or start a small local Ray (the edge resolves RAY_ADDRESS)."""
     if ray_config.address:
         return {"address": ray_config.address, "ignore_reinit_error": True}
-    return {"num_cpus": ray_config.num_cpus, "include_dashboard": ray_config.include_dashboard,
-            "object_store_memory": ray_config.object_store_mb * 1024 * 1024, "ignore_reinit_error": True,
-            "log_to_driver": False}
+    return {
+        "num_cpus": ray_config.num_cpus,
+        "include_dashboard": ray_config.include_dashboard,
+        "object_store_memory": ray_config.object_store_mb * 1024 * 1024,
+        "ignore_reinit_error": True,
+        "log_to_driver": False,
+    }
 
 
 def ensure_ray(ray_config: RayConfig | None = None) -> None:
@@ -74,29 +78,51 @@ class WorkerProcessGone(RuntimeError):
 class RayPool(PoolDriver):
     """``num_envs`` slots over ``config.num_workers`` Ray actors (same semantics as InProcessPool)."""
 
-    def __init__(self, variants: Sequence[VariantLike], factory: EnvFactory, num_envs: int,
-                 config: PoolConfig | None = None, scheduler: Any | None = None, seed: int = 0,
-                 ray_config: RayConfig | None = None, call_timeout_s: float | None = None,
-                 restart_timeout_s: float = 60.0, standby_workers: int = 1, standby_delay_s: float = 1.5,
-                 poll_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        variants: Sequence[VariantLike],
+        factory: EnvFactory,
+        num_envs: int,
+        config: PoolConfig | None = None,
+        scheduler: Any | None = None,
+        seed: int = 0,
+        ray_config: RayConfig | None = None,
+        call_timeout_s: float | None = None,
+        restart_timeout_s: float = 60.0,
+        standby_workers: int = 1,
+        standby_delay_s: float = 1.5,
+        poll_s: float = 0.02,
+    ) -> None:
         import ray
 
         config = config or PoolConfig()
         ensure_ray(ray_config)
-        super().__init__(variants, num_envs, config,
-                         scheduler if scheduler is not None else default_scheduler(config, len(variants), seed),
-                         max(config.num_workers, 1), seed)
+        super().__init__(
+            variants,
+            num_envs,
+            config,
+            scheduler if scheduler is not None else default_scheduler(config, len(variants), seed),
+            max(config.num_workers, 1),
+            seed,
+        )
         # A batch can hold a few hung envs, each costing one step timeout inside the worker.
         self.call_timeout_s = call_timeout_s if call_timeout_s is not None else 4 * config.step_timeout_s + 10.0
         self.restart_timeout_s = restart_timeout_s
-        self.standby_workers, self.standby_delay_s, self.poll_s = int(standby_workers), float(standby_delay_s), float(poll_s)
-        self._actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RayEnvWorker)
+        self.standby_workers, self.standby_delay_s, self.poll_s = (
+            int(standby_workers),
+            float(standby_delay_s),
+            float(poll_s),
+        )
+        # Any: Ray's stubs type a remote class's methods as plain callables (no ``.remote``)
+        self._actor_cls: Any = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RayEnvWorker)
         # Constructor arguments live in the object store under refs this pool holds: a restarted
         # actor re-reads them, and Ray frees an argument once no one references it.
         self._factory_ref = ray.put(factory)
-        self._actor_args = [(self._factory_ref, ray.put(part), config.max_live_per_worker, config.step_timeout_s, w)
-                            for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))]
-        self.actors = [self._actor_cls.remote(*args) for args in self._actor_args]
+        self._actor_args = [
+            (self._factory_ref, ray.put(part), config.max_live_per_worker, config.step_timeout_s, w)
+            for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))
+        ]
+        self.actors: list[Any] = [self._actor_cls.remote(*args) for args in self._actor_args]
         self._node_id = ray.get_runtime_context().get_node_id()
         self._procs: list[tuple[int, float] | None] = [self._locate(a) for a in self.actors]
         self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
@@ -125,8 +151,9 @@ class RayPool(PoolDriver):
             return
         self._standby_due = None
         while len(self._standby) < self.standby_workers:
-            actor = self._actor_cls.options(max_restarts=0).remote(self._factory_ref, {}, self.config.max_live_per_worker,
-                                                                   self.config.step_timeout_s, -1)
+            actor = self._actor_cls.options(max_restarts=0).remote(
+                self._factory_ref, {}, self.config.max_live_per_worker, self.config.step_timeout_s, -1
+            )
             actor.prewarm.remote(self._prewarm_ref)  # runs in the background; adopt() queues behind it
             self._standby.append(actor)
 
@@ -158,8 +185,11 @@ class RayPool(PoolDriver):
         deadline = time.monotonic() + self.call_timeout_s
         out: dict[int, WorkerBatch | None] = {}
         while pending:
-            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending),
-                                timeout=min(self.poll_s, max(deadline - time.monotonic(), 0.0)))
+            ready, _ = ray.wait(
+                list(pending.values()),
+                num_returns=len(pending),
+                timeout=min(self.poll_s, max(deadline - time.monotonic(), 0.0)),
+            )
             done = set(ready)
             for w, ref in list(pending.items()):
                 error: BaseException | None = None

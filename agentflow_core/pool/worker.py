@@ -106,7 +106,9 @@ class BatchWatchdog:
             job = _Job(fn, items, start, results)
             self._queue.put(job)
             start = len(items)
-            while not job.done.wait(max(job.started + self.timeout_s - time.perf_counter(), 0.0) if job.current >= 0 else self.timeout_s):
+            while not job.done.wait(
+                max(job.started + self.timeout_s - time.perf_counter(), 0.0) if job.current >= 0 else self.timeout_s
+            ):
                 with job.lock:
                     if job.done.is_set():
                         break
@@ -183,8 +185,14 @@ class _ResetItem:
 class EnvWorker:
     """Hosts the envs of its catalogue slice; ``reset`` and ``step`` take many slots per call."""
 
-    def __init__(self, factory: EnvFactory, variants: Mapping[int, VariantLike], max_live: int,
-                 step_timeout_s: float, worker_index: int = 0) -> None:
+    def __init__(
+        self,
+        factory: EnvFactory,
+        variants: Mapping[int, VariantLike],
+        max_live: int,
+        step_timeout_s: float,
+        worker_index: int = 0,
+    ) -> None:
         self.factory = factory
         self.variants = dict(variants)
         self.max_live = int(max_live)
@@ -197,8 +205,17 @@ class EnvWorker:
         self._idle_by_base: dict[str, OrderedDict[int, None]] = {}
         self._idle_base_of: dict[int, str] = {}
         self._n_idle = 0
-        self.counters = {"created": 0, "reused": 0, "evicted": 0, ENV_CRASH: 0, ENV_TIMEOUT: 0, ENV_INVALID: 0,
-                         "steps": 0, "step_calls": 0, "reset_calls": 0}
+        self.counters = {
+            "created": 0,
+            "reused": 0,
+            "evicted": 0,
+            ENV_CRASH: 0,
+            ENV_TIMEOUT: 0,
+            ENV_INVALID: 0,
+            "steps": 0,
+            "step_calls": 0,
+            "reset_calls": 0,
+        }
 
     # ------------------------------------------------------------------ introspection
     def pid(self) -> int:
@@ -214,8 +231,15 @@ class EnvWorker:
 
     def stats(self) -> dict[str, Any]:
         """Counters plus live/active/idle env counts."""
-        return {**self.counters, "worker": self.worker_index, "live": self.live_count, "active": len(self._active),
-                "idle": self._n_idle, "catalogue": len(self.variants), "abandoned_threads": self.watchdog.abandoned_threads}
+        return {
+            **self.counters,
+            "worker": self.worker_index,
+            "live": self.live_count,
+            "active": len(self._active),
+            "idle": self._n_idle,
+            "catalogue": len(self.variants),
+            "abandoned_threads": self.watchdog.abandoned_threads,
+        }
 
     # ------------------------------------------------------------------ env lifecycle
     def _discard(self, env: PoolEnv, hung: bool) -> None:
@@ -401,8 +425,13 @@ class EnvWorker:
         if isinstance(res, EnvError):
             out.step_id[row] = res.step_id
         variant = self.variants.get(variant_index)
-        logger.warning("worker %d: %s on %s: %s", self.worker_index, reason,
-                       getattr(variant, "env_id", variant_index), "no answer within the step timeout" if res is TIMED_OUT else res)
+        logger.warning(
+            "worker %d: %s on %s: %s",
+            self.worker_index,
+            reason,
+            getattr(variant, "env_id", variant_index),
+            "no answer within the step timeout" if res is TIMED_OUT else res,
+        )
         if env is not None:
             self._discard(env, hung=res is TIMED_OUT)
 

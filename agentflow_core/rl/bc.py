@@ -26,8 +26,18 @@ class BCResult:
     accuracy: float
 
 
-def behaviour_cloning(policy: ActorCritic, obs: np.ndarray, actions: np.ndarray, masks: np.ndarray, *, epochs: int = 10,
-                      batch_size: int = 256, learning_rate: float = 1e-3, seed: int = 0, min_steps: int = 500) -> BCResult:
+def behaviour_cloning(
+    policy: ActorCritic,
+    obs: np.ndarray,
+    actions: np.ndarray,
+    masks: np.ndarray,
+    *,
+    epochs: int = 10,
+    batch_size: int = 256,
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+    min_steps: int = 500,
+) -> BCResult:
     """Fit the actor to (obs, action) pairs by masked cross-entropy; returns the loss curve.
 
     Runs at least ``min_steps`` gradient steps (more epochs on small datasets), so a few hundred
@@ -49,7 +59,7 @@ def behaviour_cloning(policy: ActorCritic, obs: np.ndarray, actions: np.ndarray,
         perm = torch.as_tensor(rng.permutation(n), device=device)
         epoch_loss = torch.zeros((), device=device)
         for start in range(0, n, batch_size):
-            idx = perm[start:start + batch_size]
+            idx = perm[start : start + batch_size]
             loss = F.cross_entropy(policy.masked_logits(obs_t[idx], mask_t[idx]), act_t[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

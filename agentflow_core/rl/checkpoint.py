@@ -73,8 +73,9 @@ def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
 
 
-def save_checkpoint(root: Path, name: str, model: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor],
-                    state: dict[str, Any]) -> Path:
+def save_checkpoint(
+    root: Path, name: str, model: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], state: dict[str, Any]
+) -> Path:
     """Write one checkpoint directory atomically and point ``latest.json`` at it."""
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
@@ -110,7 +111,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint directory (safetensors + JSON only; refuses other vocabularies)."""
     state = json.loads((path / STATE_FILE).read_text())
     if state.get("vocab_version") != VOCAB_VERSION:
-        raise ValueError(f"{path}: vocab_version {state.get('vocab_version')!r} != {VOCAB_VERSION!r}; the encoding changed")
+        raise ValueError(
+            f"{path}: vocab_version {state.get('vocab_version')!r} != {VOCAB_VERSION!r}; the encoding changed"
+        )
     return Checkpoint(path, load_file(str(path / MODEL_FILE)), load_file(str(path / TENSORS_FILE)), state)
 
 
@@ -148,9 +151,20 @@ def restore_global_rng(state: dict[str, Any], tensors: dict[str, torch.Tensor]) 
 class CheckpointManager:
     """Saves a :class:`PPO` learner every K updates and every T minutes, keeps the last few and the best."""
 
-    def __init__(self, root: Path, every_updates: int, every_minutes: float, keep_last: int = 3,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.root, self.every_updates, self.every_s, self.keep_last = Path(root), every_updates, every_minutes * 60.0, keep_last
+    def __init__(
+        self,
+        root: Path,
+        every_updates: int,
+        every_minutes: float,
+        keep_last: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root, self.every_updates, self.every_s, self.keep_last = (
+            Path(root),
+            every_updates,
+            every_minutes * 60.0,
+            keep_last,
+        )
         self.clock = clock
         self._last_save_t = clock()
 
@@ -171,8 +185,13 @@ class CheckpointManager:
             "extra": extra or {},
             **rng_json,
         }
-        path = save_checkpoint(self.root, f"update_{ppo.update:08d}", ppo.policy.state_dict(),
-                               {**ppo.state_tensors(), **rng_tensors}, state)
+        path = save_checkpoint(
+            self.root,
+            f"update_{ppo.update:08d}",
+            ppo.policy.state_dict(),
+            {**ppo.state_tensors(), **rng_tensors},
+            state,
+        )
         self._last_save_t = self.clock()
         self._prune()
         return path
@@ -184,7 +203,7 @@ class CheckpointManager:
     def _prune(self) -> None:
         keep = {p for p in (latest_checkpoint(self.root), best_checkpoint(self.root)) if p is not None}
         saved = sorted(p for p in self.root.glob("update_*") if p.is_dir())
-        keep.update(saved[-self.keep_last:])
+        keep.update(saved[-self.keep_last :])
         for p in saved:
             if p not in keep:
                 shutil.rmtree(p, ignore_errors=True)

@@ -34,17 +34,20 @@ def split_heldout(variants: Sequence[V], heldout_fraction: float, salt: str = "h
         key = str(getattr(v, "content_hash", None) or getattr(v, "env_id", v))
         (heldout if heldout_bucket(key, salt) < heldout_fraction else train).append(v)
     if not train or not heldout:
-        raise ValueError(f"held-out split of {len(variants)} variants at fraction {heldout_fraction} "
-                         f"leaves {len(train)} train / {len(heldout)} held-out; both must be non-empty")
+        raise ValueError(
+            f"held-out split of {len(variants)} variants at fraction {heldout_fraction} "
+            f"leaves {len(train)} train / {len(heldout)} held-out; both must be non-empty"
+        )
     return train, heldout
 
 
-def policy_convergence_flag(history: Sequence[float], window: int = 3, min_rel_improvement: float = 0.003,
-                            max_variance: float = 0.02) -> bool:
+def policy_convergence_flag(
+    history: Sequence[float], window: int = 3, min_rel_improvement: float = 0.003, max_variance: float = 0.02
+) -> bool:
     """True when the last ``window`` evaluations improved < 0.3% each and vary < ``max_variance``."""
     if len(history) < window + 1:
         return False
-    recent = np.asarray(history[-(window + 1):], dtype=float)
+    recent = np.asarray(history[-(window + 1) :], dtype=float)
     prev, cur = recent[:-1], recent[1:]
     rel = (cur - prev) / np.maximum(np.abs(prev), 1e-8)
     return bool((rel < min_rel_improvement).all() and np.var(cur) < max_variance)

@@ -62,7 +62,9 @@ def epsilon_for(coverage: float, cfg: ExploreConfig) -> float:
 class CoverageTracker:
     """Counts token visits and transition edges; see the module docstring for the definitions."""
 
-    def __init__(self, reachable_tokens: Collection[str] = TOKENS, reference_edges: Iterable[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self, reachable_tokens: Collection[str] = TOKENS, reference_edges: Iterable[tuple[str, str]] = ()
+    ) -> None:
         unknown = sorted(set(reachable_tokens) - set(TOKENS))
         if unknown or not reachable_tokens:
             raise ValueError(f"reachable tokens must be a non-empty subset of semantics.TOKENS; unknown {unknown}")
@@ -122,8 +124,13 @@ class CoverageTracker:
                 for i, t in enumerate(TOKENS)
             ],
             "edges": [
-                {"source": TOKENS[a], "target": TOKENS[b], "count": int(self.edge_counts[a, b]),
-                 "explored": bool(explored[a, b]), "reference": bool(self.reference[a, b])}
+                {
+                    "source": TOKENS[a],
+                    "target": TOKENS[b],
+                    "count": int(self.edge_counts[a, b]),
+                    "explored": bool(explored[a, b]),
+                    "reference": bool(self.reference[a, b]),
+                }
                 for a, b in zip(sources.tolist(), targets.tolist(), strict=True)
             ],
         }

@@ -84,9 +84,14 @@ def _evaluate(pool: Any, act: PolicyFn, n_episodes: int, seed: int, max_pool_ste
     for fam in sorted(set(families)):
         by_family[fam] = float(succ_arr[fam_arr == fam].mean())
     n = len(returns)
-    return EvalResult(episodes=n, success_rate=float(succ_arr.mean()) if n else 0.0,
-                      mean_return=float(np.mean(returns)) if n else 0.0, std_return=float(np.std(returns)) if n else 0.0,
-                      mean_length=float(np.mean(lengths)) if n else 0.0, success_by_family=by_family)
+    return EvalResult(
+        episodes=n,
+        success_rate=float(succ_arr.mean()) if n else 0.0,
+        mean_return=float(np.mean(returns)) if n else 0.0,
+        std_return=float(np.std(returns)) if n else 0.0,
+        mean_length=float(np.mean(lengths)) if n else 0.0,
+        success_by_family=by_family,
+    )
 
 
 def greedy_policy(policy: ActorCritic) -> PolicyFn:
@@ -105,7 +110,9 @@ def expert_policy(pool: Any) -> PolicyFn:
 
     def act(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         slots = pool.slot_variants()
-        return np.array([expert_for(variants[v].family).act(o, m) for v, o, m in zip(slots.tolist(), obs, mask, strict=True)],
-                        dtype=np.int64)
+        return np.array(
+            [expert_for(variants[v].family).act(o, m) for v, o, m in zip(slots.tolist(), obs, mask, strict=True)],
+            dtype=np.int64,
+        )
 
     return act

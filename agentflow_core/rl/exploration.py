@@ -80,11 +80,17 @@ class ExploreResult:
 
     def metrics(self) -> dict[str, float]:
         """Flat numeric metrics for tracking."""
-        return {"state_coverage_ratio": self.state_coverage_ratio, "token_coverage": self.token_coverage,
-                "edge_coverage": self.edge_coverage, "explore_steps": float(self.steps),
-                "explore_episodes": float(self.episodes), "goal_episodes": float(self.goal_episodes),
-                "final_epsilon": self.final_epsilon, "mean_epsilon": self.mean_epsilon,
-                "explored_fraction": self.explored_fraction}
+        return {
+            "state_coverage_ratio": self.state_coverage_ratio,
+            "token_coverage": self.token_coverage,
+            "edge_coverage": self.edge_coverage,
+            "explore_steps": float(self.steps),
+            "explore_episodes": float(self.episodes),
+            "goal_episodes": float(self.goal_episodes),
+            "final_epsilon": self.final_epsilon,
+            "mean_epsilon": self.mean_epsilon,
+            "explored_fraction": self.explored_fraction,
+        }
 
 
 def sample_legal(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -94,7 +100,9 @@ def sample_legal(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return noise.argmax(axis=1).astype(np.int64)
 
 
-def epsilon_greedy(greedy: np.ndarray, masks: np.ndarray, epsilon: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def epsilon_greedy(
+    greedy: np.ndarray, masks: np.ndarray, epsilon: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Replace each greedy action by a random legal one with probability ε; returns (actions, explored)."""
     explored = rng.random(len(greedy)) < epsilon
     actions = np.where(explored, sample_legal(masks, rng), np.asarray(greedy, dtype=np.int64))
@@ -146,7 +154,11 @@ def explore(
 ) -> ExploreResult:
     """Explore for ``cfg.total_steps`` env steps with coverage-driven ε; rows go to ``writer``."""
     tracker = tracker or CoverageTracker()
-    reference_steps = reference_run(pool, reference_fn, tracker, reference_pool_steps, seed + 1) if reference_fn and reference_pool_steps else 0
+    reference_steps = (
+        reference_run(pool, reference_fn, tracker, reference_pool_steps, seed + 1)
+        if reference_fn and reference_pool_steps
+        else 0
+    )
     n = pool.num_envs
     batch = pool.reset(seed)
     tracker.observe(batch.obs)
@@ -168,8 +180,20 @@ def explore(
         components = reward_fn.step(batch) if reward_fn is not None else None
         now = time.time()
         for i in range(n):
-            row = _row(batch, i, obs[i], masks[i], int(actions[i]), bool(explored[i]), nxt[i], components,
-                       f"{seed}-{i}-{episode_index[i]}", seed, policy_hash, now)
+            row = _row(
+                batch,
+                i,
+                obs[i],
+                masks[i],
+                int(actions[i]),
+                bool(explored[i]),
+                nxt[i],
+                components,
+                f"{seed}-{i}-{episode_index[i]}",
+                seed,
+                policy_hash,
+                now,
+            )
             writer.append(row)
             if row["failure_reason"]:
                 failures[row["failure_reason"]] = failures.get(row["failure_reason"], 0) + 1
@@ -181,18 +205,48 @@ def explore(
         explored_total += int(explored.sum())
         epsilon_sum += epsilon * n
         if on_progress is not None and (pool_steps % progress_every == 0 or steps >= cfg.total_steps):
-            on_progress(ExploreProgress(steps, cfg.total_steps, episodes, goal, tracker.ratio,
-                                        tracker.token_coverage, tracker.edge_coverage, epsilon))
+            on_progress(
+                ExploreProgress(
+                    steps,
+                    cfg.total_steps,
+                    episodes,
+                    goal,
+                    tracker.ratio,
+                    tracker.token_coverage,
+                    tracker.edge_coverage,
+                    epsilon,
+                )
+            )
     return ExploreResult(
-        steps=steps, episodes=episodes, goal_episodes=goal, state_coverage_ratio=tracker.ratio,
-        token_coverage=tracker.token_coverage, edge_coverage=tracker.edge_coverage, final_epsilon=epsilon,
-        mean_epsilon=epsilon_sum / max(steps, 1), explored_fraction=explored_total / max(steps, 1),
-        reference_steps=reference_steps, coverage_graph=tracker.graph(), failure_reasons=failures,
+        steps=steps,
+        episodes=episodes,
+        goal_episodes=goal,
+        state_coverage_ratio=tracker.ratio,
+        token_coverage=tracker.token_coverage,
+        edge_coverage=tracker.edge_coverage,
+        final_epsilon=epsilon,
+        mean_epsilon=epsilon_sum / max(steps, 1),
+        explored_fraction=explored_total / max(steps, 1),
+        reference_steps=reference_steps,
+        coverage_graph=tracker.graph(),
+        failure_reasons=failures,
     )
 
 
-def _row(batch: Any, i: int, obs: np.ndarray, mask: np.ndarray, action: int, explored: bool, nxt: np.ndarray,
-         components: RewardComponents | None, episode_id: str, seed: int, policy_hash: str, now: float) -> dict[str, Any]:
+def _row(
+    batch: Any,
+    i: int,
+    obs: np.ndarray,
+    mask: np.ndarray,
+    action: int,
+    explored: bool,
+    nxt: np.ndarray,
+    components: RewardComponents | None,
+    episode_id: str,
+    seed: int,
+    policy_hash: str,
+    now: float,
+) -> dict[str, Any]:
     info = batch.infos[i]
     env_reward = float(batch.reward[i])
     base, shaping = (float(components.base[i]), float(components.shaping[i])) if components else (env_reward, 0.0)

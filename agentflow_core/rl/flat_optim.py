@@ -21,8 +21,9 @@ from torch import nn
 class FlatAdam(torch.optim.Adam):
     """Plain Adam (no weight decay, amsgrad or maximize) on flat parameter/grad/moment buffers."""
 
-    def __init__(self, params: list[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8) -> None:
+    def __init__(
+        self, params: list[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+    ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, foreach=False)
         if len(self.param_groups) != 1:
             raise ValueError("FlatAdam takes one parameter group")
@@ -39,7 +40,7 @@ class FlatAdam(torch.optim.Adam):
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         views, offset = [], 0
         for p in self.params:
-            views.append(flat[offset:offset + p.numel()].view_as(p))
+            views.append(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         return views
 
@@ -49,8 +50,14 @@ class FlatAdam(torch.optim.Adam):
             steps = [self.state[p]["step"] for p in self.params if "step" in self.state.get(p, {})]
             step = float(steps[0]) if steps else 0.0
             self.step_t = torch.tensor(step, dtype=torch.float32)
-            for p, w, g, m, v in zip(self.params, self._views(self.flat_param), self._views(self.flat_grad),
-                                     self._views(self.exp_avg), self._views(self.exp_avg_sq), strict=True):
+            for p, w, g, m, v in zip(
+                self.params,
+                self._views(self.flat_param),
+                self._views(self.flat_grad),
+                self._views(self.exp_avg),
+                self._views(self.exp_avg_sq),
+                strict=True,
+            ):
                 state = self.state.get(p, {})
                 w.copy_(p.detach())
                 m.copy_(state.get("exp_avg", 0.0))
@@ -61,11 +68,21 @@ class FlatAdam(torch.optim.Adam):
 
     def is_bound(self) -> bool:
         """Do all parameters, grads and moments still alias the flat buffers?"""
-        for p, w, g, m in zip(self.params, self._views(self.flat_param), self._views(self.flat_grad),
-                              self._views(self.exp_avg), strict=True):
+        for p, w, g, m in zip(
+            self.params,
+            self._views(self.flat_param),
+            self._views(self.flat_grad),
+            self._views(self.exp_avg),
+            strict=True,
+        ):
             state = self.state.get(p, {})
-            if (p.data_ptr() != w.data_ptr() or p.grad is None or p.grad.data_ptr() != g.data_ptr()
-                    or state.get("exp_avg") is None or state["exp_avg"].data_ptr() != m.data_ptr()):
+            if (
+                p.data_ptr() != w.data_ptr()
+                or p.grad is None
+                or p.grad.data_ptr() != g.data_ptr()
+                or state.get("exp_avg") is None
+                or state["exp_avg"].data_ptr() != m.data_ptr()
+            ):
                 return False
         return True
 
@@ -94,7 +111,7 @@ class FlatAdam(torch.optim.Adam):
         step = float(self.step_t)
         self.exp_avg.lerp_(self.flat_grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(self.flat_grad, self.flat_grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
-        denom = (self.exp_avg_sq.sqrt() / bias_correction2 ** 0.5).add_(group["eps"])
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        denom = (self.exp_avg_sq.sqrt() / bias_correction2**0.5).add_(group["eps"])
         self.flat_param.addcdiv_(self.exp_avg, denom, value=-group["lr"] / bias_correction1)

@@ -98,4 +98,6 @@ class PerEnvRewardNormalizer:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"normalizer state version {state.get('version')!r}, expected {STATE_VERSION}")
         self.epsilon, self.clip = float(state["epsilon"]), state["clip"]
-        self.stats = {k: RunningStat(int(v["count"]), float(v["mean"]), float(v["m2"])) for k, v in state["stats"].items()}
+        self.stats = {
+            k: RunningStat(int(v["count"]), float(v["mean"]), float(v["m2"])) for k, v in state["stats"].items()
+        }

@@ -89,7 +89,9 @@ def resolve_device(name: str) -> torch.device:
 class ActorCritic(nn.Module):
     """Masked categorical actor + state-value critic over ``OBS_DIM`` -> ``N_ACTIONS``."""
 
-    def __init__(self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS, hidden_sizes: Sequence[int] = (64, 64)) -> None:
+    def __init__(
+        self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS, hidden_sizes: Sequence[int] = (64, 64)
+    ) -> None:
         super().__init__()
         self.obs_dim, self.n_actions, self.hidden_sizes = obs_dim, n_actions, tuple(hidden_sizes)
         self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
@@ -128,8 +130,9 @@ class ActorCritic(nn.Module):
         return action, log_prob, entropy, self.get_value(obs)
 
     @torch.no_grad()
-    def sample(self, obs: torch.Tensor, mask: torch.Tensor | None, generator: torch.Generator | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, obs: torch.Tensor, mask: torch.Tensor | None, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rollout inference: (action, log_prob, value) without autograd or the entropy term.
 
         Same draw as :meth:`get_action_and_value` for the same generator state (Gumbel-max).
@@ -143,7 +146,9 @@ class ActorCritic(nn.Module):
         value, _ = _mlp_forward(self._critic_linears, obs)
         return action, log_prob, value.squeeze(-1)
 
-    def forward_train(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    def forward_train(
+        self, obs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[torch.Tensor], list[torch.Tensor]]]:
         """Unmasked actor logits [B, A], values [B] and the activations :meth:`backward_train` needs.
 
         Call under ``torch.no_grad()``: gradients come from :meth:`backward_train`, not autograd.
@@ -152,8 +157,9 @@ class ActorCritic(nn.Module):
         value, critic_inputs = _mlp_forward(self._critic_linears, obs)
         return logits, value.squeeze(-1), (actor_inputs, critic_inputs)
 
-    def backward_train(self, cache: tuple[list[torch.Tensor], list[torch.Tensor]], grad_logits: torch.Tensor,
-                       grad_value: torch.Tensor) -> None:
+    def backward_train(
+        self, cache: tuple[list[torch.Tensor], list[torch.Tensor]], grad_logits: torch.Tensor, grad_value: torch.Tensor
+    ) -> None:
         """Set every parameter's ``.grad`` from dLoss/dlogits [B, A] and dLoss/dvalue [B] (replaces, not accumulates)."""
         _mlp_backward(self._actor_linears, cache[0], grad_logits)
         _mlp_backward(self._critic_linears, cache[1], grad_value.unsqueeze(-1))

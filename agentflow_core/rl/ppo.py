@@ -89,8 +89,14 @@ class TrainingReward:
     with fewer than ``min_count`` samples are left unscaled so early, tiny stds cannot blow up.
     """
 
-    def __init__(self, reward_fn: Any | None, normalizer: Any | None, key_of: Callable[[dict[str, Any]], str],
-                 min_count: int = 100, eps: float = 1e-8) -> None:
+    def __init__(
+        self,
+        reward_fn: Any | None,
+        normalizer: Any | None,
+        key_of: Callable[[dict[str, Any]], str],
+        min_count: int = 100,
+        eps: float = 1e-8,
+    ) -> None:
         self.reward_fn, self.normalizer, self.key_of = reward_fn, normalizer, key_of
         self.min_count, self.eps = min_count, eps
 
@@ -99,7 +105,9 @@ class TrainingReward:
             self.reward_fn.reset(batch.obs)
 
     def __call__(self, batch: Any) -> np.ndarray:
-        reward = np.asarray(batch.reward if self.reward_fn is None else self.reward_fn.step(batch).total, dtype=np.float32)
+        reward = np.asarray(
+            batch.reward if self.reward_fn is None else self.reward_fn.step(batch).total, dtype=np.float32
+        )
         if self.normalizer is None:
             return reward
         keys = [self.key_of(info) for info in batch.infos]
@@ -197,13 +205,26 @@ class LossCoefficients:
     kl_coef: float = 0.0
 
 
-STAT_KEYS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/old_approx_kl",
-             "losses/clipfrac")
+STAT_KEYS = (
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/old_approx_kl",
+    "losses/clipfrac",
+)
 
 
-def ppo_minibatch_loss(policy: ActorCritic, obs: torch.Tensor, mask: torch.Tensor | None, actions: torch.Tensor,
-                       old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                       coef: LossCoefficients) -> tuple[torch.Tensor, torch.Tensor]:
+def ppo_minibatch_loss(
+    policy: ActorCritic,
+    obs: torch.Tensor,
+    mask: torch.Tensor | None,
+    actions: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    coef: LossCoefficients,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference (autograd) PPO loss of one minibatch: (loss, stats [6] in ``STAT_KEYS`` order)."""
     _, newlogprob, entropy, newvalue = policy.get_action_and_value(obs, mask, actions)
     logratio = newlogprob - old_logprob
@@ -216,14 +237,23 @@ def ppo_minibatch_loss(policy: ActorCritic, obs: torch.Tensor, mask: torch.Tenso
     if coef.kl_coef > 0.0:
         loss = loss + coef.kl_coef * kl
     with torch.no_grad():
-        stats = torch.stack([pg_loss, v_loss, entropy_loss, kl, (-logratio).mean(), clip_fraction(ratio, coef.clip_range)])
+        stats = torch.stack(
+            [pg_loss, v_loss, entropy_loss, kl, (-logratio).mean(), clip_fraction(ratio, coef.clip_range)]
+        )
     return loss, stats
 
 
 @torch.no_grad()
-def ppo_minibatch_step(policy: ActorCritic, obs: torch.Tensor, mask: torch.Tensor | None, actions: torch.Tensor,
-                       old_logprob: torch.Tensor, norm_advantages: torch.Tensor, returns: torch.Tensor,
-                       coef: LossCoefficients) -> torch.Tensor:
+def ppo_minibatch_step(
+    policy: ActorCritic,
+    obs: torch.Tensor,
+    mask: torch.Tensor | None,
+    actions: torch.Tensor,
+    old_logprob: torch.Tensor,
+    norm_advantages: torch.Tensor,
+    returns: torch.Tensor,
+    coef: LossCoefficients,
+) -> torch.Tensor:
     """Set ``.grad`` of every policy parameter to d(:func:`ppo_minibatch_loss`)/dtheta, analytically.
 
     ``norm_advantages`` are already standardised per minibatch (:func:`normalize_advantages`; the
@@ -256,8 +286,16 @@ def ppo_minibatch_step(policy: ActorCritic, obs: torch.Tensor, mask: torch.Tenso
     if mask is not None:
         grad_logits.masked_fill_(~mask, 0.0)
     policy.backward_train(cache, grad_logits, diff * (coef.vf_coef / batch))
-    return torch.stack([torch.max(pg_loss1, pg_loss2), diff * diff, entropy, ratio_m1 - logratio, logratio,
-                        (ratio_m1.abs() > coef.clip_range).float()]).mean(1)
+    return torch.stack(
+        [
+            torch.max(pg_loss1, pg_loss2),
+            diff * diff,
+            entropy,
+            ratio_m1 - logratio,
+            logratio,
+            (ratio_m1.abs() > coef.clip_range).float(),
+        ]
+    ).mean(1)
 
 
 STAT_SCALE = (1.0, 0.5, 1.0, 1.0, -1.0, 1.0)
@@ -287,7 +325,11 @@ class RolloutBuffer:
         self.host_terminated = torch.zeros(shape, dtype=torch.bool, pin_memory=pin)
         self.host_truncated = torch.zeros(shape, dtype=torch.bool, pin_memory=pin)
         self.host_final_obs = torch.zeros((*shape, obs_dim), pin_memory=pin)
-        self.np_obs, self.np_masks, self.np_rewards = self.host_obs.numpy(), self.host_masks.numpy(), self.host_rewards.numpy()
+        self.np_obs, self.np_masks, self.np_rewards = (
+            self.host_obs.numpy(),
+            self.host_masks.numpy(),
+            self.host_rewards.numpy(),
+        )
         self.np_terminated, self.np_truncated = self.host_terminated.numpy(), self.host_truncated.numpy()
         self.np_final_obs = self.host_final_obs.numpy()
         self.actions = torch.zeros(shape, dtype=torch.long, device=device)
@@ -362,7 +404,9 @@ class PPO:
         self.optimizer = FlatAdam(list(self.policy.parameters()), lr=cfg.learning_rate, eps=1e-5)
         self.sample_generator = torch.Generator(device=self.device).manual_seed(seed)
         self.np_random = np.random.default_rng(seed)
-        self.adaptive = AdaptiveKLController(clip_init=cfg.clip_range, target_kl=cfg.target_kl, check_every=cfg.kl_check_every)
+        self.adaptive = AdaptiveKLController(
+            clip_init=cfg.clip_range, target_kl=cfg.target_kl, check_every=cfg.kl_check_every
+        )
         self.buffer = RolloutBuffer(self.n_steps, self.num_envs, policy.obs_dim, policy.n_actions, self.device)
         self.global_step = 0
         self.update = 0
@@ -399,7 +443,9 @@ class PPO:
                     stats.episode_lengths.append(int(info.get("episode_length", 0)))
                     stats.successes.append(float(bool(info.get("success", False))))
             buf.to_device()
-            self._next_value = self.policy.get_value(torch.as_tensor(batch.obs, dtype=torch.float32, device=self.device))
+            self._next_value = self.policy.get_value(
+                torch.as_tensor(batch.obs, dtype=torch.float32, device=self.device)
+            )
         self.global_step += self.batch_size
         self.last_rollout = stats
         return stats
@@ -418,8 +464,16 @@ class PPO:
     def update_policy(self) -> dict[str, float]:
         """GAE over the buffer, then n_epochs x minibatches of clipped-PPO gradient steps."""
         cfg, buf = self.cfg, self.buffer
-        advantages, returns = compute_gae(buf.rewards, buf.values, buf.terminated, buf.truncated, self._final_values(),
-                                          self._next_value, cfg.gamma, cfg.gae_lambda)
+        advantages, returns = compute_gae(
+            buf.rewards,
+            buf.values,
+            buf.terminated,
+            buf.truncated,
+            self._final_values(),
+            self._next_value,
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
         self._feed_scheduler(returns)
         b_obs = buf.obs.reshape(-1, buf.obs.shape[-1])
         b_masks = buf.masks.reshape(-1, buf.masks.shape[-1])
@@ -442,8 +496,16 @@ class PPO:
             e_advantages = normalize_minibatch_advantages(b_advantages[perm], mb_size)
             for start in range(0, self.batch_size, mb_size):
                 end = start + mb_size
-                stats[row] = ppo_minibatch_step(self.policy, e_obs[start:end], e_masks[start:end], e_actions[start:end],
-                                                e_logprobs[start:end], e_advantages[start:end], e_returns[start:end], coef)
+                stats[row] = ppo_minibatch_step(
+                    self.policy,
+                    e_obs[start:end],
+                    e_masks[start:end],
+                    e_actions[start:end],
+                    e_logprobs[start:end],
+                    e_advantages[start:end],
+                    e_returns[start:end],
+                    coef,
+                )
                 self.optimizer.clip_grad_norm_(cfg.max_grad_norm)
                 self.optimizer.step()
                 row += 1
@@ -476,9 +538,15 @@ class PPO:
         t2 = time.perf_counter()
         self.update += 1
         metrics.update(rollout.metrics())
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                        "time/sps": self.batch_size / max(t2 - t0, 1e-9), "global_step": float(self.global_step),
-                        "update": float(self.update)})
+        metrics.update(
+            {
+                "time/rollout_s": t1 - t0,
+                "time/update_s": t2 - t1,
+                "time/sps": self.batch_size / max(t2 - t0, 1e-9),
+                "global_step": float(self.global_step),
+                "update": float(self.update),
+            }
+        )
         self.sink.record(self.global_step, metrics)
         return metrics
 
@@ -493,7 +561,9 @@ class PPO:
             "adaptive": self.adaptive.state_dict(),
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
             "reward_transform": None if self.reward_transform is None else self.reward_transform.state_dict(),
-            "scheduler": None if self.scheduler is None or not hasattr(self.scheduler, "state_dict") else self.scheduler.state_dict(),
+            "scheduler": None
+            if self.scheduler is None or not hasattr(self.scheduler, "state_dict")
+            else self.scheduler.state_dict(),
         }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -504,8 +574,13 @@ class PPO:
                 tensors[f"optim/{idx}/{key}"] = torch.as_tensor(value).detach().cpu().clone()
         return tensors
 
-    def load_state(self, state: dict[str, Any], tensors: dict[str, torch.Tensor], restore_rng: bool = True,
-                   restore_optimizer: bool = True) -> None:
+    def load_state(
+        self,
+        state: dict[str, Any],
+        tensors: dict[str, torch.Tensor],
+        restore_rng: bool = True,
+        restore_optimizer: bool = True,
+    ) -> None:
         """Inverse of :meth:`state_json` + :meth:`state_tensors` (flags exist for negative-control tests)."""
         self.global_step, self.update = int(state["global_step"]), int(state["update"])
         self.adaptive.load_state_dict(state["adaptive"])
@@ -518,11 +593,16 @@ class PPO:
                 if name.startswith("optim/"):
                     _, idx, key = name.split("/", 2)
                     optim_state.setdefault(int(idx), {})[key] = value.to(self.device) if key != "step" else value
-            groups = [dict(g, params=list(og["params"]), **{k: og[k] for k in _IMPL_FLAGS if k in og})
-                      for g, og in zip(state["param_groups"], self.optimizer.state_dict()["param_groups"], strict=True)]
+            groups = [
+                dict(g, params=list(og["params"]), **{k: og[k] for k in _IMPL_FLAGS if k in og})
+                for g, og in zip(state["param_groups"], self.optimizer.state_dict()["param_groups"], strict=True)
+            ]
             self.optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
         if self.reward_transform is not None and state.get("reward_transform") is not None:
             self.reward_transform.load_state_dict(state["reward_transform"])
-        if self.scheduler is not None and state.get("scheduler") is not None and hasattr(self.scheduler, "load_state_dict"):
+        if (
+            self.scheduler is not None
+            and state.get("scheduler") is not None
+            and hasattr(self.scheduler, "load_state_dict")
+        ):
             self.scheduler.load_state_dict(state["scheduler"])
-

@@ -81,7 +81,9 @@ class RewardFunction:
         self.cfg, self.num_envs, self.model = cfg, num_envs, model
         self.table = token_reward_vector(cfg.token_rewards)
         self._positive = self.table > 0
-        self.conditions: tuple[Condition, ...] = tuple(compile_condition(t.condition, CONDITION_NAMES) for t in cfg.shaping)
+        self.conditions: tuple[Condition, ...] = tuple(
+            compile_condition(t.condition, CONDITION_NAMES) for t in cfg.shaping
+        )
         self.term_values = np.array([t.weight * t.reward for t in cfg.shaping], dtype=np.float32)
         self._prev_tokens = np.zeros((num_envs, N_TOKENS), dtype=bool)
         self._paid_tokens = np.zeros((num_envs, N_TOKENS), dtype=bool)
@@ -101,7 +103,11 @@ class RewardFunction:
         env_reward = np.asarray(batch.reward, dtype=np.float32)
         base = self._base(next_obs, next_tokens, env_reward)
         fired = self._shaping_fired(next_obs)
-        shaping = (fired * self.term_values).sum(axis=1, dtype=np.float32) if fired.shape[1] else np.zeros(self.num_envs, np.float32)
+        shaping = (
+            (fired * self.term_values).sum(axis=1, dtype=np.float32)
+            if fired.shape[1]
+            else np.zeros(self.num_envs, np.float32)
+        )
         self._fired |= fired
         # The next transition starts from the (possibly autoreset) observation.
         self._prev_tokens = np.asarray(batch.obs)[:, :N_TOKENS] > 0.5

@@ -70,13 +70,19 @@ class MLPRewardModel:
         return cls((w,), (np.zeros(1),))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": [{"weight": w.tolist(), "bias": b.tolist()} for w, b in zip(self.weights, self.biases, strict=True)]}
+        return {
+            "layers": [
+                {"weight": w.tolist(), "bias": b.tolist()} for w, b in zip(self.weights, self.biases, strict=True)
+            ]
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MLPRewardModel:
         layers = data["layers"]
-        return cls(tuple(np.asarray(layer["weight"], dtype=np.float64) for layer in layers),
-                   tuple(np.asarray(layer["bias"], dtype=np.float64) for layer in layers))
+        return cls(
+            tuple(np.asarray(layer["weight"], dtype=np.float64) for layer in layers),
+            tuple(np.asarray(layer["bias"], dtype=np.float64) for layer in layers),
+        )
 
     def save(self, path: Path) -> None:
         """JSON for ``.json``, safetensors (``layer{i}.weight`` / ``layer{i}.bias``) otherwise."""
@@ -101,8 +107,10 @@ class MLPRewardModel:
 
         tensors = load_file(str(path))
         n = len(tensors) // 2
-        return cls(tuple(tensors[f"layer{i}.weight"].astype(np.float64) for i in range(n)),
-                   tuple(tensors[f"layer{i}.bias"].astype(np.float64) for i in range(n)))
+        return cls(
+            tuple(tensors[f"layer{i}.weight"].astype(np.float64) for i in range(n)),
+            tuple(tensors[f"layer{i}.bias"].astype(np.float64) for i in range(n)),
+        )
 
 
 def _parse_obs(body: bytes) -> np.ndarray:
@@ -174,8 +182,9 @@ class RewardModelServer:
         return f"http://{host!s}:{port}" if isinstance(host, str) else f"http://{host.decode()}:{port}"
 
     def start(self) -> RewardModelServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="reward-model", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="reward-model", daemon=True
+        )
         self._thread.start()
         return self
 

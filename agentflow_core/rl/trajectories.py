@@ -31,29 +31,31 @@ from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM, VOCAB_VERSI
 SCHEMA_VERSION = 1
 META_FILE = "_meta.json"
 
-SCHEMA = pa.schema([
-    ("episode_id", pa.string()),
-    ("env_id", pa.string()),
-    ("variant_hash", pa.string()),
-    ("env_version", pa.string()),
-    ("policy_hash", pa.string()),
-    ("seed", pa.int64()),
-    ("timestamp", pa.float64()),  # unix seconds
-    ("step_id", pa.int32()),
-    ("obs", pa.list_(pa.float32(), OBS_DIM)),
-    ("action_mask", pa.list_(pa.bool_(), N_ACTIONS)),
-    ("action", pa.int16()),
-    ("explored", pa.bool_()),  # True when the action was the ε-random one
-    ("tokens", pa.list_(pa.string())),
-    ("reward", pa.float32()),  # total training reward (base + shaping)
-    ("env_reward", pa.float32()),  # the env's business reward
-    ("base_reward", pa.float32()),
-    ("shaping_reward", pa.float32()),
-    ("terminated", pa.bool_()),
-    ("truncated", pa.bool_()),
-    ("failure_reason", pa.string()),
-    ("risk", pa.float32()),
-])
+SCHEMA = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("env_id", pa.string()),
+        ("variant_hash", pa.string()),
+        ("env_version", pa.string()),
+        ("policy_hash", pa.string()),
+        ("seed", pa.int64()),
+        ("timestamp", pa.float64()),  # unix seconds
+        ("step_id", pa.int32()),
+        ("obs", pa.list_(pa.float32(), OBS_DIM)),
+        ("action_mask", pa.list_(pa.bool_(), N_ACTIONS)),
+        ("action", pa.int16()),
+        ("explored", pa.bool_()),  # True when the action was the ε-random one
+        ("tokens", pa.list_(pa.string())),
+        ("reward", pa.float32()),  # total training reward (base + shaping)
+        ("env_reward", pa.float32()),  # the env's business reward
+        ("base_reward", pa.float32()),
+        ("shaping_reward", pa.float32()),
+        ("terminated", pa.bool_()),
+        ("truncated", pa.bool_()),
+        ("failure_reason", pa.string()),
+        ("risk", pa.float32()),
+    ]
+)
 
 
 def _sha256(path: Path) -> str:
@@ -202,7 +204,9 @@ def iter_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
     ends = np.r_[starts[1:], len(ids)]
     cols = {name: table.column(name).take(pa.array(order)) for name in table.column_names}
     obs = np.asarray(cols["obs"].combine_chunks().flatten(), dtype=np.float32).reshape(-1, OBS_DIM)
-    masks = np.asarray(cols["action_mask"].combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool).reshape(-1, N_ACTIONS)
+    masks = np.asarray(
+        cols["action_mask"].combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool
+    ).reshape(-1, N_ACTIONS)
     actions = cols["action"].to_numpy().astype(np.int64)
     rewards = cols["reward"].to_numpy()
     env_rewards = cols["env_reward"].to_numpy()
@@ -212,9 +216,18 @@ def iter_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
     failures = cols["failure_reason"].to_pylist()
     for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
         yield Episode(
-            episode_id=str(ids[s]), env_id=env_ids[s], variant_hash=hashes[s], obs=obs[s:e], action_mask=masks[s:e],
-            actions=actions[s:e], rewards=rewards[s:e], env_rewards=env_rewards[s:e], tokens=tokens[s:e],
-            terminated=bool(terminated[e - 1]), truncated=bool(truncated[e - 1]), failure_reason=failures[e - 1],
+            episode_id=str(ids[s]),
+            env_id=env_ids[s],
+            variant_hash=hashes[s],
+            obs=obs[s:e],
+            action_mask=masks[s:e],
+            actions=actions[s:e],
+            rewards=rewards[s:e],
+            env_rewards=env_rewards[s:e],
+            tokens=tokens[s:e],
+            terminated=bool(terminated[e - 1]),
+            truncated=bool(truncated[e - 1]),
+            failure_reason=failures[e - 1],
         )
 
 
@@ -228,5 +241,8 @@ def behaviour_cloning_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.nda
     episodes = list(goal_episodes(path))
     if not episodes:
         return np.zeros((0, OBS_DIM), np.float32), np.zeros(0, np.int64), np.zeros((0, N_ACTIONS), bool)
-    return (np.concatenate([e.obs for e in episodes]), np.concatenate([e.actions for e in episodes]),
-            np.concatenate([e.action_mask for e in episodes]))
+    return (
+        np.concatenate([e.obs for e in episodes]),
+        np.concatenate([e.actions for e in episodes]),
+        np.concatenate([e.action_mask for e in episodes]),
+    )

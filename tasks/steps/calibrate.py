@@ -52,15 +52,24 @@ def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[
     return pairs
 
 
-def run_calibrate(cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def run_calibrate(
+    cfg: AgentFlowConfig,
+    out_dir: Path,
+    metrics_path: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Run the calibration gate's measurements; returns the summary (the gate verdict included)."""
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
     report: CalibrationReport = calibrate(
-        calibration_envs(cfg, variants), cfg.calibrate.resets, cfg.base.seed,
-        cfg.calibrate.max_reward_variance, cfg.calibrate.max_failed_fraction, cfg.calibrate.min_expert_success,
-        frozenset(cfg.calibrate.handled_outcomes), progress,
+        calibration_envs(cfg, variants),
+        cfg.calibrate.resets,
+        cfg.base.seed,
+        cfg.calibrate.max_reward_variance,
+        cfg.calibrate.max_failed_fraction,
+        cfg.calibrate.min_expert_success,
+        frozenset(cfg.calibrate.handled_outcomes),
+        progress,
     )
     registry = load_registry(cfg)
     findings = [dataclasses.asdict(f) for env_id in cfg.variants.base_envs for f in audit_entry(registry.get(env_id))]
@@ -69,12 +78,17 @@ def run_calibrate(cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None
     for spec, result in zip(variants, report.variants, strict=True):
         by_base.setdefault(spec.base_env_id, []).append(result)
     reward_stats = {
-        "per_env": {r.env_id: {"mean": r.step_reward_mean, "std": r.step_reward_std, "count": r.step_count}
-                    for r in report.variants if r.step_count},
+        "per_env": {
+            r.env_id: {"mean": r.step_reward_mean, "std": r.step_reward_std, "count": r.step_count}
+            for r in report.variants
+            if r.step_count
+        },
         "per_base_env": {
-            base: {"mean": float(np.mean([r.step_reward_mean for r in rs if r.step_count] or [0.0])),
-                   "std": float(np.mean([r.step_reward_std for r in rs if r.step_count] or [1.0])),
-                   "count": int(sum(r.step_count for r in rs))}
+            base: {
+                "mean": float(np.mean([r.step_reward_mean for r in rs if r.step_count] or [0.0])),
+                "std": float(np.mean([r.step_reward_std for r in rs if r.step_count] or [1.0])),
+                "count": int(sum(r.step_count for r in rs)),
+            }
             for base, rs in by_base.items()
         },
     }

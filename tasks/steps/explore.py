@@ -61,10 +61,15 @@ def default_pool(variants: Sequence[VariantSpec], cfg: AgentFlowConfig) -> Pool:
     return InProcessPool(variants, RegistryEnvFactory(entries), cfg.explore.num_envs, cfg.pool, seed=cfg.base.seed)
 
 
-def run_explore(cfg: AgentFlowConfig, catalogue_path: Path, out_dir: Path, metrics_path: Path | None = None,
-                on_progress: Callable[[ExploreProgress], None] | None = None,
-                pool_factory: PoolFactory = default_pool,
-                class_paths: Collection[str] | None = None) -> dict[str, Any]:
+def run_explore(
+    cfg: AgentFlowConfig,
+    catalogue_path: Path,
+    out_dir: Path,
+    metrics_path: Path | None = None,
+    on_progress: Callable[[ExploreProgress], None] | None = None,
+    pool_factory: PoolFactory = default_pool,
+    class_paths: Collection[str] | None = None,
+) -> dict[str, Any]:
     """Explore the catalogue; write shards + card + coverage graph; return the summary."""
     variants = read_catalogue(catalogue_path)
     if class_paths is None:
@@ -74,19 +79,40 @@ def run_explore(cfg: AgentFlowConfig, catalogue_path: Path, out_dir: Path, metri
     expert = ScriptedExpert()
     policy_hash = expert_policy_hash(expert)
     reward_cfg = cfg.train.reward
-    client = RewardModelClient(reward_cfg.model_url, reward_cfg.model_timeout_s) if reward_cfg.mode == "model" and reward_cfg.model_url else None
+    client = (
+        RewardModelClient(reward_cfg.model_url, reward_cfg.model_timeout_s)
+        if reward_cfg.mode == "model" and reward_cfg.model_url
+        else None
+    )
     pool = pool_factory(variants, cfg)
     try:
         reward_fn = RewardFunction(reward_cfg, pool.num_envs, client)
         with atomic_dir(Path(out_dir)) as tmp:
-            writer = TrajectoryWriter(tmp, cfg.explore.shard_rows, card={
-                "phase": "explore", "catalogue": str(catalogue_path), "variants": len(variants),
-                "reward_mode": reward_cfg.mode, "vocab_version": VOCAB_VERSION,
-            })
-            result = explore(pool, expert.act_batch, cfg.explore, np.random.default_rng(cfg.base.seed), writer,
-                             seed=cfg.base.seed, tracker=tracker, reward_fn=reward_fn, policy_hash=policy_hash,
-                             reference_fn=expert.act_batch, reference_pool_steps=cfg.explore.reference_pool_steps,
-                             on_progress=on_progress)
+            writer = TrajectoryWriter(
+                tmp,
+                cfg.explore.shard_rows,
+                card={
+                    "phase": "explore",
+                    "catalogue": str(catalogue_path),
+                    "variants": len(variants),
+                    "reward_mode": reward_cfg.mode,
+                    "vocab_version": VOCAB_VERSION,
+                },
+            )
+            result = explore(
+                pool,
+                expert.act_batch,
+                cfg.explore,
+                np.random.default_rng(cfg.base.seed),
+                writer,
+                seed=cfg.base.seed,
+                tracker=tracker,
+                reward_fn=reward_fn,
+                policy_hash=policy_hash,
+                reference_fn=expert.act_batch,
+                reference_pool_steps=cfg.explore.reference_pool_steps,
+                on_progress=on_progress,
+            )
             card = writer.close()
             write_json(tmp / "coverage.json", result.coverage_graph)
     finally:
@@ -107,6 +133,14 @@ def run_explore(cfg: AgentFlowConfig, catalogue_path: Path, out_dir: Path, metri
 
 
 def _metric_subset(summary: Mapping[str, Any]) -> dict[str, float]:
-    keys = ("state_coverage_ratio", "token_coverage", "edge_coverage", "explore_steps", "explore_episodes",
-            "goal_episodes", "mean_epsilon", "final_epsilon")
+    keys = (
+        "state_coverage_ratio",
+        "token_coverage",
+        "edge_coverage",
+        "explore_steps",
+        "explore_episodes",
+        "goal_episodes",
+        "mean_epsilon",
+        "final_epsilon",
+    )
     return {k: float(summary[k]) for k in keys}

@@ -54,12 +54,15 @@ def load_stress_summary(stress_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def write_report(summary: Mapping[str, Any], out_dir: Path, formats: Sequence[str],
-                 champion: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def write_report(
+    summary: Mapping[str, Any], out_dir: Path, formats: Sequence[str], champion: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Render the report of a stress summary into ``out_dir`` (atomically); returns the document."""
     with atomic_dir(out_dir) as tmp:
         plots = write_plots(summary, tmp)
-        report = build_report(summary, summary["policy"], summary.get("checkpoint"), summary["created_at"], plots, champion)
+        report = build_report(
+            summary, summary["policy"], summary.get("checkpoint"), summary["created_at"], plots, champion
+        )
         if "json" in formats:
             write_json(tmp / "report.json", report)
         if "md" in formats:
@@ -70,9 +73,15 @@ def write_report(summary: Mapping[str, Any], out_dir: Path, formats: Sequence[st
     return report
 
 
-def run_report(cfg: AgentFlowConfig, checkpoint: str | Path | None = None, stress_dir: Path | None = None,
-               out_dir: Path | None = None, *, champion: Mapping[str, Any] | None = None,
-               pool_factory: PoolFactory = default_pool) -> dict[str, Any]:
+def run_report(
+    cfg: AgentFlowConfig,
+    checkpoint: str | Path | None = None,
+    stress_dir: Path | None = None,
+    out_dir: Path | None = None,
+    *,
+    champion: Mapping[str, Any] | None = None,
+    pool_factory: PoolFactory = default_pool,
+) -> dict[str, Any]:
     """Write ``report.{json,md,html}`` and the plots; returns the metrics, verdict, tree and paths."""
     paths = DataPaths.of(cfg)
     stress_dir = stress_dir or paths.stress
@@ -82,9 +91,16 @@ def run_report(cfg: AgentFlowConfig, checkpoint: str | Path | None = None, stres
     if summary is None or summary.get("checkpoint") != ref:
         summary = run_stress(cfg, ref, out_dir=stress_dir, pool_factory=pool_factory)
     report = write_report(summary, out_dir, cfg.report.formats, champion)
-    return {**report["metrics"], "passed": report["passed"], "policy": report["policy"], "checkpoint": ref,
-            "recommendation": report["recommendation"], "tree": "\n".join(tree_text(report_tree(report))),
-            "report_dir": str(out_dir), "files": sorted(p.name for p in out_dir.iterdir())}
+    return {
+        **report["metrics"],
+        "passed": report["passed"],
+        "policy": report["policy"],
+        "checkpoint": ref,
+        "recommendation": report["recommendation"],
+        "tree": "\n".join(tree_text(report_tree(report))),
+        "report_dir": str(out_dir),
+        "files": sorted(p.name for p in out_dir.iterdir()),
+    }
 
 
 class RecordingPolicy:
@@ -99,20 +115,35 @@ class RecordingPolicy:
         return self.act(obs, mask)
 
 
-def _slice_eval(cfg: AgentFlowConfig, policy: LoadedPolicy, variants: Sequence[VariantSpec], episodes: int,
-                pool_factory: PoolFactory) -> tuple[dict[str, float], np.ndarray, StressRollout]:
+def _slice_eval(
+    cfg: AgentFlowConfig,
+    policy: LoadedPolicy,
+    variants: Sequence[VariantSpec],
+    episodes: int,
+    pool_factory: PoolFactory,
+) -> tuple[dict[str, float], np.ndarray, StressRollout]:
     """Mean evaluated return and success on the slice, the observations the policy saw, the rollout."""
     recorder = RecordingPolicy(policy.act)
-    rollout = stress_rollout(cfg, LoadedPolicy(policy.name, policy.checkpoint, recorder), variants, episodes,
-                             pool_factory=pool_factory)
+    rollout = stress_rollout(
+        cfg, LoadedPolicy(policy.name, policy.checkpoint, recorder), variants, episodes, pool_factory=pool_factory
+    )
     eps = rollout.episodes
-    stats = {"mean_evaluated_return": float(np.mean([e.evaluated_return for e in eps])),
-             "success_rate": float(np.mean([e.success for e in eps])), "crash_episodes": sum(e.crashed for e in eps)}
+    stats = {
+        "mean_evaluated_return": float(np.mean([e.evaluated_return for e in eps])),
+        "success_rate": float(np.mean([e.success for e in eps])),
+        "crash_episodes": sum(e.crashed for e in eps),
+    }
     return stats, np.concatenate(recorder.obs), rollout
 
 
-def run_champion_challenger(cfg: AgentFlowConfig, challenger_ckpt: str | Path, champion_ckpt: str | Path | None, *,
-                            catalogue: Path | None = None, pool_factory: PoolFactory = default_pool) -> dict[str, Any]:
+def run_champion_challenger(
+    cfg: AgentFlowConfig,
+    challenger_ckpt: str | Path,
+    champion_ckpt: str | Path | None,
+    *,
+    catalogue: Path | None = None,
+    pool_factory: PoolFactory = default_pool,
+) -> dict[str, Any]:
     """Evaluate challenger vs champion on the stable slice; returns ``PromotionDecision.to_dict()`` plus context.
 
     Both policies play ``report.champion_episodes`` episodes on the slice with the same seed.
@@ -125,23 +156,48 @@ def run_champion_challenger(cfg: AgentFlowConfig, challenger_ckpt: str | Path, c
     sliced = champion_slice(variants, rc.champion_slice)
     challenger = load_policy(resolve_checkpoint(cfg, challenger_ckpt))
     ch_stats, ch_obs, ch_rollout = _slice_eval(cfg, challenger, sliced, rc.champion_episodes, pool_factory)
-    context: dict[str, Any] = {"challenger": challenger.name, "challenger_checkpoint": challenger.checkpoint,
-                               "slice_variants": len(sliced), "episodes": rc.champion_episodes,
-                               "challenger_stats": ch_stats}
+    context: dict[str, Any] = {
+        "challenger": challenger.name,
+        "challenger_checkpoint": challenger.checkpoint,
+        "slice_variants": len(sliced),
+        "episodes": rc.champion_episodes,
+        "challenger_stats": ch_stats,
+    }
     if champion_ckpt is None:
-        decision = decide_promotion(ch_stats["mean_evaluated_return"], None, None, rc.promote_min_consistency, rc.promote_min_reward_gain)
+        decision = decide_promotion(
+            ch_stats["mean_evaluated_return"], None, None, rc.promote_min_consistency, rc.promote_min_reward_gain
+        )
         return {**decision.to_dict(), **context, "champion": None}
     champion = load_policy(resolve_checkpoint(cfg, champion_ckpt))
     cp_stats, cp_obs, _ = _slice_eval(cfg, champion, sliced, rc.champion_episodes, pool_factory)
     scales = cart_scales(cfg)
-    ids, features, families = consistency_variants(ch_rollout, [v.env_id for v in sliced], cfg.stress.consistency_variants)
-    probes = [probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE))
-              for feats, fam in zip(features, families, strict=True) for state in CANONICAL_STATES]
+    ids, features, families = consistency_variants(
+        ch_rollout, [v.env_id for v in sliced], cfg.stress.consistency_variants
+    )
+    probes = [
+        probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE))
+        for feats, fam in zip(features, families, strict=True)
+        for state in CANONICAL_STATES
+    ]
     states = np.concatenate([ch_obs, cp_obs, *([np.stack(probes)] if probes else [])])
     masks = np.ones((len(states), N_ACTIONS), dtype=bool)
     consistency = policy_agreement(challenger.act(states, masks), champion.act(states, masks))
-    own = canonical_consistency(challenger.act, ids, features, [scales.get(f, DEFAULT_CART_SCALE) for f in families]).score
-    decision = decide_promotion(ch_stats["mean_evaluated_return"], cp_stats["mean_evaluated_return"], consistency,
-                                rc.promote_min_consistency, rc.promote_min_reward_gain)
-    return {**decision.to_dict(), **context, "champion": champion.name, "champion_checkpoint": champion.checkpoint,
-            "champion_stats": cp_stats, "states_compared": int(len(states)), "challenger_consistency": own}
+    own = canonical_consistency(
+        challenger.act, ids, features, [scales.get(f, DEFAULT_CART_SCALE) for f in families]
+    ).score
+    decision = decide_promotion(
+        ch_stats["mean_evaluated_return"],
+        cp_stats["mean_evaluated_return"],
+        consistency,
+        rc.promote_min_consistency,
+        rc.promote_min_reward_gain,
+    )
+    return {
+        **decision.to_dict(),
+        **context,
+        "champion": champion.name,
+        "champion_checkpoint": champion.checkpoint,
+        "champion_stats": cp_stats,
+        "states_compared": int(len(states)),
+        "challenger_consistency": own,
+    }

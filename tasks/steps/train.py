@@ -71,8 +71,11 @@ def _reward_transform(cfg: AgentFlowConfig, pool: Any) -> tuple[TrainingReward, 
     client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
     base_of = {i: v.base_env_id for i, v in enumerate(pool.variants)}
     normalizer = PerEnvRewardNormalizer() if rc.normalize else None
-    return TrainingReward(RewardFunction(rc, pool.num_envs, client), normalizer,
-                          key_of=lambda info: base_of.get(info.get("variant_index", -1), str(info.get("env_id")))), client
+    return TrainingReward(
+        RewardFunction(rc, pool.num_envs, client),
+        normalizer,
+        key_of=lambda info: base_of.get(info.get("variant_index", -1), str(info.get("env_id"))),
+    ), client
 
 
 def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], path: Path) -> None:
@@ -87,8 +90,12 @@ def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], p
     ax_s.plot(steps, [c.get("rollout/success_rate", np.nan) for c in curve], label="training rollouts")
     ax_r.plot(steps, [c.get("rollout/episode_return", np.nan) for c in curve], label="training rollouts")
     if evals:
-        ax_s.plot([e["global_step"] for e in evals], [e["eval/success_rate"] for e in evals], "o-", label="held-out (greedy)")
-        ax_r.plot([e["global_step"] for e in evals], [e["eval/mean_return"] for e in evals], "o-", label="held-out (greedy)")
+        ax_s.plot(
+            [e["global_step"] for e in evals], [e["eval/success_rate"] for e in evals], "o-", label="held-out (greedy)"
+        )
+        ax_r.plot(
+            [e["global_step"] for e in evals], [e["eval/mean_return"] for e in evals], "o-", label="held-out (greedy)"
+        )
     ax_s.set(xlabel="environment steps", ylabel="PAYMENT_SUCCESS rate", title="success rate")
     ax_r.set(xlabel="environment steps", ylabel="episode return (env reward)", title="reward")
     for ax in (ax_s, ax_r):
@@ -99,10 +106,17 @@ def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], p
     plt.close(fig)
 
 
-def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path | None, out_dir: Path, resume: bool,
-              sink: MetricsSink | None = None, pool_factory: PoolFactory | None = None,
-              on_update: Callable[[int, int, dict[str, float]], None] | None = None,
-              metrics_path: Path | None = None) -> dict[str, Any]:
+def run_train(
+    cfg: AgentFlowConfig,
+    catalogue_path: Path,
+    trajectories_dir: Path | None,
+    out_dir: Path,
+    resume: bool,
+    sink: MetricsSink | None = None,
+    pool_factory: PoolFactory | None = None,
+    on_update: Callable[[int, int, dict[str, float]], None] | None = None,
+    metrics_path: Path | None = None,
+) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``)."""
     tc, seed = cfg.train, cfg.base.seed
     out_dir = Path(out_dir)
@@ -139,22 +153,41 @@ def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path
             if tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
                 obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir))
                 result = behaviour_cloning(policy, obs, actions, masks, seed=seed)
-                bc_summary = {"used": result.samples > 0, "samples": result.samples, "accuracy": result.accuracy,
-                              "final_loss": result.losses[-1] if result.losses else None}
+                bc_summary = {
+                    "used": result.samples > 0,
+                    "samples": result.samples,
+                    "accuracy": result.accuracy,
+                    "final_loss": result.losses[-1] if result.losses else None,
+                }
             ckpt_root.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in untrained.state_dict().items()}, str(ckpt_root / "untrained.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in untrained.state_dict().items()}, str(ckpt_root / "untrained.safetensors")
+            )
         num_updates = tc.num_updates
         while ppo.update < num_updates:
             metrics = ppo.train_iteration()
-            curve.append({k: metrics[k] for k in ("global_step", "rollout/success_rate", "rollout/episode_return",
-                                                    "losses/approx_kl", "adaptive/clip_range") if k in metrics})
+            curve.append(
+                {
+                    k: metrics[k]
+                    for k in (
+                        "global_step",
+                        "rollout/success_rate",
+                        "rollout/episode_return",
+                        "losses/approx_kl",
+                        "adaptive/clip_range",
+                    )
+                    if k in metrics
+                }
+            )
             is_last = ppo.update == num_updates
             new_best = False
             if ppo.update % tc.eval_every_updates == 0 or is_last:
                 result_eval = evaluate_policy(eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=seed + 7)
                 row = {"global_step": float(ppo.global_step), "update": float(ppo.update), **result_eval.metrics()}
                 evals.append(row)
-                sink.record(ppo.global_step, {**result_eval.metrics(), "policy_convergence_flag": float(tracker.converged)})
+                sink.record(
+                    ppo.global_step, {**result_eval.metrics(), "policy_convergence_flag": float(tracker.converged)}
+                )
                 new_best = tracker.add(ppo.update, result_eval.success_rate, result_eval.mean_return)
             if manager.due(ppo.update) or new_best or is_last:
                 extra = {"tracker": tracker.state_dict(), "curve": curve, "evals": evals, "bc": bc_summary}
@@ -171,8 +204,12 @@ def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path
         n_eval = max(tc.eval_episodes, 128)
         final = {
             "trained": evaluate_policy(eval_pool, greedy_policy(best_policy), n_eval, seed=seed + 11),
-            "exploration": evaluate_policy(eval_pool, exploration_policy(untrained, EXPLORATION_EPSILON,
-                                                                         np.random.default_rng(seed)), n_eval, seed=seed + 11),
+            "exploration": evaluate_policy(
+                eval_pool,
+                exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(seed)),
+                n_eval,
+                seed=seed + 11,
+            ),
             "expert": evaluate_policy(eval_pool, expert_policy(eval_pool), n_eval, seed=seed + 11),
         }
     finally:
@@ -200,9 +237,16 @@ def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path
         "bc": bc_summary,
         "wall_s": time.perf_counter() - t_start,
     }
-    write_json(out_dir / "policy.json", {"policy_hash": summary["policy_hash"], "hidden_sizes": list(tc.hidden_sizes),
-                                         "vocab_version": VOCAB_VERSION, "heldout_success": summary["heldout_success"],
-                                         "checkpoint": best.name})
+    write_json(
+        out_dir / "policy.json",
+        {
+            "policy_hash": summary["policy_hash"],
+            "hidden_sizes": list(tc.hidden_sizes),
+            "vocab_version": VOCAB_VERSION,
+            "heldout_success": summary["heldout_success"],
+            "checkpoint": best.name,
+        },
+    )
     write_json(out_dir / "curve.json", {"curve": curve, "evals": evals})
     write_json(out_dir / "train_summary.json", summary)
     write_curve_csv(evals, out_dir / "heldout_curve.csv")
@@ -212,8 +256,15 @@ def run_train(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path
     return summary
 
 
-METRIC_KEYS = ("heldout_success", "heldout_return", "heldout_success_vs_exploration", "heldout_success_vs_expert",
-               "policy_convergence_flag", "global_step", "updates")
+METRIC_KEYS = (
+    "heldout_success",
+    "heldout_return",
+    "heldout_success_vs_exploration",
+    "heldout_success_vs_expert",
+    "policy_convergence_flag",
+    "global_step",
+    "updates",
+)
 
 
 def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:

@@ -1,0 +1,24 @@
+"""What every CLI command shares: the params option and the configuration-error exit (code 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.errors import ConfigError
+from tasks.config_io import load_config
+
+err_console = Console(stderr=True, soft_wrap=True)
+PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
+
+
+def config_or_exit(params: Path) -> AgentFlowConfig:
+    """Load params.yaml, or exit 2 with one message naming the file, key, value and expectation."""
+    try:
+        return load_config(params)
+    except ConfigError as exc:
+        err_console.print(f"[bold red]configuration error[/]: {exc}")
+        raise typer.Exit(code=2) from None
