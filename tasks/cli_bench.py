@@ -45,8 +45,30 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+# Targets from the issues, for keys a benchmark reports without its own verdict; (bound, higher is better).
+KNOWN_TARGETS: dict[str, tuple[float, bool]] = {
+    "sps_ratio_vs_sb3": (3.0, True),
+    "update_s_2048": (0.1, False),
+    "heldout_success_vs_expert": (0.8, True),
+    "heldout_success_vs_exploration": (2.0, True),
+    "cold_share_vs_round_robin": (3.0, True),
+    "max_visit_gap_over_n": (5.0, False),
+    "draws_to_90pct_vs_round_robin": (1.0, False),
+}
+
+
+def _verdicts(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
+    targets, met = dict(result.get("targets", {})), dict(result.get("targets_met", {}))
+    for key, (bound, higher) in KNOWN_TARGETS.items():
+        value = result.get(key)
+        if isinstance(value, int | float) and key not in met:
+            targets.setdefault(key, bound)
+            met[key] = value >= bound if higher else value <= bound
+    return targets, met
+
+
 def _targets_table(result: dict[str, Any]) -> list[str]:
-    targets, met = result.get("targets", {}), result.get("targets_met", {})
+    targets, met = _verdicts(result)
     lines = ["| metric | value | target | met |", "|---|---|---|---|"]
     for key, value in result.items():
         if isinstance(value, dict | list) or key in ("targets", "targets_met"):
