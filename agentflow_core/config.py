@@ -135,6 +135,14 @@ class PoolConfig(_Section):
 
 
 class ExploreConfig(_Section):
+    behaviour: Literal["policy", "expert"] = Field(
+        "expert",
+        description=(
+            "What ε-greedy explores around: the scripted expert (the existing rule-based process: its "
+            "goal-reaching episodes make a useful behaviour-cloning warm start) or the current policy "
+            "(the network PPO starts from)."
+        ),
+    )
     total_steps: PositiveInt = 20_000
     num_envs: PositiveInt = 32
     coverage_low: Fraction = 0.8

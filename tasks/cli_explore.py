@@ -36,7 +36,7 @@ def explore_command(
     metrics: Path | None = METRICS_OPTION,
     total_steps: int | None = STEPS_OPTION,
 ) -> None:
-    """Explore the catalogue with coverage-driven ε around the scripted expert; write trajectory shards."""
+    """Explore the catalogue ε-greedily around the current policy (or the expert), ε driven by coverage; write trajectory shards."""
     cfg = config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})

@@ -24,7 +24,7 @@ from agentflow_core.rl.trajectories import (
     read_card,
     read_steps,
 )
-from agentflow_core.semantics import N_ACTIONS, encode
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM, encode
 
 TINY_TOKENS = ["LOGGED_OUT", "LOGGED_IN", "PRODUCT_VIEWED", "PAYMENT_SUCCESS"]
 
@@ -233,3 +233,23 @@ def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
     assert masks[np.arange(table.num_rows), table.column("action").to_numpy()].all()
     graph = json.loads((tmp_path / "explore" / "coverage.json").read_text())
     assert graph["state_coverage_ratio"] == pytest.approx(summary["state_coverage_ratio"])
+
+
+@pytest.mark.parametrize("behaviour", ["expert", "policy"])
+def test_behaviour_policy_is_the_expert_or_the_network_ppo_starts_from(behaviour: str) -> None:
+    import torch
+
+    from agentflow_core.rl.policy import ActorCritic, policy_hash
+    from tasks.steps.explore import behaviour_policy
+
+    cfg = AgentFlowConfig.model_validate({"explore": {"behaviour": behaviour}, "base": {"seed": 3}})
+    act, digest = behaviour_policy(cfg)
+    obs = np.zeros((4, OBS_DIM), np.float32)
+    masks = np.ones((4, N_ACTIONS), bool)
+    actions = act(obs, masks)
+    assert actions.shape == (4,) and ((0 <= actions) & (actions < N_ACTIONS)).all()
+    if behaviour == "expert":
+        assert digest.startswith("expert-")
+    else:
+        torch.manual_seed(3)  # run_train's initialisation for the same seed
+        assert digest == policy_hash(ActorCritic(hidden_sizes=cfg.train.hidden_sizes))

@@ -5,8 +5,10 @@ Called by ``agentflow explore`` (and so by the DVC stage) and by the Prefect tas
 card (``agentflow_core.rl.trajectories``), ``coverage.json`` (the token-transition graph and the
 coverage numbers). The exit metric ``state_coverage_ratio`` also goes to ``metrics_path``.
 
-The behaviour policy is the scripted expert with coverage-driven ε-random legal actions, and the
-expert alone first runs ``explore.reference_pool_steps`` pool steps to fill the edge reference.
+The behaviour policy is ε-greedy around ``explore.behaviour``: the current policy (by default: the
+network PPO will start from, initialised from ``base.seed``) or the scripted expert, with
+coverage-driven ε-random legal actions. The expert alone first runs
+``explore.reference_pool_steps`` pool steps to fill the edge-coverage reference.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.rl.coverage import CoverageTracker
+from agentflow_core.rl.evaluate import greedy_policy
 from agentflow_core.rl.exploration import ExploreProgress, Pool, explore
+from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.rl.trajectories import TrajectoryWriter
@@ -38,6 +43,16 @@ def expert_policy_hash(expert: ScriptedExpert) -> str:
     """A stable id of the scripted expert's rules (the policy that generated the rows)."""
     text = repr([(token, int(action)) for token, action in expert.rules])
     return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def behaviour_policy(cfg: AgentFlowConfig) -> tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], str]:
+    """(greedy policy fn, policy hash) that ε-greedy exploration wraps."""
+    if cfg.explore.behaviour == "expert":
+        expert = ScriptedExpert()
+        return expert.act_batch, expert_policy_hash(expert)
+    torch.manual_seed(cfg.base.seed)  # the same initialisation run_train starts PPO from
+    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    return greedy_policy(policy), policy_hash(policy)
 
 
 def reachable_tokens(class_paths: Collection[str]) -> list[str]:
@@ -77,7 +92,7 @@ def run_explore(
         class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
     tracker = CoverageTracker(reachable_tokens(class_paths))
     expert = ScriptedExpert()
-    policy_hash = expert_policy_hash(expert)
+    behaviour, behaviour_hash = behaviour_policy(cfg)
     reward_cfg = cfg.train.reward
     client = (
         RewardModelClient(reward_cfg.model_url, reward_cfg.model_timeout_s)
@@ -93,6 +108,7 @@ def run_explore(
                 cfg.explore.shard_rows,
                 card={
                     "phase": "explore",
+                    "behaviour": cfg.explore.behaviour,
                     "catalogue": str(catalogue_path),
                     "variants": len(variants),
                     "reward_mode": reward_cfg.mode,
@@ -101,14 +117,14 @@ def run_explore(
             )
             result = explore(
                 pool,
-                expert.act_batch,
+                behaviour,
                 cfg.explore,
                 np.random.default_rng(cfg.base.seed),
                 writer,
                 seed=cfg.base.seed,
                 tracker=tracker,
                 reward_fn=reward_fn,
-                policy_hash=policy_hash,
+                policy_hash=behaviour_hash,
                 reference_fn=expert.act_batch,
                 reference_pool_steps=cfg.explore.reference_pool_steps,
                 on_progress=on_progress,
