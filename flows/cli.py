@@ -6,6 +6,7 @@ expectation, before anything is created or written.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -143,6 +144,10 @@ def serve(
 
     cfg = config_or_exit(params)
     configure_services(cfg)
+    if "PREFECT_API_URL" not in os.environ:
+        err_console.print("[yellow]note[/]: no PREFECT_API_URL: serving against Prefect's ephemeral API, which cannot "
+                          "run schedules. Start a server (`prefect server start`) and export "
+                          "PREFECT_API_URL=http://127.0.0.1:4200/api for the cron schedule and the UI.")
     from flows.training_cycle import training_cycle
 
     training_cycle.serve(
