@@ -145,9 +145,11 @@ def serve(
     cfg = config_or_exit(params)
     configure_services(cfg)
     if "PREFECT_API_URL" not in os.environ:
-        err_console.print("[yellow]note[/]: no PREFECT_API_URL: serving against Prefect's ephemeral API, which cannot "
-                          "run schedules. Start a server (`prefect server start`) and export "
-                          "PREFECT_API_URL=http://127.0.0.1:4200/api for the cron schedule and the UI.")
+        err_console.print(
+            "[yellow]note[/]: no PREFECT_API_URL: serving against Prefect's ephemeral API, which cannot "
+            "run schedules. Start a server (`prefect server start`) and export "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api for the cron schedule and the UI."
+        )
     from flows.training_cycle import training_cycle
 
     training_cycle.serve(

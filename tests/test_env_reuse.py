@@ -151,6 +151,8 @@ def _db_chain() -> list[tuple[Scenario, str]]:
 
 
 def test_order_db_private_database_is_rekeyed_to_the_new_env_id() -> None:
+    """Between episodes a private database holds the template's committed rows (re-targeting costs
+    no SQL); inside an episode its rows carry the env's keys and scenario, exactly as a fresh env's."""
     (first, first_id), *rest = _db_chain()
     reused = OrderDBEnv(first, first_id)
     for scenario, env_id in rest:
@@ -158,10 +160,13 @@ def test_order_db_private_database_is_rekeyed_to_the_new_env_id() -> None:
         reused.reconfigure(scenario, env_id)
         fresh = OrderDBEnv(scenario, env_id)
         with reused.engine.connect() as a, fresh.engine.connect() as b:
-            tables = dump_tables(a)
-            assert tables == dump_tables(b)  # same ids, keys and values as a freshly seeded database
-        assert [r[1] for r in tables["users"]] == [f"customer@{env_id}"]
-        assert [r[1] for r in tables["products"]] == [f"{env_id}/sku-{i}" for i in range(3)]
+            assert dump_tables(a) == dump_tables(b)  # committed state: the template in both
+        reused.reset(seed=2)
+        fresh.reset(seed=2)
+        episode = dump_tables(reused.conn)
+        assert episode == dump_tables(fresh.conn)  # same ids, keys and values as a fresh env's episode
+        assert [r[1] for r in episode["users"]] == [f"customer@{env_id}"]
+        assert [r[1] for r in episode["products"]] == [f"{env_id}/sku-{i}" for i in range(3)]
         fresh.close()
     reused.close()
 

@@ -247,7 +247,7 @@ def test_behaviour_policy_is_the_expert_or_the_network_ppo_starts_from(behaviour
     obs = np.zeros((4, OBS_DIM), np.float32)
     masks = np.ones((4, N_ACTIONS), bool)
     actions = act(obs, masks)
-    assert actions.shape == (4,) and ((0 <= actions) & (actions < N_ACTIONS)).all()
+    assert actions.shape == (4,) and ((actions >= 0) & (actions < N_ACTIONS)).all()
     if behaviour == "expert":
         assert digest.startswith("expert-")
     else:

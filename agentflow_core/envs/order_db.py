@@ -461,6 +461,12 @@ def _insert_seed_rows(conn: Connection, scenario: Scenario, env_id: str) -> tupl
     return user_id, cart_id, product_ids
 
 
+_ALIGN_PRODUCT = (
+    update(products).where(products.c.id == bindparam("pid")).values(sku=bindparam("sku"), price=bindparam("price"))
+)
+_ALIGN_STOCK = update(inventory).where(inventory.c.product_id == bindparam("pid")).values(stock=bindparam("stock"))
+
+
 def _align_seed_rows(
     conn: Connection, scenario: Scenario, env_id: str, user_id: int, product_ids: Sequence[int]
 ) -> None:
@@ -471,9 +477,12 @@ def _align_seed_rows(
         .where(users.c.id == user_id)
         .values(name=f"customer@{env_id}", tier=tier, status=status, balance=scenario.balance)
     )
-    for i, (pid, stock) in enumerate(zip(product_ids, stocks, strict=True)):
-        conn.execute(update(products).where(products.c.id == pid).values(sku=f"{env_id}/sku-{i}", price=price))
-        conn.execute(update(inventory).where(inventory.c.product_id == pid).values(stock=stock))
+    # executemany: one round trip per table instead of one per product
+    conn.execute(
+        _ALIGN_PRODUCT,
+        [{"pid": pid, "sku": f"{env_id}/sku-{i}", "price": price} for i, pid in enumerate(product_ids)],
+    )
+    conn.execute(_ALIGN_STOCK, [{"pid": pid, "stock": stock} for pid, stock in zip(product_ids, stocks, strict=True)])
 
 
 @dataclass(frozen=True)
@@ -575,8 +584,10 @@ class OrderDBEnv:
         database keys rows by ``env_id``: they are inserted when missing, else aligned.
         """
         if self._private:
+            # A private database keeps the template's committed rows; ``reset`` aligns them to this
+            # env's keys and scenario inside the episode transaction, so re-targeting costs no SQL
+            # and the rollback at the next reset restores the template exactly.
             template = _template()
-            _align_seed_rows(conn, self.scenario, self.env_id, template.user_id, template.product_ids)
             return template.user_id, template.cart_id, list(template.product_ids)
         name = f"customer@{self.env_id}"
         user_id = conn.execute(select(users.c.id).where(users.c.name == name)).scalar()
@@ -606,6 +617,8 @@ class OrderDBEnv:
         if self._txn is not None:
             self._txn.rollback()
         self._txn = self._conn.begin()
+        if self._private:
+            _align_seed_rows(self._conn, self.scenario, self.env_id, self._user_id, self._product_ids)
         self._rng = np.random.default_rng(seed)
         self._new_episode_state()
         error = self._setup(self.scenario.start_stage)
