@@ -222,6 +222,16 @@ class PoolDriver:
         idx = np.asarray(variant_indices, dtype=np.int64)
         self._value_loss[idx] = np.asarray(value_loss, dtype=np.float64)
 
+    def feedback_state(self) -> list[float | None]:
+        """Pending learner feedback (JSON-able), so a resumed run schedules exactly as an uninterrupted one."""
+        return [None if np.isnan(x) else float(x) for x in self._value_loss]
+
+    def load_feedback_state(self, state: Sequence[float | None]) -> None:
+        """Inverse of :meth:`feedback_state`."""
+        if len(state) != len(self._value_loss):
+            raise PoolError(f"feedback state has {len(state)} variants, the pool has {len(self._value_loss)}")
+        self._value_loss = np.array([np.nan if x is None else x for x in state], dtype=np.float64)
+
     def stats(self) -> dict[str, Any]:
         """Counters, quarantined variants (env_id -> reason), restarts and per-worker env counts."""
         workers = [self._worker_call(w, "stats") for w in range(self.n_workers)]

@@ -519,15 +519,15 @@ class PPO:
 
     def _feed_scheduler(self, returns: torch.Tensor) -> None:
         """Per-variant mean squared value error (PLR's learning-potential score) to pools that take it."""
-        update_scores = getattr(self.pool, "update_scores", None)
+        set_value_loss = getattr(self.pool, "set_value_loss", None)  # EnvPool's PLR feedback hook
         index = self.buffer.variant_index.reshape(-1)
         known = index >= 0
-        if update_scores is None or not known.any():
+        if set_value_loss is None or not known.any():
             return
         sq_err = ((returns - self.buffer.values) ** 2).reshape(-1).cpu().numpy()[known]
         variants, inverse = np.unique(index[known], return_inverse=True)
         scores = np.bincount(inverse, weights=sq_err) / np.bincount(inverse)
-        update_scores(variants, scores)
+        set_value_loss(variants, scores)
 
     def train_iteration(self) -> dict[str, float]:
         """One rollout + one update; records and returns the diagnostics."""
@@ -564,6 +564,8 @@ class PPO:
             "scheduler": None
             if self.scheduler is None or not hasattr(self.scheduler, "state_dict")
             else self.scheduler.state_dict(),
+            # value losses the pool holds for the scheduler until each variant's next episode ends
+            "pool_feedback": self.pool.feedback_state() if hasattr(self.pool, "feedback_state") else None,
         }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -606,3 +608,5 @@ class PPO:
             and hasattr(self.scheduler, "load_state_dict")
         ):
             self.scheduler.load_state_dict(state["scheduler"])
+            if state.get("pool_feedback") is not None and hasattr(self.pool, "load_feedback_state"):
+                self.pool.load_feedback_state(state["pool_feedback"])
