@@ -10,6 +10,7 @@ Subclasses supply the transport (:meth:`PoolDriver._invoke`) and worker recovery
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +71,7 @@ class _StepRows:
             self.failure_reason[slot] = reason
 
 
-class PoolDriver:
+class PoolDriver(ABC):
     """Slots, scheduling, SAME_STEP autoreset and fault accounting over ``n_workers`` env workers."""
 
     def __init__(
@@ -115,13 +116,13 @@ class PoolDriver:
         }
 
     # ------------------------------------------------------------------ transport (subclasses)
+    @abstractmethod
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
         """Run ``{worker: (method, args)}`` concurrently; ``None`` marks a worker lost (and recovered)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _worker_call(self, worker: int, method: str, *args: Any) -> Any:
         """One call on one worker, for stats and bookkeeping (not on the hot path)."""
-        raise NotImplementedError
 
     def _worker_lost(self, worker: int, error: BaseException) -> None:
         """Count a lost worker; past ``max_worker_restarts`` the pool stops with :class:`PoolError`."""

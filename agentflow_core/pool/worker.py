@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvError
 from agentflow_core.pool.base import ENV_CRASH, ENV_INVALID, ENV_TIMEOUT, WORKER_LOST, EnvFactory, PoolEnv, VariantLike
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
@@ -405,13 +406,14 @@ class EnvWorker:
             return None
         env, action = item
         obs, reward, terminated, truncated, info = env.step(action)
-        self._check_finite(obs, reward, info.get("env_id", "?"), info.get("step_id", -1))
+        if not isinstance(env, SemanticEnv):  # SemanticEnv raises EnvInvalidError itself; don't check twice
+            self._check_finite(obs, reward, info.get("env_id", "?"), info.get("step_id", -1))
         mask = info.get("action_mask")
         return obs, reward, terminated, truncated, info, env.action_masks() if mask is None else mask
 
     @staticmethod
     def _check_finite(obs: np.ndarray, reward: float, env_id: Any, step_id: int) -> None:
-        # SemanticEnv already raises EnvInvalidError; this guards any other PoolEnv the same way.
+        # The same guard SemanticEnv applies, for any other PoolEnv.
         if not (np.isfinite(reward) and np.isfinite(obs).all()):
             from agentflow_core.errors import EnvInvalidError
 
