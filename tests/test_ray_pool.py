@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pool_fixtures
+import psutil
 import pytest
+import ray
 import yaml
 from pool_fixtures import Fault, TinyFactory, tiny_variants
 from ray import cloudpickle
@@ -90,8 +92,16 @@ def test_killed_worker_is_restarted_and_its_variants_served_again() -> None:
         pool.step(np.full(8, LOGIN))
         on_victim = pool.worker_of[pool.slot_variants()] == 0
         assert on_victim.any() and (~on_victim).any()
+        # The standby warms up at idle CPU priority (as root here) and works at normal priority.
+        assert pool.wait_standby() == 1
+        _, standby_pid, _ = ray.get(pool._standby[0].locate.remote())
+        assert os.sched_getscheduler(standby_pid) == (os.SCHED_IDLE if os.geteuid() == 0 else os.SCHED_OTHER)
+        worker_nice = psutil.Process(pool.worker_pids()[1]).nice()  # Ray starts workers niced
         os.kill(pool.worker_pids()[0], signal.SIGKILL)
         batch = pool.step(np.full(8, VIEW))
+        assert pool.worker_pids()[0] == standby_pid  # the standby took over ...
+        assert os.sched_getscheduler(standby_pid) == os.SCHED_OTHER  # ... at normal priority
+        assert psutil.Process(standby_pid).nice() == worker_nice
         lost = [i for i, info in enumerate(batch.infos) if info["failure_reason"] == "worker_lost"]
         assert lost == np.flatnonzero(on_victim).tolist()
         assert batch.truncated[lost].all() and not batch.done[~on_victim].any()

@@ -148,8 +148,9 @@ class PoolBatch:
 
     ``infos[i]`` describes the step slot ``i`` just took: env_id, variant_index, variant_hash,
     step_id, failure_reason, tokens, risk; at episode end also episode_return, episode_length,
-    success and ``next_env_id`` / ``next_variant_index`` naming the episode whose first
-    observation is in ``obs[i]``.
+    success and ``next_env_id`` / ``next_variant_index`` / ``next_episode_seed`` naming the
+    episode whose first observation is in ``obs[i]``. After :meth:`EnvPool.reset` each info also
+    carries ``episode_seed``: (variant, episode seed) replays any episode exactly.
     """
 
     obs: np.ndarray

@@ -103,6 +103,7 @@ class PoolDriver(ABC):
         self._ep_return = np.zeros(n, np.float64)
         self._ep_length = np.zeros(n, np.int64)
         self._step_id = np.zeros(n, np.int64)
+        self._ep_seed = np.zeros(n, np.int64)
         self._ep_tokens = np.zeros((n, N_TOKENS), bool)
         self._value_loss = np.full(len(self.variants), np.nan)
         self.failures = np.zeros(len(self.variants), np.int64)
@@ -160,12 +161,13 @@ class PoolDriver(ABC):
                 env_id=self.env_ids[v],
                 variant_index=v,
                 variant_hash=self.variant_hashes[v],
+                episode_seed=int(self._ep_seed[slot]),
                 step_id=0,
                 failure_reason=None,
                 tokens=self._tokens(rows.obs[slot]),
                 risk=0.0,
             )
-            for key in ("next_env_id", "next_variant_index", "next_variant_hash"):
+            for key in ("next_env_id", "next_variant_index", "next_variant_hash", "next_episode_seed"):
                 info.pop(key, None)
         self._obs = rows.obs
         zeros = np.zeros(self.num_envs, bool)
@@ -354,6 +356,7 @@ class PoolDriver(ABC):
                     pending.extend(w_slots.tolist())
                     pending.extend(self._orphans_of(w, rows, infos, final_obs))
                     continue
+                w_seeds = calls[w][1][2].tolist()
                 for row, (s, v) in enumerate(zip(w_slots.tolist(), w_variants.tolist(), strict=True)):
                     reason = res.failure_reason[row]
                     if reason is not None:
@@ -366,10 +369,14 @@ class PoolDriver(ABC):
                         continue
                     self._slot_variant[s], self._slot_live[s] = v, True
                     self._ep_return[s], self._ep_length[s], self._step_id[s] = 0.0, 0, 0
+                    self._ep_seed[s] = w_seeds[row]
                     self._ep_tokens[s] = res.obs[row, :N_TOKENS] > 0.5
                     rows.obs[s], rows.action_mask[s] = res.obs[row], res.action_mask[row]
                     infos[s].update(
-                        next_env_id=self.env_ids[v], next_variant_index=v, next_variant_hash=self.variant_hashes[v]
+                        next_env_id=self.env_ids[v],
+                        next_variant_index=v,
+                        next_variant_hash=self.variant_hashes[v],
+                        next_episode_seed=w_seeds[row],
                     )
         if pending:
             raise PoolError(

@@ -10,7 +10,8 @@ actor counts as a lost worker as soon as the driver sees it: Ray's own report
 (``RayActorError``) takes ~1.2 s, so while waiting on a call the driver also polls the actor's
 process (same node only, pid + start time through psutil) and treats a vanished or zombie process
 as dead at once. A lost (dead or hung) worker is replaced by a *standby* actor started ahead of
-time, already warmed with idle envs of every base env (:meth:`EnvWorker.prewarm`): it adopts the
+time, already warmed with idle envs of every base env (:meth:`RayEnvWorker.prewarm_standby`, at
+idle CPU priority so that it takes no CPU the running workers want): it adopts the
 lost worker's catalogue slice in one call and serves the slots at once by re-targeting those envs,
 instead of a cold process importing everything and building ~150 envs. A new standby is started
 ``standby_delay_s`` later (so its start-up does not compete with the recovery). Without a standby
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,8 +62,55 @@ def ensure_ray(ray_config: RayConfig | None = None) -> None:
         ray.init(**ray_init_kwargs(ray_config or RayConfig()))
 
 
+def _idle_priority() -> dict[int, int] | None:
+    """Move every thread of this process to ``SCHED_IDLE``; returns each thread's nice value to restore.
+
+    None (and nothing changed) where the process could not come back: going from ``SCHED_IDLE``
+    to normal scheduling needs root or an RLIMIT_NICE that covers the threads' nice values.
+    """
+    if not hasattr(os, "sched_setscheduler"):
+        return None
+    threads = [t.id for t in psutil.Process().threads()]
+    saved = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in threads}
+    if os.geteuid() != 0:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+        if soft != resource.RLIM_INFINITY and 20 - soft > min(saved.values()):
+            return None
+    for tid in threads:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    return saved
+
+
+def _restore_priority(saved: dict[int, int]) -> None:
+    """Undo :func:`_idle_priority`; threads started since then get the main thread's nice value."""
+    default = saved.get(os.getpid(), 0)
+    for thread in psutil.Process().threads():
+        os.sched_setscheduler(thread.id, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, thread.id, saved.get(thread.id, default))
+
+
 class RayEnvWorker(EnvWorker):
     """The env worker as a Ray actor: it can also say where it runs (for the driver's liveness poll)."""
+
+    _saved_priority: dict[int, int] | None = None
+
+    def prewarm_standby(self, variants: Mapping[int, VariantLike], seed: int = 0) -> int:
+        """:meth:`prewarm` at idle CPU priority (``SCHED_IDLE``), so a standby warms up on spare CPU.
+
+        The running workers keep their CPU share while it builds envs; :meth:`adopt` restores
+        normal scheduling. Where the process could not return to it (unprivileged, with
+        RLIMIT_NICE at its default), the standby warms up at normal priority instead.
+        """
+        self._saved_priority = _idle_priority()
+        return self.prewarm(variants, seed)
+
+    def adopt(self, variants: Mapping[int, VariantLike], worker_index: int) -> int:
+        if self._saved_priority is not None:
+            _restore_priority(self._saved_priority)
+            self._saved_priority = None
+        return super().adopt(variants, worker_index)
 
     def locate(self) -> tuple[str, int, float]:
         """(Ray node id, pid, process start time): identifies this process beyond pid reuse."""
@@ -127,6 +176,7 @@ class RayPool(PoolDriver):
         self._procs: list[tuple[int, float] | None] = [self._locate(a) for a in self.actors]
         self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
         self._standby: list[Any] = []
+        self._standby_warm: list[Any] = []  # refs of the standbys' prewarm calls
         self._standby_due: float | None = time.monotonic() if self.standby_workers > 0 else None
         self._maybe_start_standby()
         self.loss_events: list[dict[str, float]] = []
@@ -154,8 +204,30 @@ class RayPool(PoolDriver):
             actor = self._actor_cls.options(max_restarts=0).remote(
                 self._factory_ref, {}, self.config.max_live_per_worker, self.config.step_timeout_s, -1
             )
-            actor.prewarm.remote(self._prewarm_ref)  # runs in the background; adopt() queues behind it
+            # runs in the background; adopt() queues behind it
+            self._standby_warm.append(actor.prewarm_standby.remote(self._prewarm_ref))
             self._standby.append(actor)
+
+    def wait_standby(self, timeout_s: float | None = None) -> int:
+        """Block until every started standby has warmed up; returns the number ready.
+
+        Benchmarks call it before timing, so a standby's one-off start-up is not measured as
+        steady-state throughput. A standby that failed to start is dropped (a lost worker then
+        falls back to Ray's own restart).
+        """
+        import ray
+
+        ready = 0
+        for actor, ref in list(zip(self._standby, self._standby_warm, strict=True)):
+            try:
+                ray.get(ref, timeout=timeout_s if timeout_s is not None else self.restart_timeout_s)
+                ready += 1
+            except Exception as exc:  # a standby is optional: log it and go on without it
+                logger.warning("pool: standby worker failed to warm up (%s); dropped", type(exc).__name__)
+                self._standby.remove(actor)
+                self._standby_warm.remove(ref)
+                ray.kill(actor, no_restart=True)
+        return ready
 
     def _locate(self, actor: Any) -> tuple[int, float] | None:
         """(pid, start time) of an actor's process when it runs on this node, else None (no polling)."""
@@ -241,6 +313,7 @@ class RayPool(PoolDriver):
 
         while self._standby:
             actor = self._standby.pop(0)
+            self._standby_warm.pop(0)
             try:
                 ray.get(actor.adopt.remote(self._actor_args[worker][1], worker), timeout=self.restart_timeout_s)
             except (RayActorError, GetTimeoutError) as exc:
@@ -289,4 +362,4 @@ class RayPool(PoolDriver):
                 logger.debug("pool: close() of a worker failed", exc_info=True)
             ray.kill(actor, no_restart=True)
         self.actors = []
-        self._standby = []
+        self._standby, self._standby_warm = [], []

@@ -1,0 +1,77 @@
+"""The semantic-overhead benchmark compares like with like: its replay sides play the pool's episodes.
+
+The pool reports each episode's (variant, episode seed); a fresh SemanticEnv reset with them
+reproduces the episode, and the benchmark's raw and semantic SyncVectorEnvs, replaying the
+record, end their episodes on exactly the steps the pool's do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from agentflow_core.bench.pool_bench import semantic_overhead
+from agentflow_core.config import PoolConfig, VariantsConfig
+from agentflow_core.pool.base import RegistryEnvFactory
+from agentflow_core.pool.inprocess import InProcessPool
+from agentflow_core.registry import EnvRegistry
+from agentflow_core.semantics import N_ACTIONS
+from agentflow_core.variants import BaseEnvInfo, generate_variants
+
+REPO = Path(__file__).resolve().parents[1]
+ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
+FACTORY = RegistryEnvFactory({e.env_id: e for e in ENTRIES})
+_CFG = VariantsConfig(samples_per_combination=1)
+VARIANTS = generate_variants(
+    [BaseEnvInfo(e.env_id, e.family, e.version) for e in ENTRIES],
+    _CFG.dimensions,
+    _CFG.perturbations,
+    _CFG.samples_per_combination,
+    seed=0,
+)
+
+
+def test_pool_infos_name_each_episodes_seed_and_replaying_it_reproduces_the_episode() -> None:
+    sample = VARIANTS[:: max(len(VARIANTS) // 12, 1)][:12]
+    pool = InProcessPool(sample, FACTORY, 4, PoolConfig(num_workers=1, scheduler="uniform"), seed=5)
+    batch = pool.reset(seed=5)
+    rng = np.random.default_rng(0)
+    # slot -> (variant index, episode seed, first obs, [(action, obs, reward, done)])
+    episodes: list[tuple[int, int, np.ndarray, list[tuple[int, np.ndarray, float, bool]]]] = []
+    current = {
+        s: (info["variant_index"], info["episode_seed"], batch.obs[s].copy(), []) for s, info in enumerate(batch.infos)
+    }
+    for _ in range(60):
+        actions = rng.integers(0, N_ACTIONS, size=4)
+        batch = pool.step(actions)
+        for s, info in enumerate(batch.infos):
+            current[s][3].append(
+                (int(actions[s]), batch.final_obs[s].copy(), float(batch.reward[s]), bool(batch.done[s]))
+            )
+            if batch.done[s]:
+                episodes.append(current[s])
+                current[s] = (info["next_variant_index"], info["next_episode_seed"], batch.obs[s].copy(), [])
+    pool.close()
+    assert len(episodes) >= 8
+    assert len({seed for _, seed, _, _ in episodes}) == len(episodes)  # a fresh seed per episode
+    for v, seed, first_obs, steps in episodes:
+        env = FACTORY(sample[v])
+        obs, _ = env.reset(seed=seed)
+        np.testing.assert_array_equal(obs, first_obs)
+        for action, want_obs, want_reward, want_done in steps:
+            obs, reward, terminated, truncated, _ = env.step(action)
+            np.testing.assert_array_equal(obs, want_obs)
+            assert np.float32(reward) == np.float32(want_reward) and (terminated or truncated) == want_done
+        env.close()
+
+
+def test_semantic_overhead_sides_play_the_same_trajectories() -> None:
+    out = semantic_overhead(VARIANTS, FACTORY, num_envs=12, steps=24, scheduler="plr_coverage", warmup=8, blocks=3)
+    assert out["overhead_trajectory_match"] == 1.0
+    assert out["overhead_episodes"] > 12  # episodes ended and were replayed, not only the first ones
+    assert out["overhead_steps"] == 24 and out["overhead_envs"] == 12
+    # The replay sides keep idle envs like the pool does: not one env per slot and variant.
+    assert out["overhead_raw_envs_created"] <= out["overhead_envs"] * 3
+    assert out["raw_step_us"] > 0 and out["pool_step_us"] > 0
