@@ -93,7 +93,10 @@ class _EnvCache:
             donor_v = next((d for d, e in self.idle.items() if e and self.variants[d].base_env_id == base), None)
             env = None
             if donor_v is not None and callable(getattr(self.factory, "reuse", None)):
-                env = self.factory.reuse(self.idle[donor_v].pop(), self.variants[v])
+                donor = self.idle[donor_v].pop()
+                env = self.factory.reuse(donor, self.variants[v])  # type: ignore[attr-defined]
+                if env is None:  # declined: the donor stays idle
+                    self.park(donor_v, donor)
             if env is None:
                 env = self.factory(self.variants[v])
                 self.created += 1
