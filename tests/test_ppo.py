@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from agentflow_core.config import TrainConfig
+from agentflow_core.rl import numpy_kernel
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.flat_optim import FlatAdam
 from agentflow_core.rl.policy import ActorCritic, policy_hash
@@ -161,10 +162,12 @@ def small_cfg(**overrides: Any) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def make_learner(seed: int = 0, sink: MemorySink | None = None, **cfg_overrides: Any) -> PPO:
+def make_learner(seed: int = 0, sink: MemorySink | None = None, kernel: str = "auto", **cfg_overrides: Any) -> PPO:
     cfg = small_cfg(**cfg_overrides)
     torch.manual_seed(seed)
-    return PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), KeyChainPool(cfg.num_envs), cfg, seed=seed, sink=sink)
+    return PPO(
+        ActorCritic(hidden_sizes=cfg.hidden_sizes), KeyChainPool(cfg.num_envs), cfg, seed=seed, sink=sink, kernel=kernel
+    )
 
 
 # ------------------------------------------------------------------ GAE
@@ -535,8 +538,9 @@ def _reference_update(ppo: PPO) -> None:
             optimizer.step()
 
 
-def test_fast_update_matches_reference_update() -> None:
-    fast, reference = make_learner(seed=11), make_learner(seed=11)
+@pytest.mark.parametrize("kernel", ["numpy", "torch"])
+def test_fast_update_matches_reference_update(kernel: str) -> None:
+    fast, reference = make_learner(seed=11, kernel=kernel), make_learner(seed=11, kernel="torch")
     fast.collect_rollout()
     reference.collect_rollout()
     assert torch.equal(fast.buffer.actions, reference.buffer.actions)
@@ -549,6 +553,75 @@ def test_fast_update_matches_reference_update() -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
         moved = max(moved, float((q - init).detach().abs().max()))
     assert moved > 1e-2, "the update must actually move the weights for the comparison to mean anything"
+
+
+def test_numpy_kernel_gradient_and_stats_match_autograd() -> None:
+    for masked, kl_coef in ((True, 0.0), (False, 0.3)):
+        policy, (obs, mask, actions, old_logprob, advantages, returns) = _random_minibatch(7, masked=masked)
+        coef = LossCoefficients(clip_range=0.2, ent_coef=0.05, vf_coef=0.5, kl_coef=kl_coef)
+        loss, ref_stats = ppo_minibatch_loss(policy, obs, mask, actions, old_logprob, advantages, returns, coef)
+        policy.zero_grad(set_to_none=True)
+        loss.backward()
+        reference = {name: p.grad.clone() for name, p in policy.named_parameters()}
+        optimizer = FlatAdam(list(policy.parameters()), lr=1e-3)  # allocates the flat .grad views
+        kernel = numpy_kernel.PPOKernel(policy, optimizer)
+        record = np.empty((6, 1, obs.shape[0]), np.float32)
+        kernel.minibatch_step(
+            obs.numpy(),
+            None if mask is None else ~mask.numpy(),
+            np.arange(obs.shape[0]) * N_ACTIONS + actions.numpy(),
+            old_logprob.numpy(),
+            normalize_advantages(advantages).numpy(),
+            returns.numpy(),
+            coef,
+            record[:, 0],
+        )
+        for name, p in policy.named_parameters():
+            torch.testing.assert_close(p.grad, reference[name], rtol=1e-4, atol=1e-6, msg=name)
+        stats = numpy_kernel.minibatch_stats(record, coef.clip_range)[0] * np.array(STAT_SCALE)
+        torch.testing.assert_close(torch.as_tensor(stats, dtype=torch.float32), ref_stats, rtol=1e-5, atol=1e-6)
+
+
+def test_numpy_kernel_adam_and_clip_match_torch_adam() -> None:
+    torch.manual_seed(0)
+    a, b = ActorCritic(hidden_sizes=[16, 16]), ActorCritic(hidden_sizes=[16, 16])
+    b.load_state_dict(a.state_dict())
+    flat = FlatAdam(list(a.parameters()), lr=1e-2, eps=1e-5)
+    kernel = numpy_kernel.PPOKernel(a, flat)
+    stock = torch.optim.Adam(b.parameters(), lr=1e-2, eps=1e-5, foreach=False)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        grads = [torch.randn(p.shape, generator=gen) for p in b.parameters()]
+        for p, q, g in zip(a.parameters(), b.parameters(), grads, strict=True):
+            p.grad.copy_(g)
+            q.grad = g.clone()
+        norm = kernel.clip_grad_norm(1.0)
+        assert norm == pytest.approx(float(torch.nn.utils.clip_grad_norm_(b.parameters(), 1.0)), rel=1e-5)
+        kernel.adam_step()
+        stock.step()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert float(flat.state_dict()["state"][0]["step"]) == 5.0  # the optimizer state saw every step
+    for idx, state in stock.state_dict()["state"].items():
+        torch.testing.assert_close(flat.state_dict()["state"][idx]["exp_avg"], state["exp_avg"], rtol=1e-5, atol=1e-8)
+
+
+def test_numpy_sample_draws_the_same_actions_as_torch_sample() -> None:
+    policy, (obs, mask, *_rest) = _random_minibatch(3)
+    a, logp, value = policy.sample(obs, mask, torch.Generator().manual_seed(5))
+    uniform = torch.rand(mask.shape, generator=torch.Generator().manual_seed(5)).numpy()
+    actor, critic = numpy_kernel.towers(policy)
+    b, logp_np, value_np = numpy_kernel.sample(actor, critic, obs.numpy(), mask.numpy(), uniform)
+    assert np.array_equal(a.numpy(), b)
+    assert mask.numpy()[np.arange(len(b)), b].all()
+    np.testing.assert_allclose(logp_np, logp.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(value_np, value.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_choice_is_validated() -> None:
+    with pytest.raises(ValueError, match="kernel must be"):
+        make_learner(kernel="jax")
+    assert make_learner().use_numpy_kernel and not make_learner(kernel="torch").use_numpy_kernel
 
 
 def test_sample_matches_get_action_and_value() -> None:

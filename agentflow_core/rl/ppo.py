@@ -13,6 +13,10 @@ with respect to the logits and values (clip, log-softmax, entropy, KL penalty, v
 global grad-norm clip and a fused (single-kernel) Adam. The buffer is permuted once per epoch, so a
 minibatch is a contiguous slice, and diagnostics stay tensors until one read per update.
 :func:`ppo_minibatch_loss` is the plain autograd formulation that tests hold the fast path to.
+On the CPU (``kernel="auto"``) the same arithmetic runs as NumPy kernels on views of the same
+memory (:mod:`agentflow_core.rl.numpy_kernel`: rollout sampling, minibatch gradient, clip, Adam),
+which at minibatch 64 costs about a third of the torch calls it replaces; ``kernel="torch"`` keeps
+the torch path, which CUDA always uses.
 
 Determinism and resume: every rollout starts with ``pool.reset(seed=rollout_seed(seed, update))``.
 Episodes therefore never span a rollout boundary (the last step of a rollout is bootstrapped with
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 
 from agentflow_core.config import TrainConfig
+from agentflow_core.rl import numpy_kernel
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.flat_optim import FlatAdam
 from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic
@@ -335,6 +340,12 @@ class RolloutBuffer:
         self.actions = torch.zeros(shape, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
+        if device.type == "cpu":  # written through NumPy by the CPU rollout
+            self.np_actions, self.np_logprobs, self.np_values = (
+                self.actions.numpy(),
+                self.logprobs.numpy(),
+                self.values.numpy(),
+            )
         self.variant_index = np.full(shape, -1, dtype=np.int64)
         self.to_device()
 
@@ -387,7 +398,10 @@ class PPO:
         reward_transform: RewardTransform | None = None,
         scheduler: Any | None = None,  # default: pool.scheduler (its state_dict goes into checkpoints)
         device: torch.device | str = "cpu",
+        kernel: str = "auto",
     ) -> None:
+        if kernel not in ("auto", "numpy", "torch"):
+            raise ValueError(f"kernel must be 'auto', 'numpy' or 'torch', got {kernel!r}")
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.pool = pool
@@ -402,6 +416,12 @@ class PPO:
         if self.batch_size % cfg.minibatch_size:
             raise ValueError(f"minibatch_size {cfg.minibatch_size} must divide num_envs*n_steps={self.batch_size}")
         self.optimizer = FlatAdam(list(self.policy.parameters()), lr=cfg.learning_rate, eps=1e-5)
+        # CPU: rollout sampling and the update run as NumPy kernels on views of the same memory.
+        self.use_numpy_kernel = (
+            numpy_kernel.supports(self.policy, self.device) if kernel == "auto" else kernel == "numpy"
+        )
+        if self.use_numpy_kernel and not numpy_kernel.supports(self.policy, self.device):
+            raise ValueError(f"kernel='numpy' needs a float32 ActorCritic on the CPU (device {self.device})")
         self.sample_generator = torch.Generator(device=self.device).manual_seed(seed)
         self.np_random = np.random.default_rng(seed)
         self.adaptive = AdaptiveKLController(
@@ -420,18 +440,31 @@ class PPO:
         if self.reward_transform is not None:
             self.reward_transform.reset(batch)
         on_cpu = self.device.type == "cpu"
+        numpy_path = self.use_numpy_kernel
+        if numpy_path:
+            actor, critic = numpy_kernel.towers(self.policy)
         with torch.no_grad():
             for step in range(self.n_steps):
                 buf.np_obs[step] = batch.obs
                 buf.np_masks[step] = batch.action_mask
-                obs, mask = buf.host_obs[step], buf.host_masks[step]
-                if not on_cpu:
-                    obs, mask = obs.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
-                action, logprob, value = self.policy.sample(obs, mask, generator=self.sample_generator)
-                buf.actions[step] = action
-                buf.logprobs[step] = logprob
-                buf.values[step] = value
-                batch = self.pool.step(action.numpy() if on_cpu else action.cpu().numpy())
+                if numpy_path:  # same generator draws as ActorCritic.sample, NumPy arithmetic
+                    uniform = torch.rand(
+                        (self.num_envs, self.policy.n_actions), generator=self.sample_generator
+                    ).numpy()
+                    action_np, logprob_np, value_np = numpy_kernel.sample(
+                        actor, critic, buf.np_obs[step], buf.np_masks[step], uniform
+                    )
+                    buf.np_actions[step], buf.np_logprobs[step], buf.np_values[step] = action_np, logprob_np, value_np
+                    batch = self.pool.step(action_np)
+                else:
+                    obs, mask = buf.host_obs[step], buf.host_masks[step]
+                    if not on_cpu:
+                        obs, mask = obs.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+                    action, logprob, value = self.policy.sample(obs, mask, generator=self.sample_generator)
+                    buf.actions[step] = action
+                    buf.logprobs[step] = logprob
+                    buf.values[step] = value
+                    batch = self.pool.step(action.numpy() if on_cpu else action.cpu().numpy())
                 buf.np_rewards[step] = batch.reward if self.reward_transform is None else self.reward_transform(batch)
                 buf.np_terminated[step] = batch.terminated
                 buf.np_truncated[step] = batch.truncated
@@ -484,10 +517,68 @@ class PPO:
         b_values = buf.values.reshape(-1)
         clip_range = self.adaptive.clip_range
         coef = LossCoefficients(clip_range, cfg.ent_coef, cfg.vf_coef, self.adaptive.kl_coef)
-        mb_size = cfg.minibatch_size
-        n_mb = self.batch_size // mb_size
         self.optimizer.ensure_bound()
-        stats = torch.empty((cfg.n_epochs * n_mb, len(STAT_KEYS)), device=self.device)
+        if self.use_numpy_kernel:
+            stats_np = self._update_numpy(b_advantages, b_returns, coef)
+            metrics = dict(zip(STAT_KEYS, (stats_np.mean(0) * np.array(STAT_SCALE)).tolist(), strict=True))
+        else:
+            metrics = self._update_torch(b_obs, b_masks, b_actions, b_logprobs, b_advantages, b_returns, coef)
+        metrics["losses/explained_variance"] = explained_variance(b_values, b_returns)
+        self.adaptive.observe(metrics["losses/approx_kl"])
+        metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
+        metrics["adaptive/clip_range_used"] = clip_range
+        return metrics
+
+    def _update_numpy(self, b_advantages: torch.Tensor, b_returns: torch.Tensor, coef: LossCoefficients) -> np.ndarray:
+        """The epochs x minibatches loop with :class:`numpy_kernel.PPOKernel`; per-minibatch stats [n, 6]."""
+        cfg, buf = self.cfg, self.buffer
+        b_obs = buf.np_obs.reshape(-1, buf.np_obs.shape[-1])
+        b_illegal = ~buf.np_masks.reshape(-1, buf.np_masks.shape[-1])
+        b_actions, b_logprobs = buf.np_actions.reshape(-1), buf.np_logprobs.reshape(-1)
+        advantages_np, returns_np = b_advantages.numpy(), b_returns.numpy()
+        mb_size = cfg.minibatch_size
+        n_actions = b_illegal.shape[1]
+        kernel = numpy_kernel.PPOKernel(self.policy, self.optimizer)
+        record = np.empty((6, cfg.n_epochs * (self.batch_size // mb_size), mb_size), dtype=np.float32)
+        # flat index of (row within its minibatch, action) into a [mb_size, n_actions] block
+        row_offset = np.tile(np.arange(mb_size) * n_actions, self.batch_size // mb_size)
+        row = 0
+        for _epoch in range(cfg.n_epochs):
+            perm = self.np_random.permutation(self.batch_size)
+            e_obs, e_illegal, e_logprobs, e_returns = b_obs[perm], b_illegal[perm], b_logprobs[perm], returns_np[perm]
+            e_action_index = row_offset + b_actions[perm]
+            e_advantages = numpy_kernel.normalize_minibatch_advantages(advantages_np[perm], mb_size)
+            for start in range(0, self.batch_size, mb_size):
+                end = start + mb_size
+                kernel.minibatch_step(
+                    e_obs[start:end],
+                    e_illegal[start:end],
+                    e_action_index[start:end],
+                    e_logprobs[start:end],
+                    e_advantages[start:end],
+                    e_returns[start:end],
+                    coef,
+                    record[:, row],
+                )
+                kernel.clip_grad_norm(cfg.max_grad_norm)
+                kernel.adam_step()
+                row += 1
+        return numpy_kernel.minibatch_stats(record, coef.clip_range)
+
+    def _update_torch(
+        self,
+        b_obs: torch.Tensor,
+        b_masks: torch.Tensor,
+        b_actions: torch.Tensor,
+        b_logprobs: torch.Tensor,
+        b_advantages: torch.Tensor,
+        b_returns: torch.Tensor,
+        coef: LossCoefficients,
+    ) -> dict[str, float]:
+        """The epochs x minibatches loop with :func:`ppo_minibatch_step` and FlatAdam (CUDA, reference)."""
+        cfg = self.cfg
+        mb_size = cfg.minibatch_size
+        stats = torch.empty((cfg.n_epochs * (self.batch_size // mb_size), len(STAT_KEYS)), device=self.device)
         row = 0
         for _epoch in range(cfg.n_epochs):
             perm = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
@@ -510,12 +601,7 @@ class PPO:
                 self.optimizer.step()
                 row += 1
         scale = torch.tensor(STAT_SCALE, device=self.device)
-        metrics = dict(zip(STAT_KEYS, (stats.mean(0) * scale).tolist(), strict=True))
-        metrics["losses/explained_variance"] = explained_variance(b_values, b_returns)
-        self.adaptive.observe(metrics["losses/approx_kl"])
-        metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
-        metrics["adaptive/clip_range_used"] = clip_range
-        return metrics
+        return dict(zip(STAT_KEYS, (stats.mean(0) * scale).tolist(), strict=True))
 
     def _feed_scheduler(self, returns: torch.Tensor) -> None:
         """Per-variant mean squared value error (PLR's learning-potential score) to pools that take it."""
