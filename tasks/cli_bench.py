@@ -23,6 +23,9 @@ bench_app = typer.Typer(
 )
 BENCH_DIR = Path("data/bench")
 BENCHMARKS_MD = Path("BENCHMARKS.md")
+REPEAT_OPTION = typer.Option(
+    1, "--repeat", min=1, help="Run the benchmark this many times; a target is met only if every run meets it."
+)
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 
 COMMANDS = {
@@ -59,25 +62,34 @@ KNOWN_TARGETS: dict[str, tuple[float, bool]] = {
 
 def _verdicts(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
     targets, met = dict(result.get("targets", {})), dict(result.get("targets_met", {}))
+    runs = result.get("runs", {})
     for key, (bound, higher) in KNOWN_TARGETS.items():
         value = result.get(key)
         if isinstance(value, int | float) and key not in met:
             targets.setdefault(key, bound)
-            met[key] = value >= bound if higher else value <= bound
+            values = runs.get(key, [value])  # repeated runs: met only if every run met it
+            met[key] = all(v >= bound if higher else v <= bound for v in values)
     return targets, met
 
 
 def _targets_table(result: dict[str, Any]) -> list[str]:
     targets, met = _verdicts(result)
-    lines = ["| metric | value | target | met |", "|---|---|---|---|"]
+    runs = result.get("runs", {})
+    header = "| metric | value | target | met |"
+    if runs:
+        header += f" all {result.get('repeats', len(next(iter(runs.values()))))} runs |"
+    lines = [header, "|---|---|---|---|" + ("---|" if runs else "")]
     for key, value in result.items():
-        if isinstance(value, dict | list) or key in ("targets", "targets_met"):
+        if isinstance(value, dict | list) or key in ("targets", "targets_met", "runs", "repeats"):
             continue
         target = targets.get(key)
-        lines.append(
+        line = (
             f"| `{key}` | {_fmt(value)} | {'' if target is None else _fmt(target)} | "
             f"{'' if key not in met else ('yes' if met[key] else '**no**')} |"
         )
+        if runs:
+            line += f" {' / '.join(_fmt(v) for v in runs.get(key, []))} |"
+        lines.append(line)
     return lines
 
 
@@ -99,9 +111,10 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
     out = [
         "# Benchmarks",
         "",
-        "Measured on this project's reference machine (2 cores, 24 GiB, no GPU, Python 3.11); single runs,",
-        "expect ±20–30%. Each side of every ratio is measured in the same run. Regenerate with the command",
-        "above each table (`agentflow bench all` runs them all).",
+        "Measured on this project's reference machine (2 cores, 24 GiB, no GPU, Python 3.11). Each side of",
+        "every ratio is measured in the same run. With `--repeat N` the value column is the last run, the",
+        "last column every run, and a target counts as met only if all runs met it. Regenerate with the",
+        "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
     for name in ("pool", "ppo", "scheduler"):
@@ -109,7 +122,8 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
         if not path.exists():
             continue
         result = json.loads(path.read_text())
-        out += [f"## {TITLES[name]}", "", f"Command: `{COMMANDS[name]}` → `{path}`", ""]
+        command = COMMANDS[name] + (f" --repeat {result['repeats']}" if result.get("repeats", 1) > 1 else "")
+        out += [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]
         out += _scheduler_table(result) if name == "scheduler" else _targets_table(result)
         if result.get("notes"):
             out += ["", *[f"- {note}" for note in result["notes"]]]
@@ -129,11 +143,12 @@ def pool(
     num_envs: int = typer.Option(300, help="Slots for the Ray vs in-process comparison and the live-memory probe."),
     steps: int = typer.Option(30, help="Timed pool steps per side."),
     all_live: bool = typer.Option(True, help="Build all catalogue variants live at once (else extrapolate)."),
+    repeat: int = REPEAT_OPTION,
 ) -> None:
     """Pool: semantic overhead, Ray speed-up, memory, scheduler ratios, worker-kill recovery."""
     from tasks.cli_pool import bench_pool
 
-    bench_pool(params, BENCH_DIR / "pool.json", num_envs, steps, all_live)
+    bench_pool(params, BENCH_DIR / "pool.json", num_envs, steps, all_live, repeat)
     write_benchmarks_md()
 
 
@@ -154,17 +169,18 @@ def scheduler(
 @bench_app.command("ppo")
 def ppo(
     quick: bool = typer.Option(False, "--quick", help="Fewer repeats (a smoke run, not for BENCHMARKS.md)."),
+    repeat: int = REPEAT_OPTION,
 ) -> None:
     """PPO: end-to-end throughput vs stable-baselines3, update time, held-out success vs expert/exploration."""
     from tasks.cli_train import bench_ppo
 
-    bench_ppo(BENCH_DIR, quick)
+    bench_ppo(BENCH_DIR, quick, repeat)
     write_benchmarks_md()
 
 
 @bench_app.command("all")
-def run_all(params: Path = PARAMS_OPTION) -> None:
+def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
     scheduler(n_variants=1000, draws=100_000, seed=0)
-    ppo(quick=False)
-    pool(params, num_envs=300, steps=30, all_live=True)
+    ppo(quick=False, repeat=repeat)
+    pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)

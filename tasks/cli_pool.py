@@ -21,7 +21,9 @@ from rich.table import Table
 from agentflow_core.config import AgentFlowConfig, RayConfig
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants
+from tasks.bench_runs import run_repeated
 from tasks.config_io import DEFAULT_PARAMS, load_config
+from tasks.io import write_json
 from tasks.registry_io import load_registry
 from tasks.runtime import ray_address
 
@@ -110,36 +112,47 @@ def bench_pool(
     num_envs: int = 300,
     steps: int = 30,
     measure_all_live: bool = True,
+    repeat: int = 1,
 ) -> dict[str, Any]:
-    """Run the pool benchmark, write ``data/bench/pool.json`` and print a table of numbers vs targets."""
+    """Run the pool benchmark ``repeat`` times, write ``data/bench/pool.json`` and print numbers vs targets.
+
+    With ``repeat`` > 1 the JSON holds the last run plus every run's target metrics (``runs``), and
+    a target counts as met only if it was met in every run. The all-live probe (a 20-second,
+    ~1 GB build of every variant) runs in the last run only.
+    """
     import ray
 
-    from agentflow_core.bench.pool_bench import run_pool_bench
+    from agentflow_core.bench.pool_bench import TARGETS, run_pool_bench
 
     logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the recovery run kills a worker on purpose
     cfg = _config(params)
     variants, factory = catalogue_and_factory(cfg)
-    try:
-        result = run_pool_bench(
-            variants,
-            factory,
-            config=cfg.pool,
-            ray_config=_ray_config(cfg),
-            num_envs=num_envs,
-            steps=steps,
-            measure_all_live=measure_all_live,
-            seed=cfg.base.seed,
-        )
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=float) + "\n", encoding="utf-8")
+
+    def run(i: int) -> dict[str, Any]:
+        console.print(f"pool benchmark run {i + 1} of {repeat}")
+        try:
+            return run_pool_bench(
+                variants,
+                factory,
+                config=cfg.pool,
+                ray_config=_ray_config(cfg),
+                num_envs=num_envs,
+                steps=steps,
+                measure_all_live=measure_all_live and i == repeat - 1,
+                seed=cfg.base.seed,
+            )
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+
+    result = run_repeated(run, repeat, TARGETS)
+    write_json(out, result)
     table = Table(title="pool benchmark")
-    for column in ("metric", "value", "target", "met"):
+    for column in ("metric", "value", "target", "met", "runs"):
         table.add_column(column, justify="left" if column == "metric" else "right")
+    runs = result.get("runs", {})
     for key, value in result.items():
-        if key in ("targets", "targets_met"):
+        if key in ("targets", "targets_met", "runs"):
             continue
         target = result["targets"].get(key)
         met = result["targets_met"].get(key)
@@ -148,6 +161,7 @@ def bench_pool(
             f"{value:.4g}" if isinstance(value, float) else str(value),
             "" if target is None else str(target),
             "" if met is None else ("yes" if met else "NO"),
+            " / ".join(f"{v:.4g}" for v in runs.get(key, [])),
         )
     console.print(table)
     console.print(f"wrote {out}")
@@ -165,6 +179,7 @@ def bench_pool_cmd(
     all_live: Annotated[
         bool, typer.Option(help="Measure every variant live at once (else extrapolate, flagged).")
     ] = True,
+    repeat: Annotated[int, typer.Option(help="Run the benchmark this many times; targets must hold in every run.")] = 1,
 ) -> None:
     """Pool benchmark (the lead wires it as ``agentflow bench pool``)."""
-    bench_pool(params, out, num_envs, steps, all_live)
+    bench_pool(params, out, num_envs, steps, all_live, repeat)

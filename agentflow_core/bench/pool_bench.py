@@ -491,5 +491,14 @@ def run_pool_bench(
         "recovery_s": out.get("recovery_s", float("inf")) <= TARGETS["recovery_s"],
         "throughput_after_5s_ratio": out.get("throughput_after_5s_ratio", 0.0) >= TARGETS["throughput_after_5s_ratio"],
     }
+    out["notes"] = [
+        "semantic_overhead: the raw side (physical envs, native actions, no mapping) and the adapter-only "
+        "side (SemanticEnv in a SyncVectorEnv) replay the episodes the pool's scheduler started: same "
+        "variants, episode seeds and actions (overhead_trajectory_match 1.0: every step's done flags "
+        "matched). It splits into adapter_only_overhead and the pool's own share on top, "
+        "pool_vs_semantic_vector (scheduler, slots, hang watchdog, infos).",
+        "throughput_after_5s_ratio: env-steps/s in the 3 s from 5 s after the SIGKILL over the 3 s before it; "
+        "the replacement standby starts 1.5 s after the loss and warms up at SCHED_IDLE priority.",
+    ]
     out["wall_s"] = time.perf_counter() - started
     return out
