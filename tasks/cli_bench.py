@@ -79,7 +79,8 @@ def _targets_table(result: dict[str, Any]) -> list[str]:
     if runs:
         header += f" all {result.get('repeats', len(next(iter(runs.values()))))} runs |"
     lines = [header, "|---|---|---|---|" + ("---|" if runs else "")]
-    for key, value in result.items():
+    rows = sorted(result.items(), key=lambda item: item[0] not in targets)  # metrics with a target first
+    for key, value in rows:
         if isinstance(value, dict | list) or key in ("targets", "targets_met", "runs", "repeats"):
             continue
         target = targets.get(key)

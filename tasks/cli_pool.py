@@ -152,7 +152,7 @@ def bench_pool(
         table.add_column(column, justify="left" if column == "metric" else "right")
     runs = result.get("runs", {})
     for key, value in result.items():
-        if key in ("targets", "targets_met", "runs"):
+        if key in ("targets", "targets_met", "runs") or isinstance(value, list | dict):
             continue
         target = result["targets"].get(key)
         met = result["targets_met"].get(key)
