@@ -10,6 +10,7 @@ cache policy, so a rerun after a crash reuses them; training resumes from its ch
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -63,11 +64,25 @@ class Throttled:
             self.next = share + self.fraction
 
 
+def code_fingerprint(*roots: Path) -> str:
+    """sha256 over the files under ``roots`` (relative path + bytes): changes whenever their code or data does."""
+    digest = hashlib.sha256()
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def section_fingerprint(params_path: str, *sections: str) -> str:
-    """The JSON of the config sections a phase depends on: a cache key input that changes with them."""
+    """A cache key input for a deterministic phase: the config sections it depends on, plus a hash of
+    the code (``agentflow_core``, ``tasks``) and env configs it runs, so an edit invalidates the cache."""
+    import agentflow_core
+
     cfg = load_config(params_path)
     dump = cfg.model_dump(mode="json")
-    return json.dumps({s: dump[s] for s in sections}, sort_keys=True)
+    code = code_fingerprint(Path(agentflow_core.__file__).parent, Path(__file__).parent, Path(cfg.base.env_config_dir))
+    return json.dumps({"code": code, **{s: dump[s] for s in sections}}, sort_keys=True)
 
 
 @task(name="calibrate", retries=1, retry_delay_seconds=2)

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect.artifacts import Artifact
 
-from tasks.prefect_tasks import GateFailed
+from tasks.prefect_tasks import GateFailed, code_fingerprint, section_fingerprint
 from tests.tiny import REPO, write_tiny_params
 
 pytestmark = pytest.mark.slow
@@ -123,3 +123,17 @@ def test_a_failed_gate_stops_the_downstream_phases(tmp_path: Path, prefect_harne
     assert runs["broken"][0].info.status == "FAILED"
     assert "calibrate" in runs and "train" not in runs and "variants" not in runs
     assert not (tmp_path / "data" / "variants").exists()
+
+
+def test_cache_key_of_deterministic_phases_changes_with_the_code(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"ignored")
+    before = code_fingerprint(pkg)
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"still ignored")
+    assert code_fingerprint(pkg) == before
+    (pkg / "a.py").write_text("x = 2\n")
+    assert code_fingerprint(pkg) != before
+    key = json.loads(section_fingerprint(str(write_tiny_params(tmp_path)), "variants"))
+    assert set(key) == {"code", "variants"} and len(key["code"]) == 64
