@@ -130,3 +130,26 @@ def tiny_variants(n: int) -> list[VariantSpec]:
             )
         )
     return specs
+
+
+def registry_catalogue(samples_per_combination: int = 1) -> tuple[list[Any], Any, list[VariantSpec]]:
+    """(registry entries, RegistryEnvFactory, demo variants) over the shipped ``configs/envs`` families."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentflow_core.config import VariantsConfig
+    from agentflow_core.pool.base import RegistryEnvFactory
+    from agentflow_core.registry import EnvRegistry
+    from agentflow_core.variants import BaseEnvInfo, generate_variants
+
+    entries = EnvRegistry(Path(__file__).resolve().parents[1] / "configs" / "envs", yaml.safe_load).entries()
+    cfg = VariantsConfig(samples_per_combination=samples_per_combination)
+    variants = generate_variants(
+        [BaseEnvInfo(e.env_id, e.family, e.version) for e in entries],
+        cfg.dimensions,
+        cfg.perturbations,
+        cfg.samples_per_combination,
+        seed=0,
+    )
+    return entries, RegistryEnvFactory({e.env_id: e for e in entries}), variants

@@ -16,29 +16,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
+from pool_fixtures import registry_catalogue
 from sqlalchemy import create_engine
 
-from agentflow_core.config import VariantsConfig
 from agentflow_core.envs.base import ReconfigurableEnv, Scenario
 from agentflow_core.envs.order_db import OrderDBEnv, dump_tables
-from agentflow_core.pool.base import RegistryEnvFactory, ReusingEnvFactory
+from agentflow_core.pool.base import ReusingEnvFactory
 from agentflow_core.pool.worker import EnvWorker
-from agentflow_core.registry import EnvEntry, EnvRegistry
+from agentflow_core.registry import EnvEntry
 from agentflow_core.semantics import N_ACTIONS
-from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants
+from agentflow_core.variants import VariantSpec
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
-FACTORY = RegistryEnvFactory({e.env_id: e for e in ENTRIES})
-_CFG = VariantsConfig(samples_per_combination=1)
-VARIANTS = generate_variants(
-    [BaseEnvInfo(e.env_id, e.family, e.version) for e in ENTRIES],
-    _CFG.dimensions,
-    _CFG.perturbations,
-    _CFG.samples_per_combination,
-    seed=0,
-)
+ENTRIES, FACTORY, VARIANTS = registry_catalogue()
 SEEDS = (3, 11)
 
 

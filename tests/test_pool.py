@@ -6,16 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-from pool_fixtures import TinyFactory, tiny_variants
+from pool_fixtures import TinyFactory, registry_catalogue, tiny_variants
 
-from agentflow_core.config import PoolConfig, VariantsConfig
+from agentflow_core.config import PoolConfig
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.pool.base import PoolBatch, RegistryEnvFactory
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.registry import EnvRegistry
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM, TOKEN_INDEX, SemanticAction
-from agentflow_core.variants import BaseEnvInfo, generate_variants, stable_worker
+from agentflow_core.variants import stable_worker
 
 REPO = Path(__file__).resolve().parents[1]
 LOGIN, VIEW, PAY = int(SemanticAction.LOGIN), int(SemanticAction.VIEW_PRODUCT), int(SemanticAction.SUBMIT_PAYMENT)
@@ -136,16 +134,8 @@ def test_reset_is_deterministic_for_a_seed() -> None:
 
 @pytest.fixture(scope="module")
 def real_catalogue() -> tuple[RegistryEnvFactory, list]:
-    registry = EnvRegistry(REPO / "configs" / "envs", load=yaml.safe_load)
-    cfg = VariantsConfig(samples_per_combination=1)
-    variants = generate_variants(
-        [BaseEnvInfo(e.env_id, e.family, e.version) for e in registry.entries()],
-        cfg.dimensions,
-        cfg.perturbations,
-        cfg.samples_per_combination,
-        seed=0,
-    )
-    return RegistryEnvFactory({e.env_id: e for e in registry.entries()}), variants
+    _, factory, variants = registry_catalogue()
+    return factory, variants
 
 
 def test_real_families_expert_reaches_payment_success(real_catalogue: tuple[RegistryEnvFactory, list]) -> None:

@@ -11,27 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+from pool_fixtures import registry_catalogue
 
 from agentflow_core.bench.pool_bench import semantic_overhead
-from agentflow_core.config import PoolConfig, VariantsConfig
-from agentflow_core.pool.base import RegistryEnvFactory
+from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.registry import EnvRegistry
 from agentflow_core.semantics import N_ACTIONS
-from agentflow_core.variants import BaseEnvInfo, generate_variants
 
-REPO = Path(__file__).resolve().parents[1]
-ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
-FACTORY = RegistryEnvFactory({e.env_id: e for e in ENTRIES})
-_CFG = VariantsConfig(samples_per_combination=1)
-VARIANTS = generate_variants(
-    [BaseEnvInfo(e.env_id, e.family, e.version) for e in ENTRIES],
-    _CFG.dimensions,
-    _CFG.perturbations,
-    _CFG.samples_per_combination,
-    seed=0,
-)
+_, FACTORY, VARIANTS = registry_catalogue()
 
 
 def test_pool_infos_name_each_episodes_seed_and_replaying_it_reproduces_the_episode() -> None:

@@ -451,15 +451,23 @@ def _random_minibatch(seed: int, batch: int = 96, masked: bool = True) -> tuple[
     return policy, (obs, mask, actions, old_logprob, advantages, returns)
 
 
+def _autograd_reference(
+    masked: bool, kl_coef: float
+) -> tuple[ActorCritic, tuple[Any, ...], LossCoefficients, dict[str, torch.Tensor], torch.Tensor]:
+    """A random minibatch, its loss coefficients, and autograd's parameter gradients and statistics."""
+    policy, minibatch = _random_minibatch(7, masked=masked)
+    coef = LossCoefficients(clip_range=0.2, ent_coef=0.05, vf_coef=0.5, kl_coef=kl_coef)
+    loss, ref_stats = ppo_minibatch_loss(policy, *minibatch, coef)
+    policy.zero_grad(set_to_none=True)
+    loss.backward()
+    return policy, minibatch, coef, {name: p.grad.clone() for name, p in policy.named_parameters()}, ref_stats
+
+
 @pytest.mark.parametrize("masked", [True, False])
 @pytest.mark.parametrize("kl_coef", [0.0, 0.3])
 def test_analytic_minibatch_gradient_matches_autograd(masked: bool, kl_coef: float) -> None:
-    policy, (obs, mask, actions, old_logprob, advantages, returns) = _random_minibatch(7, masked=masked)
-    coef = LossCoefficients(clip_range=0.2, ent_coef=0.05, vf_coef=0.5, kl_coef=kl_coef)
-    loss, ref_stats = ppo_minibatch_loss(policy, obs, mask, actions, old_logprob, advantages, returns, coef)
-    policy.zero_grad(set_to_none=True)
-    loss.backward()
-    reference = {name: p.grad.clone() for name, p in policy.named_parameters()}
+    policy, minibatch, coef, reference, ref_stats = _autograd_reference(masked, kl_coef)
+    obs, mask, actions, old_logprob, advantages, returns = minibatch
     clip_frac = float(ref_stats[STAT_KEYS.index("losses/clipfrac")])
     assert 0.2 < clip_frac < 0.8, "the case must exercise clipped and unclipped samples"
     policy.zero_grad(set_to_none=True)
@@ -555,31 +563,27 @@ def test_fast_update_matches_reference_update(kernel: str) -> None:
     assert moved > 1e-2, "the update must actually move the weights for the comparison to mean anything"
 
 
-def test_numpy_kernel_gradient_and_stats_match_autograd() -> None:
-    for masked, kl_coef in ((True, 0.0), (False, 0.3)):
-        policy, (obs, mask, actions, old_logprob, advantages, returns) = _random_minibatch(7, masked=masked)
-        coef = LossCoefficients(clip_range=0.2, ent_coef=0.05, vf_coef=0.5, kl_coef=kl_coef)
-        loss, ref_stats = ppo_minibatch_loss(policy, obs, mask, actions, old_logprob, advantages, returns, coef)
-        policy.zero_grad(set_to_none=True)
-        loss.backward()
-        reference = {name: p.grad.clone() for name, p in policy.named_parameters()}
-        optimizer = FlatAdam(list(policy.parameters()), lr=1e-3)  # allocates the flat .grad views
-        kernel = numpy_kernel.PPOKernel(policy, optimizer)
-        record = np.empty((6, 1, obs.shape[0]), np.float32)
-        kernel.minibatch_step(
-            obs.numpy(),
-            None if mask is None else ~mask.numpy(),
-            np.arange(obs.shape[0]) * N_ACTIONS + actions.numpy(),
-            old_logprob.numpy(),
-            normalize_advantages(advantages).numpy(),
-            returns.numpy(),
-            coef,
-            record[:, 0],
-        )
-        for name, p in policy.named_parameters():
-            torch.testing.assert_close(p.grad, reference[name], rtol=1e-4, atol=1e-6, msg=name)
-        stats = numpy_kernel.minibatch_stats(record, coef.clip_range)[0] * np.array(STAT_SCALE)
-        torch.testing.assert_close(torch.as_tensor(stats, dtype=torch.float32), ref_stats, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize(("masked", "kl_coef"), [(True, 0.0), (False, 0.3)])
+def test_numpy_kernel_gradient_and_stats_match_autograd(masked: bool, kl_coef: float) -> None:
+    policy, minibatch, coef, reference, ref_stats = _autograd_reference(masked, kl_coef)
+    obs, mask, actions, old_logprob, advantages, returns = minibatch
+    optimizer = FlatAdam(list(policy.parameters()), lr=1e-3)  # allocates the flat .grad views
+    kernel = numpy_kernel.PPOKernel(policy, optimizer)
+    record = np.empty((6, 1, obs.shape[0]), np.float32)
+    kernel.minibatch_step(
+        obs.numpy(),
+        None if mask is None else ~mask.numpy(),
+        np.arange(obs.shape[0]) * N_ACTIONS + actions.numpy(),
+        old_logprob.numpy(),
+        normalize_advantages(advantages).numpy(),
+        returns.numpy(),
+        coef,
+        record[:, 0],
+    )
+    for name, p in policy.named_parameters():
+        torch.testing.assert_close(p.grad, reference[name], rtol=1e-4, atol=1e-6, msg=name)
+    stats = numpy_kernel.minibatch_stats(record, coef.clip_range)[0] * np.array(STAT_SCALE)
+    torch.testing.assert_close(torch.as_tensor(stats, dtype=torch.float32), ref_stats, rtol=1e-5, atol=1e-6)
 
 
 def test_numpy_kernel_adam_and_clip_match_torch_adam() -> None:
