@@ -35,7 +35,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
-	$(BIN)/agentflow bench all
+	$(BIN)/agentflow bench all --repeat 3
 
 clean:
 	rm -rf $(VENV) .agentflow
