@@ -1,4 +1,4 @@
-"""What every CLI command shares: the params option and the configuration-error exit (code 2)."""
+"""What every CLI command shares: the params option, the configuration-error exit (code 2), phase progress bars."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError
@@ -22,3 +23,16 @@ def config_or_exit(params: Path) -> AgentFlowConfig:
     except ConfigError as exc:
         err_console.print(f"[bold red]configuration error[/]: {exc}")
         raise typer.Exit(code=2) from None
+
+
+def phase_progress(phase: str, console: Console) -> Progress:
+    """A progress bar for a long phase: name, bar, done/total, a ``status`` field, elapsed and remaining time."""
+    return Progress(
+        TextColumn(f"[bold]{phase}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )

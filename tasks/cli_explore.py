@@ -10,11 +10,10 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.rl.exploration import ExploreProgress
-from tasks.cli_common import config_or_exit
+from tasks.cli_common import config_or_exit, phase_progress
 from tasks.steps.explore import run_explore
 
 console = Console()
@@ -44,15 +43,7 @@ def explore_command(
     catalogue = catalogue or data / "variants"
     out = out or data / "trajectories"
     metrics = metrics or data / "metrics" / "explore.json"
-    columns = (
-        TextColumn("[bold]explore"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
+    with phase_progress("explore", console) as progress:
         task = progress.add_task("explore", total=cfg.explore.total_steps, status="")
 
         def on_progress(p: ExploreProgress) -> None:

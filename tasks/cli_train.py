@@ -13,11 +13,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentflow_core.errors import AgentFlowError
 from tasks.bench_runs import run_repeated
-from tasks.cli_common import config_or_exit
+from tasks.cli_common import config_or_exit, phase_progress
 from tasks.io import write_json
 
 console = Console()
@@ -62,15 +61,7 @@ def train_command(
     catalogue = catalogue or data / "variants"
     trajectories = trajectories or data / "trajectories"
     out = out or data / "checkpoints"
-    columns = (
-        TextColumn("[bold]train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
+    with phase_progress("train", console) as progress:
         task = progress.add_task("train", total=cfg.train.num_updates, status="")
 
         def on_update(update: int, total: int, m: dict[str, float]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -38,6 +39,15 @@ from agentflow_core.semantics import (
     SemanticObs,
 )
 
+# The comparison operators mapping rules may use ("op" in web and db conditions).
+COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+}
 logger = logging.getLogger("agentflow.adapter")
 
 MAPPING_SCHEMA: dict[str, Any] = {
@@ -435,15 +445,7 @@ class BaseSemanticAdapter:
         return entry
 
     def _mask(self, values: list[Any]) -> np.ndarray:
-        bits = self._mask_always
-        for index, table, members in self._mask_tables:
-            try:
-                bits |= table.get(values[index], 0)
-            except TypeError:  # an unhashable value: decide each member on its own
-                bits |= _fire(members, values)
-        for predicate, bit in self._mask_plan:
-            if predicate(values):
-                bits |= bit
+        bits = _rule_bits(self._mask_always, self._mask_tables, self._mask_plan, values)
         mask = self._mask_cache.get(bits)
         if mask is None:
             mask = np.zeros(N_ACTIONS, dtype=bool)
@@ -458,15 +460,7 @@ class BaseSemanticAdapter:
 
     def _compiled_step(self, raw: Any, context: Mapping[str, float] | None) -> AdaptedStep:
         values = [read(raw) for read in self._readers]
-        bits = 0
-        for index, table, members in self._token_tables:
-            try:
-                bits |= table.get(values[index], 0)
-            except TypeError:  # an unhashable value: decide each member on its own
-                bits |= _fire(members, values)
-        for predicate, token_bits in self._token_plan:
-            if predicate(values):
-                bits |= token_bits
+        bits = _rule_bits(0, self._token_tables, self._token_plan, values)
         tokens, ordered, block = self._token_entry(bits)
         block_features = [0.0] * N_FEATURES
         finite = not self._wide_clip
@@ -544,6 +538,20 @@ class BaseSemanticAdapter:
     def producible_tokens(self) -> set[str]:
         """Tokens at least one rule can emit (the audit compares this to the vocabulary)."""
         return {t for r in self.token_rules for t in r["emit"]}
+
+
+def _rule_bits(bits: int, tables: Sequence[_Table], plan: Sequence[tuple[Predicate, int]], values: list[Any]) -> int:
+    """``bits`` OR the bits of every rule that fires on the step's reader values: keyed rules by one
+    table lookup per reader, the rest by their predicates (the compiled plan of :meth:`_plan`)."""
+    for index, table, members in tables:
+        try:
+            bits |= table.get(values[index], 0)
+        except TypeError:  # an unhashable value: decide each member on its own
+            bits |= _fire(members, values)
+    for predicate, rule_bits in plan:
+        if predicate(values):
+            bits |= rule_bits
+    return bits
 
 
 def _conjunction(subs: tuple[Predicate, ...]) -> Predicate:

@@ -13,23 +13,14 @@ action is masked out wherever it does not hold, and the entry handed to the chan
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
+from agentflow_core.adapters.base import COMPARISONS, BaseSemanticAdapter, Predicate, Reader
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import SemanticAction
 
 _COLUMN_PATTERN = r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$"
-_OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-}
 _MISSING = object()
 
 
@@ -90,7 +81,7 @@ class DBAdapter(BaseSemanticAdapter):
             "column": {"type": "string", "pattern": _COLUMN_PATTERN},
             "equals": {"type": ["string", "number", "boolean", "null"]},
             "in": {"type": "array", "minItems": 1, "items": {"type": ["string", "number", "boolean", "null"]}},
-            "op": {"enum": list(_OPERATORS)},
+            "op": {"enum": list(COMPARISONS)},
             "value": {"type": "number"},
             "is_null": {"type": "boolean"},
         },
@@ -132,7 +123,7 @@ class DBAdapter(BaseSemanticAdapter):
         if "is_null" in when:
             want_null = bool(when["is_null"])
             return lambda values: (values[i] in (None, _MISSING)) == want_null
-        compare, threshold = _OPERATORS[when["op"]], float(when["value"])
+        compare, threshold = COMPARISONS[when["op"]], float(when["value"])
 
         def numeric(values: list[Any]) -> bool:
             value = values[i]
@@ -172,7 +163,7 @@ class DBAdapter(BaseSemanticAdapter):
         if "is_null" in when:
             return (value in (None, _MISSING)) == bool(when["is_null"])
         number = _as_number(value)
-        return number is not None and _OPERATORS[when["op"]](number, float(when["value"]))
+        return number is not None and COMPARISONS[when["op"]](number, float(when["value"]))
 
     def extract(self, source: str, raw: Any) -> float | None:
         """Read a dotted column path as a float (booleans as 0/1; NULL or text as absent)."""

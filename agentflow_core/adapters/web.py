@@ -18,23 +18,14 @@ interprets a leaf directly and is the reference the closures are tested against.
 
 from __future__ import annotations
 
-import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader, _json_path
+from agentflow_core.adapters.base import COMPARISONS, BaseSemanticAdapter, Predicate, Reader, _json_path
 from agentflow_core.errors import MappingError
 
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-}
 _BANNER_KINDS = ("error", "warning", "success", "info", "any", "none")
 _NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 # What a page value reads as when the page lacks it (the same defaults ``match`` uses).
@@ -60,7 +51,7 @@ class WebAdapter(BaseSemanticAdapter):
             "selector": {"type": "string", "minLength": 1},
             "banner": {"enum": list(_BANNER_KINDS)},
             "field": {"type": "string", "minLength": 1},
-            "op": {"enum": list(_OPS)},
+            "op": {"enum": list(COMPARISONS)},
             "value": {"type": ["number", "string", "boolean"]},
         },
         "oneOf": [
@@ -108,7 +99,7 @@ class WebAdapter(BaseSemanticAdapter):
         return self._compile_field(when)
 
     def _compile_field(self, when: Mapping[str, Any]) -> Predicate:
-        name, compare, value = when["field"], _OPS[when["op"]], when["value"]
+        name, compare, value = when["field"], COMPARISONS[when["op"]], when["value"]
         if isinstance(value, str):  # string comparison on the raw value (e.g. a form field)
             i = self.reader(("lookup", name), lambda raw: _lookup(name, raw))
             return lambda values: (found := values[i]) is not None and compare(str(found), value)
@@ -168,7 +159,7 @@ class WebAdapter(BaseSemanticAdapter):
             if kind == "none":
                 return raw.get("banner") is None
             return (raw.get("banner") or {}).get("kind") == kind
-        name, compare, value = when["field"], _OPS[when["op"]], when["value"]
+        name, compare, value = when["field"], COMPARISONS[when["op"]], when["value"]
         if isinstance(value, str):
             found = _lookup(name, raw)
             return found is not None and compare(str(found), value)

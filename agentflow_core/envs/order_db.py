@@ -57,19 +57,21 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.expression import BindParameter
 
-from agentflow_core.envs.base import NETWORK_DROP_RATE, NETWORK_LATENCY_S, Scenario, StepResult
+from agentflow_core.envs.base import (
+    BLOCKED_ESCALATION_REWARD,
+    CANCEL_REWARD,
+    INAPPLICABLE_REWARD,
+    NETWORK_DROP_RATE,
+    NETWORK_LATENCY_S,
+    STEP_REWARD,
+    SUCCESS_REWARD,
+    WRONG_ESCALATION_REWARD,
+    Scenario,
+    StepResult,
+)
 
 FAMILY = "order_db"
 VERSION = 1
-
-# Rewards of the shared business table (docs/ARCHITECTURE.md); a step earns exactly one of them,
-# as in the web and API families.
-STEP_REWARD = -0.01
-INAPPLICABLE_REWARD = -0.05
-SUCCESS_REWARD = 10.0
-BLOCKED_ESCALATION_REWARD = 1.0
-WRONG_ESCALATION_REWARD = -1.0
-CANCEL_REWARD = -2.0
 
 ORDER_TTL_STEPS = 15  # a pending order older than this expires
 QUERY_TIMEOUT_S = 1.0  # client-side statement timeout on the simulated link

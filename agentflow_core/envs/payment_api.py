@@ -23,7 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.envs.base import NETWORK_DROP_RATE, NETWORK_LATENCY_S, Scenario, StepResult
+from agentflow_core.envs.base import (
+    BLOCKED_ESCALATION_REWARD,
+    CANCEL_REWARD,
+    INAPPLICABLE_REWARD,
+    NETWORK_DROP_RATE,
+    NETWORK_LATENCY_S,
+    STEP_REWARD,
+    SUCCESS_REWARD,
+    WRONG_ESCALATION_REWARD,
+    Scenario,
+    StepResult,
+)
 from agentflow_core.envs.http_client import (
     CircuitBreaker,
     ClientConfig,
@@ -43,13 +54,7 @@ NETWORK_5XX_RATE = {"normal": 0.0, "latency_500ms": 0.01, "packet_loss_5%": 0.03
 LATENCY_JITTER_SIGMA = 0.3  # log-normal jitter around the condition's base latency
 THINK_TIME_S = 0.25  # simulated time between two agent actions (lets an open breaker cool down)
 
-REWARD_SUCCESS = 10.0
-REWARD_BLOCKED_ESCALATION = 1.0
-REWARD_CANCELLED = -2.0
 CANCEL_RISK = 0.5  # the declared risk of CANCEL_ORDER (semantics.ACTION_RISK), realised only when it applies
-REWARD_ESCALATED = -1.0
-REWARD_STEP = -0.01
-REWARD_NOT_APPLICABLE = -0.05
 
 # The reset exchange per start stage: what the client fetches to see where it stands.
 START_REQUEST = {
@@ -186,7 +191,7 @@ class PaymentAPIEnv:
         truncated = self.step_id >= self.scenario.max_episode_steps
         return StepResult(
             copy.deepcopy(self._last_raw),
-            REWARD_NOT_APPLICABLE,
+            INAPPLICABLE_REWARD,
             False,
             truncated,
             self._info("max_steps" if truncated else None),
@@ -197,16 +202,16 @@ class PaymentAPIEnv:
         body = result.json or {}
         status = result.status_code
         if status == 200 and path == "/payment" and (body.get("order") or {}).get("status") == "paid":
-            return REWARD_SUCCESS, True, None
+            return SUCCESS_REWARD, True, None
         if status == 200 and path == "/order/cancel":
-            return REWARD_CANCELLED, True, "order_cancelled"
+            return CANCEL_REWARD, True, "order_cancelled"
         if status == 200 and path == "/escalate":
             if (body.get("escalation") or {}).get("reason") == "user_blocked":
-                return REWARD_BLOCKED_ESCALATION, True, "user_blocked"
-            return REWARD_ESCALATED, True, "escalated"
+                return BLOCKED_ESCALATION_REWARD, True, "user_blocked"
+            return WRONG_ESCALATION_REWARD, True, "escalated"
         code = (body.get("error") or {}).get("code")
         refused = status in (403, 409) and path != "/session" or code == "unauthenticated" or status == 404
-        return (REWARD_NOT_APPLICABLE if refused or not_applicable else REWARD_STEP), False, None
+        return (INAPPLICABLE_REWARD if refused or not_applicable else STEP_REWARD), False, None
 
     def _raw(self, result: HttpResult, path: str) -> dict[str, Any]:
         order = (result.json or {}).get("order")

@@ -20,7 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.envs.base import NETWORK_DROP_RATE, NETWORK_LATENCY_S, Scenario, StepResult
+from agentflow_core.envs.base import (
+    BLOCKED_ESCALATION_REWARD,
+    CANCEL_REWARD,
+    INAPPLICABLE_REWARD,
+    NETWORK_DROP_RATE,
+    NETWORK_LATENCY_S,
+    STEP_REWARD,
+    SUCCESS_REWARD,
+    WRONG_ESCALATION_REWARD,
+    Scenario,
+    StepResult,
+)
 
 FAMILY = "web_checkout"
 VERSION = 2
@@ -33,12 +44,6 @@ ORDER_TTL_STEPS = 15
 ALTERNATIVE_STOCK = 20
 TOP_UP_MIN = 100.0
 
-STEP_REWARD = -0.01
-INAPPLICABLE_REWARD = -0.05
-SUCCESS_REWARD = 10.0
-BLOCKED_ESCALATION_REWARD = 1.0
-WRONG_ESCALATION_REWARD = -1.0
-CANCEL_REWARD = -2.0
 CANCEL_RISK = 0.5
 
 USERNAME = "demo"

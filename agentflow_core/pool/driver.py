@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import POOL_FAILURES, WORKER_LOST, PoolBatch, PoolError, VariantLike, as_variant_list
 from agentflow_core.pool.scheduler import EpisodeStats
 from agentflow_core.pool.worker import WorkerBatch
-from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, N_TOKENS, OBS_DIM, TOKEN_INDEX, TOKENS
+from agentflow_core.semantics import GOAL_TOKEN, N_TOKENS, OBS_DIM, TOKEN_INDEX, TOKENS
 from agentflow_core.variants import stable_worker
 
 logger = logging.getLogger("agentflow.pool")
@@ -30,45 +29,6 @@ logger = logging.getLogger("agentflow.pool")
 MAX_RESET_ROUNDS = 16
 _GOAL = TOKEN_INDEX[GOAL_TOKEN]
 _TOKEN_NAMES = np.array(TOKENS, dtype=object)
-
-
-@dataclass
-class _StepRows:
-    """The whole step as arrays over slots (filled per worker, then autoreset in place)."""
-
-    obs: np.ndarray
-    action_mask: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    step_id: np.ndarray
-    risk: np.ndarray
-    failure_reason: list[str | None]
-
-    @classmethod
-    def zeros(cls, n: int) -> _StepRows:
-        return cls(
-            np.zeros((n, OBS_DIM), np.float32),
-            np.ones((n, N_ACTIONS), bool),
-            np.zeros(n, np.float32),
-            np.zeros(n, bool),
-            np.zeros(n, bool),
-            np.zeros(n, np.int64),
-            np.zeros(n, np.float32),
-            [None] * n,
-        )
-
-    def scatter(self, res: WorkerBatch) -> None:
-        s = res.slots
-        self.obs[s], self.action_mask[s], self.reward[s] = res.obs, res.action_mask, res.reward
-        self.terminated[s], self.truncated[s], self.step_id[s], self.risk[s] = (
-            res.terminated,
-            res.truncated,
-            res.step_id,
-            res.risk,
-        )
-        for slot, reason in zip(s.tolist(), res.failure_reason, strict=True):
-            self.failure_reason[slot] = reason
 
 
 class PoolDriver(ABC):
@@ -151,7 +111,7 @@ class PoolDriver(ABC):
             for w, slots in self._by_worker(live, self.worker_of[self._slot_variant[live]]).items():
                 self._worker_call(w, "release", slots)
         self._slot_live[:] = False
-        rows = _StepRows.zeros(self.num_envs)
+        rows = WorkerBatch.empty(np.arange(self.num_envs))
         rows.truncated[:] = True  # no episode is running: a worker lost here closes none
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._autoreset(list(range(self.num_envs)), rows, infos, rows.obs.copy())
@@ -180,7 +140,7 @@ class PoolDriver(ABC):
         actions = np.asarray(actions).reshape(self.num_envs)
         if not self._slot_live.all():
             raise PoolError("step() before reset(): every slot needs a live episode")
-        rows = _StepRows.zeros(self.num_envs)
+        rows = WorkerBatch.empty(np.arange(self.num_envs))
         hosts = self.worker_of[self._slot_variant]
         calls = {
             w: ("step", (slots, actions[slots]))
@@ -261,7 +221,7 @@ class PoolDriver(ABC):
     def _tokens(obs_row: np.ndarray) -> list[str]:
         return _TOKEN_NAMES[obs_row[:N_TOKENS] > 0.5].tolist()
 
-    def _infos(self, rows: _StepRows) -> list[dict[str, Any]]:
+    def _infos(self, rows: WorkerBatch) -> list[dict[str, Any]]:
         v = self._slot_variant.tolist()
         step_id, risk = rows.step_id.tolist(), rows.risk.tolist()
         hot = rows.obs[:, :N_TOKENS] > 0.5
@@ -278,14 +238,14 @@ class PoolDriver(ABC):
             for i in range(self.num_envs)
         ]
 
-    def _mark_lost(self, rows: _StepRows, slots: np.ndarray, last_obs: np.ndarray) -> None:
+    def _mark_lost(self, rows: WorkerBatch, slots: np.ndarray, last_obs: np.ndarray) -> None:
         rows.obs[slots] = last_obs[slots]
         rows.truncated[slots], rows.terminated[slots], rows.reward[slots] = True, False, 0.0
         rows.step_id[slots] = self._step_id[slots]
         for s in slots.tolist():
             rows.failure_reason[s] = WORKER_LOST
 
-    def _finish_episodes(self, slots: Sequence[int], rows: _StepRows, infos: list[dict[str, Any]]) -> None:
+    def _finish_episodes(self, slots: Sequence[int], rows: WorkerBatch, infos: list[dict[str, Any]]) -> None:
         """Episode-end bookkeeping: infos, scheduler update, failure counts and quarantine."""
         for s in slots:
             v = int(self._slot_variant[s])
@@ -335,7 +295,9 @@ class PoolDriver(ABC):
                 f"of {len(self.variants)})"
             ) from exc
 
-    def _autoreset(self, slots: list[int], rows: _StepRows, infos: list[dict[str, Any]], final_obs: np.ndarray) -> None:
+    def _autoreset(
+        self, slots: list[int], rows: WorkerBatch, infos: list[dict[str, Any]], final_obs: np.ndarray
+    ) -> None:
         """Reset ``slots`` on scheduler-picked variants, retrying failed resets and lost workers."""
         pending = list(slots)
         for _ in range(MAX_RESET_ROUNDS):
@@ -385,7 +347,7 @@ class PoolDriver(ABC):
             )
 
     def _orphans_of(
-        self, worker: int, rows: _StepRows, infos: list[dict[str, Any]], final_obs: np.ndarray
+        self, worker: int, rows: WorkerBatch, infos: list[dict[str, Any]], final_obs: np.ndarray
     ) -> list[int]:
         """Slots whose live episode sat on a worker that was just lost: close them as worker_lost."""
         live = np.flatnonzero(self._slot_live & (self.worker_of[np.maximum(self._slot_variant, 0)] == worker))

@@ -157,6 +157,15 @@ class WorkerBatch:
             failure_reason=[None] * k,
         )
 
+    def scatter(self, part: WorkerBatch) -> None:
+        """Write ``part``'s rows into this batch at ``part.slots`` (``self`` spans every slot of the pool)."""
+        s = part.slots
+        self.obs[s], self.action_mask[s], self.reward[s] = part.obs, part.action_mask, part.reward
+        self.terminated[s], self.truncated[s] = part.terminated, part.truncated
+        self.step_id[s], self.risk[s] = part.step_id, part.risk
+        for slot, reason in zip(s.tolist(), part.failure_reason, strict=True):
+            self.failure_reason[slot] = reason
+
 
 def _failure_of(out: Any) -> str:
     if out is TIMED_OUT:

@@ -508,10 +508,6 @@ class PPO:
             cfg.gae_lambda,
         )
         self._feed_scheduler(returns)
-        b_obs = buf.obs.reshape(-1, buf.obs.shape[-1])
-        b_masks = buf.masks.reshape(-1, buf.masks.shape[-1])
-        b_actions = buf.actions.reshape(-1)
-        b_logprobs = buf.logprobs.reshape(-1)
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
         b_values = buf.values.reshape(-1)
@@ -522,7 +518,7 @@ class PPO:
             stats_np = self._update_numpy(b_advantages, b_returns, coef)
             metrics = dict(zip(STAT_KEYS, (stats_np.mean(0) * np.array(STAT_SCALE)).tolist(), strict=True))
         else:
-            metrics = self._update_torch(b_obs, b_masks, b_actions, b_logprobs, b_advantages, b_returns, coef)
+            metrics = self._update_torch(b_advantages, b_returns, coef)
         metrics["losses/explained_variance"] = explained_variance(b_values, b_returns)
         self.adaptive.observe(metrics["losses/approx_kl"])
         metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
@@ -566,17 +562,13 @@ class PPO:
         return numpy_kernel.minibatch_stats(record, coef.clip_range)
 
     def _update_torch(
-        self,
-        b_obs: torch.Tensor,
-        b_masks: torch.Tensor,
-        b_actions: torch.Tensor,
-        b_logprobs: torch.Tensor,
-        b_advantages: torch.Tensor,
-        b_returns: torch.Tensor,
-        coef: LossCoefficients,
+        self, b_advantages: torch.Tensor, b_returns: torch.Tensor, coef: LossCoefficients
     ) -> dict[str, float]:
         """The epochs x minibatches loop with :func:`ppo_minibatch_step` and FlatAdam (CUDA, reference)."""
-        cfg = self.cfg
+        cfg, buf = self.cfg, self.buffer
+        b_obs = buf.obs.reshape(-1, buf.obs.shape[-1])
+        b_masks = buf.masks.reshape(-1, buf.masks.shape[-1])
+        b_actions, b_logprobs = buf.actions.reshape(-1), buf.logprobs.reshape(-1)
         mb_size = cfg.minibatch_size
         stats = torch.empty((cfg.n_epochs * (self.batch_size // mb_size), len(STAT_KEYS)), device=self.device)
         row = 0
