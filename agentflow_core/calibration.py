@@ -143,6 +143,11 @@ class CalibrationReport:
     env_stability_score: float
     max_failed_fraction: float
 
+    @classmethod
+    def of(cls, results: list[VariantCalibration], max_failed_fraction: float) -> CalibrationReport:
+        """The verdict over per-variant results (calibrated in one process or in several)."""
+        return cls(results, sum(v.stable for v in results) / max(len(results), 1), max_failed_fraction)
+
     @property
     def failed(self) -> list[VariantCalibration]:
         return [v for v in self.variants if not v.stable]
@@ -180,5 +185,4 @@ def calibrate(
             env.close()
         if progress:
             progress(i + 1, len(envs))
-    score = sum(v.stable for v in results) / max(len(results), 1)
-    return CalibrationReport(results, score, max_failed_fraction)
+    return CalibrationReport.of(results, max_failed_fraction)

@@ -99,7 +99,13 @@ class VariantsConfig(_Section):
 
 class PoolConfig(_Section):
     num_workers: Annotated[int, Field(ge=0)] = 2
-    envs_per_worker: PositiveInt = 32
+    backend: Literal["ray", "inprocess"] = Field(
+        "ray",
+        description=(
+            "where env workers run: Ray actors ('ray') or this process ('inprocess'). "
+            "Left out, it is 'ray' whenever num_workers > 0."
+        ),
+    )
     max_live_per_worker: PositiveInt = 256
     step_timeout_s: Annotated[float, Field(gt=0.0)] = 5.0
     quarantine_after: PositiveInt = 3
@@ -125,8 +131,18 @@ class PoolConfig(_Section):
         float, Field(ge=1.0, description="catalogue sweeps without a draw after which a variant is drawn first.")
     ] = 4.0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_backend(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("backend") is None:
+            workers = data.get("num_workers", 2)
+            return {**data, "backend": "inprocess" if isinstance(workers, int) and workers == 0 else "ray"}
+        return data
+
     @model_validator(mode="after")
     def _plr_mix(self) -> PoolConfig:
+        if self.backend == "ray" and self.num_workers == 0:
+            raise ValueError("backend 'ray' needs num_workers >= 1 (or backend: inprocess)")
         if self.plr_staleness_coef + self.plr_token_coef > 1.0:
             raise ValueError(
                 f"plr_staleness_coef + plr_token_coef must not exceed 1, got {self.plr_staleness_coef + self.plr_token_coef}"

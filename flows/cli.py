@@ -87,11 +87,14 @@ def run(
     run_name: str | None = typer.Option(None, "--run-name", help="MLflow parent run name."),
 ) -> None:
     """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> train -> stress -> report)."""
+    from tasks.compose import backend
     from tasks.runtime import configure_services
 
     cfg = config_or_exit(params)
+    pool = backend(cfg)  # starts or joins Ray first: an unreachable cluster fails before anything is written
     services = configure_services(cfg)  # before prefect/mlflow are imported
     console.print(plan_tree(cfg))
+    console.print(f"  envs: {pool.describe(cfg.train.num_envs)}")
     for name, where in services.items():
         console.print(f"  {name}: {where}")
     from flows.training_cycle import training_cycle

@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from tasks.compose import backend
 from tasks.config_io import flatten_params, load_config
 from tasks.paths import DataPaths
 from tasks.prefect_tasks import (
@@ -48,6 +49,7 @@ def training_cycle(
     tracker = MlflowTracker(uri, experiment)
     parent = tracker.start_cycle(run_name or cfg.base.run_name, flatten_params(cfg), {"agentflow.resume": str(resume)})
     paths = DataPaths.of(cfg)
+    tracker.set_tags(parent, backend(cfg).params(cfg.train.num_envs))  # where the envs are stepped
     results: dict[str, Any] = {"mlflow_run_id": parent}
     try:
         calibration = calibrate_task(params_path, parent, uri, experiment)

@@ -158,7 +158,7 @@ def scheduler(
     n_variants: int = typer.Option(1000), draws: int = typer.Option(100_000), seed: int = typer.Option(0)
 ) -> None:
     """Scheduler strategies: cold share, longest visit gap, draws to 90% success (synthetic learner)."""
-    from agentflow_core.bench.scheduler_bench import run_scheduler_bench
+    from tasks.bench.scheduler_bench import run_scheduler_bench
 
     result = run_scheduler_bench(n_variants=n_variants, draws=draws, seed=seed)
     result["machine"] = platform.machine()

@@ -3,7 +3,7 @@
 Edge code: loads ``params.yaml``, builds the registry (YAML injected), generates the variant
 catalogue from the config, starts Ray from ``base.ray`` (``RAY_ADDRESS`` wins, see
 ``tasks.runtime``), writes CSV/JSON and prints rich tables. The measurements themselves are
-the core's pure functions (``agentflow_core.pool.profiler``, ``agentflow_core.bench.pool_bench``).
+the core's pure functions (``agentflow_core.pool.profiler``, ``tasks.bench.pool_bench``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentflow_core.config import AgentFlowConfig, RayConfig
+from agentflow_core.config import AgentFlowConfig
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants
 from tasks.bench_runs import run_repeated
+from tasks.compose import start_ray
 from tasks.config_io import DEFAULT_PARAMS, load_config
 from tasks.io import write_json
 from tasks.registry_io import load_registry
-from tasks.runtime import ray_address
 
 pool_app = typer.Typer(
     help="Env pool: profile envs, benchmark the pool.",
@@ -53,10 +53,6 @@ def catalogue_and_factory(cfg: AgentFlowConfig) -> tuple[list[VariantSpec], Regi
         seed=cfg.base.seed,
     )
     return variants, RegistryEnvFactory({e.env_id: e for e in entries})
-
-
-def _ray_config(cfg: AgentFlowConfig) -> RayConfig:
-    return cfg.base.ray.model_copy(update={"address": ray_address(cfg)})
 
 
 @pool_app.command("profile-envs")
@@ -122,7 +118,7 @@ def bench_pool(
     """
     import ray
 
-    from agentflow_core.bench.pool_bench import TARGETS, run_pool_bench
+    from tasks.bench.pool_bench import TARGETS, run_pool_bench
 
     logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the recovery run kills a worker on purpose
     cfg = _config(params)
@@ -130,12 +126,12 @@ def bench_pool(
 
     def run(i: int) -> dict[str, Any]:
         console.print(f"pool benchmark run {i + 1} of {repeat}")
+        start_ray(cfg)
         try:
             return run_pool_bench(
                 variants,
                 factory,
                 config=cfg.pool,
-                ray_config=_ray_config(cfg),
                 num_envs=num_envs,
                 steps=steps,
                 measure_all_live=measure_all_live and i == repeat - 1,

@@ -101,10 +101,17 @@ def report_command(
     out: Path | None = REPORT_OUT,
 ) -> None:
     """Write the evaluation report (md/html/json + PNGs), running the stress phase first if needed."""
-    from tasks.steps.report import run_champion_challenger, run_report
+    from tasks.paths import DataPaths
+    from tasks.rollout import resolve_checkpoint
+    from tasks.steps.report import load_stress_summary, run_champion_challenger, run_report
+    from tasks.steps.stress import run_stress
 
     cfg = config_or_exit(params)
     try:
+        ref = resolve_checkpoint(cfg, checkpoint)
+        stress_summary = load_stress_summary(DataPaths.of(cfg).stress)
+        if stress_summary is None or stress_summary.get("checkpoint") != ref:
+            run_stress(cfg, ref)
         decision = None
         if champion is not None:
             decision = run_champion_challenger(

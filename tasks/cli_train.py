@@ -17,6 +17,7 @@ from rich.console import Console
 from agentflow_core.errors import AgentFlowError
 from tasks.bench_runs import run_repeated
 from tasks.cli_common import config_or_exit, phase_progress
+from tasks.compose import backend
 from tasks.io import write_json
 
 console = Console()
@@ -57,6 +58,12 @@ def train_command(
     if total_steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": total_steps})})
     torch.set_num_threads(1)  # small MLP: more threads only add contention (STACK-NOTES)
+    try:
+        pool = backend(cfg)
+    except AgentFlowError as exc:
+        err_console.print(f"[bold red]train failed[/]: {exc}")
+        raise typer.Exit(code=1) from None
+    console.print(f"envs: {pool.describe(cfg.train.num_envs)}")
     data = Path(cfg.base.data_dir)
     catalogue = catalogue or data / "variants"
     trajectories = trajectories or data / "trajectories"
@@ -94,6 +101,13 @@ def train_command(
         f"(x{summary['heldout_success_vs_exploration']:.1f}) and expert {summary['heldout_success_expert']:.3f} "
         f"({summary['heldout_success_vs_expert']:.0%}); converged={summary['policy_convergence_flag']} -> {out}"
     )
+    lost = summary["pool"]
+    if lost["worker_restarts"]:
+        times = ", ".join(f"{r['recovery_s']:.2f} s" for r in lost["recoveries"])
+        console.print(
+            f"pool: {lost['worker_restarts']} env worker(s) lost and replaced (recovery {times}); "
+            f"{lost['episodes_lost']} episodes / {lost['steps_lost']} steps lost"
+        )
 
 
 def plot_bench(result: dict[str, Any], path: Path) -> None:
@@ -132,7 +146,7 @@ def bench_ppo(out_dir: Path = Path("data/bench"), quick: bool = False, repeat: i
     With ``repeat`` > 1 the JSON holds the last run plus every run's target metrics (``runs``);
     BENCHMARKS.md counts a target as met only if every run met it.
     """
-    from agentflow_core.bench.ppo_bench import TARGETS, run_ppo_bench
+    from tasks.bench.ppo_bench import TARGETS, run_ppo_bench
 
     kwargs: dict[str, Any] = {"sps_updates": 2, "repeats": 1, "update_repeats": 3, "learn_updates": 10} if quick else {}
 

@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentflow_core.bench.scheduler_bench import run_scheduler_bench
 from agentflow_core.errors import AgentFlowError, ConfigError
+from tasks.bench.scheduler_bench import run_scheduler_bench
 from tasks.config_io import load_config
 from tasks.io import write_json
 from tasks.paths import DataPaths

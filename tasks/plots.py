@@ -79,3 +79,11 @@ def plot_consistency_matrix(canonical: Mapping[str, Any], per_variant: Sequence[
     side.set_xticklabels(["success"], rotation=70)
     side.set_yticks([])
     return _save(fig, path)
+
+
+def write_plots(summary: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
+    """The coverage heatmap and the consistency matrix as PNGs in ``out_dir``; returns name -> file."""
+    plot_coverage_heatmap(summary["coverage"], out_dir / "coverage_heatmap.png")
+    cons = summary["consistency"]
+    plot_consistency_matrix(cons["canonical"], cons["per_variant"], out_dir / "consistency_matrix.png")
+    return {"State coverage": "coverage_heatmap.png", "Policy consistency": "consistency_matrix.png"}

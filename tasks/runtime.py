@@ -4,7 +4,7 @@
   ``PREFECT_API_URL`` (or ``base.tracking.prefect_api_url``) names a server.
 - MLflow: ``sqlite:///<state_dir>/mlflow.db`` unless ``MLFLOW_TRACKING_URI`` or
   ``base.tracking.mlflow_uri`` is set.
-- Ray: a local Ray with ``base.ray`` resources unless ``RAY_ADDRESS`` or ``base.ray.address``.
+- Ray: see :mod:`tasks.compose` (a private local Ray unless ``RAY_ADDRESS`` or ``base.ray.address``).
 - DVC: the repository's ``.dvc/`` with a local remote under ``<state_dir>/dvc-remote``.
 
 Environment variables win over ``params.yaml`` so the same config runs against a cluster.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from agentflow_core.config import AgentFlowConfig
 
@@ -41,7 +40,6 @@ def configure_services(cfg: AgentFlowConfig) -> dict[str, str]:
     return {
         "prefect": os.environ.get("PREFECT_API_URL", f"ephemeral (PREFECT_HOME={os.environ.get('PREFECT_HOME')})"),
         "mlflow": os.environ["MLFLOW_TRACKING_URI"],
-        "ray": ray_address(cfg) or f"local ({cfg.base.ray.num_cpus} CPUs)",
     }
 
 
@@ -53,30 +51,3 @@ def mlflow_uri(cfg: AgentFlowConfig) -> str:
     if cfg.base.tracking.mlflow_uri:
         return cfg.base.tracking.mlflow_uri
     return f"sqlite:///{state_dir(cfg) / 'mlflow.db'}"
-
-
-def ray_address(cfg: AgentFlowConfig) -> str | None:
-    """``RAY_ADDRESS`` beats ``base.ray.address``; None means start a local Ray."""
-    return os.environ.get("RAY_ADDRESS") or cfg.base.ray.address
-
-
-def ray_init_kwargs(cfg: AgentFlowConfig) -> dict[str, Any]:
-    """Arguments for ``ray.init``: connect to a cluster, or start a small local one."""
-    address = ray_address(cfg)
-    if address:
-        return {"address": address, "ignore_reinit_error": True}
-    return {
-        "num_cpus": cfg.base.ray.num_cpus,
-        "include_dashboard": cfg.base.ray.include_dashboard,
-        "object_store_memory": cfg.base.ray.object_store_mb * 1024 * 1024,
-        "ignore_reinit_error": True,
-        "log_to_driver": False,
-    }
-
-
-def init_ray(cfg: AgentFlowConfig) -> None:
-    """Start or join Ray once per process."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(**ray_init_kwargs(cfg))

@@ -27,6 +27,7 @@ def ray_session() -> Iterator[None]:
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never join a Ray someone else started on this machine
             num_cpus=2,
             include_dashboard=False,
             object_store_memory=512 * 1024**2,

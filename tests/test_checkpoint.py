@@ -145,13 +145,13 @@ def _real_learner(seed: int, sink: MemorySink | None = None) -> Any:
     """PPO over the three real channel families: plr_coverage scheduler + token-table reward + per-env normaliser."""
     from test_ppo import small_cfg
 
-    from agentflow_core.bench.ppo_bench import _packaged_factory, demo_catalogue
     from agentflow_core.config import PoolConfig, RewardConfig
     from agentflow_core.pool.inprocess import InProcessPool
     from agentflow_core.rl.normalize import PerEnvRewardNormalizer
     from agentflow_core.rl.policy import ActorCritic
     from agentflow_core.rl.ppo import PPO, TrainingReward
     from agentflow_core.rl.reward import RewardFunction
+    from tasks.bench.ppo_bench import _packaged_factory, demo_catalogue
 
     variants = demo_catalogue(1, seed=0)
     cfg = small_cfg()

@@ -184,7 +184,7 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
         tmp_path / "explore",
         tmp_path / "metrics.json",
         on_progress=seen.append,
-        pool_factory=lambda variants, c: InProcessPool(variants, TinyFactory(), c.explore.num_envs, c.pool),
+        pool_factory=lambda c, variants, num_envs, **_: InProcessPool(variants, TinyFactory(), num_envs, c.pool),
         class_paths=["pool_fixtures:TinyShopEnv"],
     )
     # the tiny family declares no RAW_STATES, so all 23 tokens count as reachable: coverage 4/23

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from pool_fixtures import registry_catalogue
 
-from agentflow_core.bench.pool_bench import semantic_overhead
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import N_ACTIONS
+from tasks.bench.pool_bench import semantic_overhead
 
 _, FACTORY, VARIANTS = registry_catalogue()
 

@@ -40,6 +40,7 @@ from agentflow_core.rl.ppo import (
     value_loss,
 )
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.variants import VariantSpec
 
 
 class KeyChainEnv(gym.Env[np.ndarray, np.int64]):
@@ -84,14 +85,45 @@ class KeyChainEnv(gym.Env[np.ndarray, np.int64]):
         return self._legal()
 
 
+class _NoScheduler:
+    """KeyChainPool has one fixed env per slot: nothing to schedule, an empty state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        assert state == {}
+
+
 class KeyChainPool:
-    """Minimal EnvPool over KeyChainEnv: SAME_STEP autoreset, episode stats in the final info."""
+    """A minimal EnvPool (agentflow_core.contracts) over KeyChainEnv: SAME_STEP autoreset, episode stats in the
+    final info, slot i plays variant i % 2."""
 
     def __init__(self, num_envs: int, **env_kwargs: Any) -> None:
         self.num_envs = num_envs
         self.envs = [KeyChainEnv(**env_kwargs) for _ in range(num_envs)]
+        self.variants = [
+            VariantSpec(f"chain-{i}", "keychain", "keychain", {}, f"chain-{i}") for i in range(min(num_envs, 2))
+        ]
+        self.scheduler = _NoScheduler()
+        self.value_loss: dict[int, float] = {}
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=int)
+
+    def slot_variants(self) -> np.ndarray:
+        return np.arange(self.num_envs) % len(self.variants)
+
+    def set_value_loss(self, variant_indices: Any, value_loss: Any) -> None:
+        self.value_loss.update(zip(np.asarray(variant_indices).tolist(), np.asarray(value_loss).tolist(), strict=True))
+
+    def feedback_state(self) -> list[float | None]:
+        return [self.value_loss.get(i) for i in range(len(self.variants))]
+
+    def load_feedback_state(self, state: Any) -> None:
+        self.value_loss = {i: x for i, x in enumerate(state) if x is not None}
+
+    def stats(self) -> dict[str, Any]:
+        return {"num_envs": self.num_envs}
 
     def _batch(
         self,
@@ -133,7 +165,7 @@ class KeyChainPool:
             reward[i], term[i], trunc[i], final_obs[i] = r, te, tr, o
             self._returns[i] += r
             self._lengths[i] += 1
-            info = dict(info, variant_hash=f"chain-{i % 2}")
+            info = dict(info, variant_hash=f"chain-{i % 2}", variant_index=i % len(self.variants))
             if te or tr:
                 info.update(episode_return=self._returns[i], episode_length=int(self._lengths[i]), success=bool(te))
                 self._returns[i], self._lengths[i] = 0.0, 0

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentflow_core.bench.scheduler_bench import run_scheduler_bench
 from agentflow_core.config import PoolConfig
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.pool.scheduler import (
@@ -22,6 +21,7 @@ from agentflow_core.pool.scheduler import (
     gumbel_top_k,
     make_scheduler,
 )
+from tasks.bench.scheduler_bench import run_scheduler_bench
 
 WIN = EpisodeStats(return_=10.0, success=True, length=5, tokens=frozenset({"PAYMENT_SUCCESS"}))
 LOSS = EpisodeStats(

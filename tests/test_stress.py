@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from agentflow_core.config import AgentFlowConfig, PoolConfig
+from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import REPORT_KEYS
 from agentflow_core.evaluation.stress import RiskRule, run_stress_episodes, stratified_sample
 from agentflow_core.pool.inprocess import InProcessPool
@@ -94,7 +95,8 @@ def test_risk_penalty_lowers_the_evaluated_return() -> None:
 
 
 def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> None:
-    from tasks.steps.stress import EXPERT, run_stress
+    from tasks.rollout import EXPERT
+    from tasks.steps.stress import run_stress
 
     cfg = small_cfg(repo_root, tmp_path)
     summary = run_stress(cfg, EXPERT, episodes=60)
@@ -116,10 +118,14 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
 
 
 def test_report_files_are_written_with_documented_keys(repo_root: Path, tmp_path: Path) -> None:
+    from tasks.rollout import EXPERT
     from tasks.steps.report import run_report
-    from tasks.steps.stress import EXPERT
+    from tasks.steps.stress import run_stress
 
     cfg = small_cfg(repo_root, tmp_path, episodes=40)
+    with pytest.raises(AgentFlowError, match="run `agentflow stress`"):
+        run_report(cfg, EXPERT)
+    run_stress(cfg, EXPERT)
     summary = run_report(cfg, EXPERT)
     out = Path(summary["report_dir"])
     assert sorted(summary["files"]) == [

@@ -7,17 +7,13 @@ runs the same on records read back from disk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from agentflow_core.contracts import POOL_FAILURES, PolicyFn
 
-# failure_reason values the pool assigns when an env (or its worker) misbehaves (pool.base.POOL_FAILURES).
-CRASH_REASONS: frozenset[str] = frozenset({"env_crash", "env_timeout", "env_invalid", "worker_lost"})
-
-PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""A batched greedy policy: ``(obs [N, OBS_DIM], action_mask [N, N_ACTIONS]) -> actions [N]``."""
+__all__ = ["EpisodeRecord", "PolicyFn", "StepRecord"]
 
 
 @dataclass(slots=True)
@@ -67,7 +63,7 @@ class EpisodeRecord:
     @property
     def crashed(self) -> bool:
         """The episode was closed by an env or worker failure, not by the business process."""
-        return self.failure_reason in CRASH_REASONS
+        return self.failure_reason in POOL_FAILURES
 
     def last_tokens(self, k: int = 3) -> list[frozenset[str]]:
         """The outcome token sets of the last ``k`` steps (the lead-up to how it ended)."""

@@ -19,7 +19,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord
+from agentflow_core.contracts import EnvPool, PolicyFn, PoolBatch
+from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.semantics import GOAL_TOKEN, decode_features, decode_tokens
 
 
@@ -39,22 +40,12 @@ class VariantRow(Protocol):
 V = TypeVar("V", bound=VariantRow)
 
 
-class StressPool(Protocol):
-    """The pool surface the rollout uses (``InProcessPool`` and ``RayPool`` satisfy it)."""
-
-    num_envs: int
-
-    def reset(self, seed: int) -> Any: ...
-
-    def step(self, actions: np.ndarray) -> Any: ...
-
-
 class RewardFn(Protocol):
     """Shaped training reward over a pool (``agentflow_core.rl.reward.RewardFunction``)."""
 
     def reset(self, obs: np.ndarray) -> None: ...
 
-    def step(self, batch: Any) -> Any: ...
+    def step(self, batch: PoolBatch) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -135,7 +126,7 @@ def _variant_of(
 
 
 def run_stress_episodes(
-    pool: StressPool,
+    pool: EnvPool,
     policy_fn: PolicyFn,
     variants: Sequence[VariantRow],
     episodes: int,

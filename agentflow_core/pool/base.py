@@ -1,10 +1,5 @@
-"""The env-pool contract: what every pool returns (:class:`PoolBatch`) and how envs are built.
-
-A pool steps ``num_envs`` slots at once and returns numpy arrays, so the learner runs the policy
-once per step over every slot. Autoreset is explicit SAME_STEP (Gymnasium's
-``AutoresetMode.SAME_STEP``): when a slot's episode ends, the pool's scheduler picks the slot's
-next variant, ``obs`` already holds that episode's first observation and ``final_obs`` keeps the
-last observation of the finished one for bootstrapping on truncation.
+"""How a pool's envs are built; the pool contract itself (:class:`EnvPool`, :class:`PoolBatch`) lives in
+:mod:`agentflow_core.contracts` and is re-exported here.
 
 Env factories are picklable callables from a variant spec to a :class:`SemanticEnv`-like env,
 so a Ray worker builds its envs from data (the registry's :class:`EnvEntry` travels, live envs
@@ -20,34 +15,38 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from agentflow_core.contracts import (
+    ENV_CRASH,
+    ENV_INVALID,
+    ENV_TIMEOUT,
+    POOL_FAILURES,
+    WORKER_LOST,
+    EnvPool,
+    PoolBatch,
+    VariantLike,
+)
 from agentflow_core.errors import AgentFlowError
 
-# failure_reason values the pool itself assigns (the channel assigns max_steps, user_blocked, ...).
-ENV_CRASH = "env_crash"
-ENV_TIMEOUT = "env_timeout"
-ENV_INVALID = "env_invalid"
-WORKER_LOST = "worker_lost"
-POOL_FAILURES = frozenset({ENV_CRASH, ENV_TIMEOUT, ENV_INVALID, WORKER_LOST})
+__all__ = [
+    "ENV_CRASH",
+    "ENV_INVALID",
+    "ENV_TIMEOUT",
+    "POOL_FAILURES",
+    "WORKER_LOST",
+    "EnvFactory",
+    "EnvPool",
+    "PoolBatch",
+    "PoolEnv",
+    "PoolError",
+    "RegistryEnvFactory",
+    "ReusingEnvFactory",
+    "VariantLike",
+    "as_variant_list",
+]
 
 
 class PoolError(AgentFlowError):
     """The pool cannot go on (workers keep dying, every variant is quarantined, ...)."""
-
-
-class VariantLike(Protocol):
-    """What the pool needs of a variant spec (``agentflow_core.variants.VariantSpec`` satisfies it)."""
-
-    @property
-    def env_id(self) -> str: ...
-
-    @property
-    def base_env_id(self) -> str: ...
-
-    @property
-    def params(self) -> Mapping[str, Any]: ...
-
-    @property
-    def content_hash(self) -> str: ...
 
 
 @runtime_checkable
@@ -140,42 +139,6 @@ class RegistryEnvFactory:
         object.__setattr__(self, "entries", state["entries"])
         object.__setattr__(self, "_adapters", {})
         object.__setattr__(self, "_lock", threading.Lock())
-
-
-@dataclass
-class PoolBatch:
-    """One step of every slot (see the module docstring for the SAME_STEP autoreset semantics).
-
-    ``infos[i]`` describes the step slot ``i`` just took: env_id, variant_index, variant_hash,
-    step_id, failure_reason, tokens, risk; at episode end also episode_return, episode_length,
-    success and ``next_env_id`` / ``next_variant_index`` / ``next_episode_seed`` naming the
-    episode whose first observation is in ``obs[i]``. After :meth:`EnvPool.reset` each info also
-    carries ``episode_seed``: (variant, episode seed) replays any episode exactly.
-    """
-
-    obs: np.ndarray
-    action_mask: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    final_obs: np.ndarray
-    infos: list[dict[str, Any]]
-
-    @property
-    def done(self) -> np.ndarray:
-        return self.terminated | self.truncated
-
-
-class EnvPool(Protocol):
-    """Step ``num_envs`` semantic envs as one batch; :class:`InProcessPool` and ``RayPool`` implement it."""
-
-    num_envs: int
-
-    def reset(self, seed: int) -> PoolBatch: ...
-
-    def step(self, actions: np.ndarray) -> PoolBatch: ...
-
-    def close(self) -> None: ...
 
 
 def as_variant_list(variants: Sequence[VariantLike]) -> list[VariantLike]:

@@ -73,8 +73,11 @@ class PoolDriver(ABC):
             "steps": 0,
             "episodes": 0,
             "successes": 0,
+            "steps_lost": 0,  # steps of the episodes that closed with worker_lost
             **{r: 0 for r in sorted(POOL_FAILURES)},
         }
+        # one entry per lost worker: {"worker", "detected_at" (monotonic s), "restored_at"}
+        self.loss_events: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ transport (subclasses)
     @abstractmethod
@@ -203,6 +206,10 @@ class PoolDriver(ABC):
             "num_envs": self.num_envs,
             "n_variants": len(self.variants),
             "worker_restarts": self.worker_restarts,
+            "recoveries": [
+                {"worker": int(e["worker"]), "recovery_s": round(e["restored_at"] - e["detected_at"], 4)}
+                for e in self.loss_events
+            ],
             "quarantined": {self.env_ids[v]: reason for v, reason in sorted(self.quarantined.items())},
             "failing_variants": {self.env_ids[v]: int(c) for v, c in enumerate(self.failures) if c},
             "live_envs": int(sum(w["live"] for w in workers)),
@@ -259,6 +266,8 @@ class PoolDriver(ABC):
             if reason in POOL_FAILURES:
                 self.counters[reason] += 1
                 self._count_failure(v, reason)
+            if reason == WORKER_LOST:
+                self.counters["steps_lost"] += length
             loss = self._value_loss[v]
             self.scheduler.update(
                 v,

@@ -8,7 +8,7 @@ Ray (an actor asking a whole CPU beyond the available ones never starts).
 Failures: every call is bounded by ``call_timeout_s`` (Ray never notices a hung actor). A dead
 actor counts as a lost worker as soon as the driver sees it: Ray's own report
 (``RayActorError``) takes ~1.2 s, so while waiting on a call the driver also polls the actor's
-process (same node only, pid + start time through psutil) and treats a vanished or zombie process
+process (same host only, pid + start time through psutil) and treats a vanished or zombie process
 as dead at once. A lost (dead or hung) worker is replaced by a *standby* actor started ahead of
 time, already warmed with idle envs of every base env (:meth:`RayEnvWorker.prewarm_standby`, at
 idle CPU priority so that it takes no CPU the running workers want): it adopts the
@@ -32,34 +32,13 @@ from typing import Any
 import numpy as np
 import psutil
 
-from agentflow_core.config import PoolConfig, RayConfig
+from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
 from agentflow_core.pool.worker import EnvWorker, WorkerBatch
 
 logger = logging.getLogger("agentflow.pool")
-
-
-def ray_init_kwargs(ray_config: RayConfig) -> dict[str, Any]:
-    """Join the cluster at ``address`` or start a small local Ray (the edge resolves RAY_ADDRESS)."""
-    if ray_config.address:
-        return {"address": ray_config.address, "ignore_reinit_error": True}
-    return {
-        "num_cpus": ray_config.num_cpus,
-        "include_dashboard": ray_config.include_dashboard,
-        "object_store_memory": ray_config.object_store_mb * 1024 * 1024,
-        "ignore_reinit_error": True,
-        "log_to_driver": False,
-    }
-
-
-def ensure_ray(ray_config: RayConfig | None = None) -> None:
-    """Start or join Ray once per process."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(**ray_init_kwargs(ray_config or RayConfig()))
 
 
 def _idle_priority() -> dict[int, int] | None:
@@ -113,11 +92,18 @@ class RayEnvWorker(EnvWorker):
         return super().adopt(variants, worker_index)
 
     def locate(self) -> tuple[str, int, float]:
-        """(Ray node id, pid, process start time): identifies this process beyond pid reuse."""
-        import ray
-
+        """(host, pid, process start time): identifies this process beyond pid reuse."""
         me = psutil.Process()
-        return ray.get_runtime_context().get_node_id(), me.pid, me.create_time()
+        return _host(), me.pid, me.create_time()
+
+
+def _host() -> str:
+    """This machine, as the liveness poll compares it: several Ray nodes on one host share it."""
+    import socket
+
+    import ray
+
+    return f"{socket.gethostname()}/{ray.util.get_node_ip_address()}"
 
 
 class WorkerProcessGone(RuntimeError):
@@ -135,7 +121,6 @@ class RayPool(PoolDriver):
         config: PoolConfig | None = None,
         scheduler: Any | None = None,
         seed: int = 0,
-        ray_config: RayConfig | None = None,
         call_timeout_s: float | None = None,
         restart_timeout_s: float = 60.0,
         standby_workers: int = 1,
@@ -145,7 +130,8 @@ class RayPool(PoolDriver):
         import ray
 
         config = config or PoolConfig()
-        ensure_ray(ray_config)
+        if not ray.is_initialized():
+            raise PoolError("RayPool needs a running Ray: ray.init() first (tasks.compose.start_ray does)")
         super().__init__(
             variants,
             num_envs,
@@ -163,7 +149,9 @@ class RayPool(PoolDriver):
             float(poll_s),
         )
         # Any: Ray's stubs type a remote class's methods as plain callables (no ``.remote``)
-        self._actor_cls: Any = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RayEnvWorker)
+        self._actor_cls: Any = ray.remote(
+            num_cpus=0, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD"
+        )(RayEnvWorker)
         # Constructor arguments live in the object store under refs this pool holds: a restarted
         # actor re-reads them, and Ray frees an argument once no one references it.
         self._factory_ref = ray.put(factory)
@@ -172,14 +160,13 @@ class RayPool(PoolDriver):
             for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))
         ]
         self.actors: list[Any] = [self._actor_cls.remote(*args) for args in self._actor_args]
-        self._node_id = ray.get_runtime_context().get_node_id()
+        self._host = _host()
         self._procs: list[tuple[int, float] | None] = [self._locate(a) for a in self.actors]
         self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
         self._standby: list[Any] = []
         self._standby_warm: list[Any] = []  # refs of the standbys' prewarm calls
         self._standby_due: float | None = time.monotonic() if self.standby_workers > 0 else None
         self._maybe_start_standby()
-        self.loss_events: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ standby workers
     def _prewarm_sample(self, factory: EnvFactory, num_envs: int) -> dict[int, VariantLike]:
@@ -230,11 +217,11 @@ class RayPool(PoolDriver):
         return ready
 
     def _locate(self, actor: Any) -> tuple[int, float] | None:
-        """(pid, start time) of an actor's process when it runs on this node, else None (no polling)."""
+        """(pid, start time) of an actor's process when it runs on this host, else None (no polling)."""
         import ray
 
-        node, pid, started = ray.get(actor.locate.remote(), timeout=self.restart_timeout_s)
-        return (int(pid), float(started)) if node == self._node_id else None
+        host, pid, started = ray.get(actor.locate.remote(), timeout=self.restart_timeout_s)
+        return (int(pid), float(started)) if host == self._host else None
 
     def _alive(self, worker: int) -> bool:
         """False only when the worker's process is certainly gone (vanished, zombie or pid reused)."""

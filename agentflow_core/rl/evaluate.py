@@ -9,17 +9,14 @@ the scripted experts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
+from agentflow_core.contracts import EnvPool, PolicyFn
 from agentflow_core.envs.experts import expert_for
 from agentflow_core.rl.exploration import epsilon_greedy
 from agentflow_core.rl.policy import ActorCritic
-
-PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -40,23 +37,23 @@ class EvalResult:
         return out
 
 
-def evaluate_policy(pool: Any, act: PolicyFn, n_episodes: int, seed: int, max_pool_steps: int = 100_000) -> EvalResult:
+def evaluate_policy(
+    pool: EnvPool, act: PolicyFn, n_episodes: int, seed: int, max_pool_steps: int = 100_000
+) -> EvalResult:
     """Run ``act(obs, mask) -> actions`` until every slot finished its share of ``n_episodes``.
 
     The pool's scheduler state is restored afterwards, so every evaluation on a pool sees the same
     variant sequence: evaluations of different checkpoints are comparable (and a resumed run
     evaluates exactly as an uninterrupted one).
     """
-    scheduler: Any = getattr(pool, "scheduler", None)
-    snapshot = scheduler.state_dict() if hasattr(scheduler, "state_dict") else None
+    snapshot = pool.scheduler.state_dict()
     try:
         return _evaluate(pool, act, n_episodes, seed, max_pool_steps)
     finally:
-        if snapshot is not None:
-            scheduler.load_state_dict(snapshot)
+        pool.scheduler.load_state_dict(snapshot)
 
 
-def _evaluate(pool: Any, act: PolicyFn, n_episodes: int, seed: int, max_pool_steps: int) -> EvalResult:
+def _evaluate(pool: EnvPool, act: PolicyFn, n_episodes: int, seed: int, max_pool_steps: int) -> EvalResult:
     per_slot = -(-n_episodes // pool.num_envs)
     counts = np.zeros(pool.num_envs, dtype=np.int64)
     returns: list[float] = []
@@ -64,7 +61,7 @@ def _evaluate(pool: Any, act: PolicyFn, n_episodes: int, seed: int, max_pool_ste
     successes: list[bool] = []
     families: list[str] = []
     batch = pool.reset(seed=seed)
-    variants: Sequence[Any] = getattr(pool, "variants", ())
+    variants = pool.variants
     for _ in range(max_pool_steps):
         if (counts >= per_slot).all():
             break
@@ -77,8 +74,7 @@ def _evaluate(pool: Any, act: PolicyFn, n_episodes: int, seed: int, max_pool_ste
             returns.append(float(info["episode_return"]))
             lengths.append(int(info["episode_length"]))
             successes.append(bool(info["success"]))
-            v = info.get("variant_index")
-            families.append(variants[v].family if variants and v is not None else str(info.get("env_id", "")))
+            families.append(variants[int(info["variant_index"])].family)
     by_family: dict[str, float] = {}
     fam_arr, succ_arr = np.asarray(families, dtype=object), np.asarray(successes, dtype=float)
     for fam in sorted(set(families)):
@@ -104,7 +100,7 @@ def exploration_policy(policy: ActorCritic, epsilon: float, rng: np.random.Gener
     return lambda obs, mask: epsilon_greedy(policy.act(obs, mask), mask, epsilon, rng)[0]
 
 
-def expert_policy(pool: Any) -> PolicyFn:
+def expert_policy(pool: EnvPool) -> PolicyFn:
     """Each slot's family's scripted expert (the pool says which variant a slot is playing)."""
     variants = pool.variants
 

@@ -22,29 +22,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from agentflow_core.config import ExploreConfig
+from agentflow_core.contracts import EnvPool, PolicyFn, PoolBatch
 from agentflow_core.rl.coverage import CoverageTracker, epsilon_for
 from agentflow_core.rl.reward import RewardComponents, RewardFunction
 from agentflow_core.semantics import GOAL_TOKEN, N_TOKENS, TOKENS
-
-PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class RowSink(Protocol):
     """Where trajectory rows go (:class:`agentflow_core.rl.trajectories.TrajectoryWriter`)."""
 
     def append(self, row: dict[str, Any]) -> None: ...
-
-
-class Pool(Protocol):
-    """The env-pool surface exploration uses (``agentflow_core.pool.base.EnvPool``)."""
-
-    num_envs: int
-
-    def reset(self, seed: int) -> Any: ...
-
-    def step(self, actions: np.ndarray) -> Any: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -120,12 +107,12 @@ def env_version_of(info: dict[str, Any]) -> str:
     return match.group(1) if match else ""
 
 
-def _next_obs(batch: Any) -> tuple[np.ndarray, np.ndarray]:
+def _next_obs(batch: PoolBatch) -> tuple[np.ndarray, np.ndarray]:
     done = np.asarray(batch.terminated, dtype=bool) | np.asarray(batch.truncated, dtype=bool)
     return np.where(done[:, None], batch.final_obs, batch.obs), done
 
 
-def reference_run(pool: Pool, policy_fn: PolicyFn, tracker: CoverageTracker, pool_steps: int, seed: int) -> int:
+def reference_run(pool: EnvPool, policy_fn: PolicyFn, tracker: CoverageTracker, pool_steps: int, seed: int) -> int:
     """Run ``policy_fn`` greedily for ``pool_steps`` pool steps; its edges become coverage references."""
     batch = pool.reset(seed)
     for _ in range(pool_steps):
@@ -137,7 +124,7 @@ def reference_run(pool: Pool, policy_fn: PolicyFn, tracker: CoverageTracker, poo
 
 
 def explore(
-    pool: Pool,
+    pool: EnvPool,
     policy_fn: PolicyFn,
     cfg: ExploreConfig,
     rng: np.random.Generator,

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from agentflow_core.config import TrainConfig
+from agentflow_core.contracts import EnvPool, PoolBatch
 from agentflow_core.rl import numpy_kernel
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.flat_optim import FlatAdam
@@ -75,9 +76,9 @@ class MemorySink:
 class RewardTransform(Protocol):
     """Maps a pool step's env rewards to training rewards (reward function + per-env normaliser)."""
 
-    def reset(self, batch: Any) -> None: ...
+    def reset(self, batch: PoolBatch) -> None: ...
 
-    def __call__(self, batch: Any) -> np.ndarray: ...
+    def __call__(self, batch: PoolBatch) -> np.ndarray: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -105,11 +106,11 @@ class TrainingReward:
         self.reward_fn, self.normalizer, self.key_of = reward_fn, normalizer, key_of
         self.min_count, self.eps = min_count, eps
 
-    def reset(self, batch: Any) -> None:
+    def reset(self, batch: PoolBatch) -> None:
         if self.reward_fn is not None:
             self.reward_fn.reset(batch.obs)
 
-    def __call__(self, batch: Any) -> np.ndarray:
+    def __call__(self, batch: PoolBatch) -> np.ndarray:
         reward = np.asarray(
             batch.reward if self.reward_fn is None else self.reward_fn.step(batch).total, dtype=np.float32
         )
@@ -390,13 +391,12 @@ class PPO:
     def __init__(
         self,
         policy: ActorCritic,
-        pool: Any,
+        pool: EnvPool,
         cfg: TrainConfig,
         *,
         seed: int,
         sink: MetricsSink | None = None,
         reward_transform: RewardTransform | None = None,
-        scheduler: Any | None = None,  # default: pool.scheduler (its state_dict goes into checkpoints)
         device: torch.device | str = "cpu",
         kernel: str = "auto",
     ) -> None:
@@ -409,7 +409,6 @@ class PPO:
         self.seed = seed
         self.sink: MetricsSink = sink or NullSink()
         self.reward_transform = reward_transform
-        self.scheduler = scheduler if scheduler is not None else getattr(pool, "scheduler", None)
         self.num_envs = int(pool.num_envs)
         self.n_steps = cfg.n_steps
         self.batch_size = self.num_envs * self.n_steps
@@ -597,15 +596,14 @@ class PPO:
 
     def _feed_scheduler(self, returns: torch.Tensor) -> None:
         """Per-variant mean squared value error (PLR's learning-potential score) to pools that take it."""
-        set_value_loss = getattr(self.pool, "set_value_loss", None)  # EnvPool's PLR feedback hook
         index = self.buffer.variant_index.reshape(-1)
         known = index >= 0
-        if set_value_loss is None or not known.any():
+        if not known.any():
             return
         sq_err = ((returns - self.buffer.values) ** 2).reshape(-1).cpu().numpy()[known]
         variants, inverse = np.unique(index[known], return_inverse=True)
         scores = np.bincount(inverse, weights=sq_err) / np.bincount(inverse)
-        set_value_loss(variants, scores)
+        self.pool.set_value_loss(variants, scores)
 
     def train_iteration(self) -> dict[str, float]:
         """One rollout + one update; records and returns the diagnostics."""
@@ -639,11 +637,9 @@ class PPO:
             "adaptive": self.adaptive.state_dict(),
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
             "reward_transform": None if self.reward_transform is None else self.reward_transform.state_dict(),
-            "scheduler": None
-            if self.scheduler is None or not hasattr(self.scheduler, "state_dict")
-            else self.scheduler.state_dict(),
+            "scheduler": self.pool.scheduler.state_dict(),
             # value losses the pool holds for the scheduler until each variant's next episode ends
-            "pool_feedback": self.pool.feedback_state() if hasattr(self.pool, "feedback_state") else None,
+            "pool_feedback": self.pool.feedback_state(),
         }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -680,11 +676,7 @@ class PPO:
             self.optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
         if self.reward_transform is not None and state.get("reward_transform") is not None:
             self.reward_transform.load_state_dict(state["reward_transform"])
-        if (
-            self.scheduler is not None
-            and state.get("scheduler") is not None
-            and hasattr(self.scheduler, "load_state_dict")
-        ):
-            self.scheduler.load_state_dict(state["scheduler"])
-            if state.get("pool_feedback") is not None and hasattr(self.pool, "load_feedback_state"):
-                self.pool.load_feedback_state(state["pool_feedback"])
+        if state.get("scheduler") is not None:
+            self.pool.scheduler.load_state_dict(state["scheduler"])
+        if state.get("pool_feedback") is not None:
+            self.pool.load_feedback_state(state["pool_feedback"])

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.adapters.audit import audit_entry
-from agentflow_core.calibration import CalibrationReport, calibrate
+from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import expert_for
-from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants
+from agentflow_core.variants import VariantSpec, generate_variants
+from tasks.compose import base_env_infos, map_chunks
 from tasks.io import atomic_dir, write_json
 from tasks.registry_io import load_registry
 
@@ -31,8 +32,7 @@ def sample_variants(cfg: AgentFlowConfig, per_family: int, rng: np.random.Genera
     The calibration gate runs before the catalogue exists, so it samples the same generator
     (one perturbation draw per cell) rather than reading ``data/variants``.
     """
-    registry = load_registry(cfg)
-    bases = [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
+    bases = base_env_infos(cfg)
     cells = generate_variants(bases, cfg.variants.dimensions, cfg.variants.perturbations, 1, cfg.base.seed)
     picked: list[VariantSpec] = []
     for base in bases:
@@ -61,16 +61,15 @@ def run_calibrate(
     """Run the calibration gate's measurements; returns the summary (the gate verdict included)."""
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
-    report: CalibrationReport = calibrate(
-        calibration_envs(cfg, variants),
-        cfg.calibrate.resets,
-        cfg.base.seed,
-        cfg.calibrate.max_reward_variance,
-        cfg.calibrate.max_failed_fraction,
-        cfg.calibrate.min_expert_success,
-        frozenset(cfg.calibrate.handled_outcomes),
-        progress,
-    )
+    c = cfg.calibrate
+
+    def calibrate_chunk(pairs: list[tuple[Callable[..., Any], Any]]) -> list[VariantCalibration]:
+        thresholds = (c.max_reward_variance, c.max_failed_fraction, c.min_expert_success)
+        return calibrate(pairs, c.resets, cfg.base.seed, *thresholds, frozenset(c.handled_outcomes)).variants
+
+    # one chunk of variants per env worker: Ray tasks on the Ray backend, in this process otherwise
+    results = map_chunks(cfg, calibrate_chunk, calibration_envs(cfg, variants), progress)
+    report = CalibrationReport.of(results, c.max_failed_fraction)
     registry = load_registry(cfg)
     findings = [dataclasses.asdict(f) for env_id in cfg.variants.base_envs for f in audit_entry(registry.get(env_id))]
     errors = [f for f in findings if f.get("severity", "error") == "error"]

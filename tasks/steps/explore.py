@@ -13,9 +13,7 @@ coverage-driven ε-random legal actions. The expert alone first runs
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +24,14 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.rl.coverage import CoverageTracker
 from agentflow_core.rl.evaluate import greedy_policy
-from agentflow_core.rl.exploration import ExploreProgress, Pool, explore
+from agentflow_core.rl.exploration import ExploreProgress, explore
 from agentflow_core.rl.policy import ActorCritic, policy_hash
-from agentflow_core.rl.reward import RewardFunction
-from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.rl.trajectories import TrajectoryWriter
-from agentflow_core.semantics import TOKENS, VOCAB_VERSION
-from agentflow_core.variants import VariantSpec, read_catalogue
+from agentflow_core.semantics import VOCAB_VERSION
+from agentflow_core.variants import read_catalogue
+from tasks.compose import PoolFactory, build_pool, expert_policy_hash, reachable_tokens, reward_function
 from tasks.io import atomic_dir, write_json
 from tasks.registry_io import load_registry
-
-PoolFactory = Callable[[Sequence[VariantSpec], AgentFlowConfig], Pool]
-
-
-def expert_policy_hash(expert: ScriptedExpert) -> str:
-    """A stable id of the scripted expert's rules (the policy that generated the rows)."""
-    text = repr([(token, int(action)) for token, action in expert.rules])
-    return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def behaviour_policy(cfg: AgentFlowConfig) -> tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], str]:
@@ -55,34 +44,13 @@ def behaviour_policy(cfg: AgentFlowConfig) -> tuple[Callable[[np.ndarray, np.nda
     return greedy_policy(policy), policy_hash(policy)
 
 
-def reachable_tokens(class_paths: Collection[str]) -> list[str]:
-    """Union of the intended tokens in the env families' ``RAW_STATES`` (all tokens if none declare any)."""
-    found: set[str] = set()
-    for class_path in class_paths:
-        module = importlib.import_module(class_path.split(":")[0])
-        for _raw, token in getattr(module, "RAW_STATES", ()):
-            if token in TOKENS:
-                found.add(token)
-    return sorted(found) or list(TOKENS)
-
-
-def default_pool(variants: Sequence[VariantSpec], cfg: AgentFlowConfig) -> Pool:
-    """An in-process pool over the catalogue, envs built from the registry entries."""
-    from agentflow_core.pool.base import RegistryEnvFactory
-    from agentflow_core.pool.inprocess import InProcessPool
-
-    registry = load_registry(cfg)
-    entries = {base: registry.get(base) for base in sorted({v.base_env_id for v in variants})}
-    return InProcessPool(variants, RegistryEnvFactory(entries), cfg.explore.num_envs, cfg.pool, seed=cfg.base.seed)
-
-
 def run_explore(
     cfg: AgentFlowConfig,
     catalogue_path: Path,
     out_dir: Path,
     metrics_path: Path | None = None,
     on_progress: Callable[[ExploreProgress], None] | None = None,
-    pool_factory: PoolFactory = default_pool,
+    pool_factory: PoolFactory = build_pool,
     class_paths: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Explore the catalogue; write shards + card + coverage graph; return the summary."""
@@ -94,15 +62,9 @@ def run_explore(
     expert = ScriptedExpert()
     behaviour, behaviour_hash = behaviour_policy(cfg)
     reward_cfg = cfg.train.reward
-    client = (
-        RewardModelClient(reward_cfg.model_url, reward_cfg.model_timeout_s)
-        if reward_cfg.mode == "model" and reward_cfg.model_url
-        else None
-    )
-    pool = pool_factory(variants, cfg)
+    pool = pool_factory(cfg, variants, cfg.explore.num_envs, seed=cfg.base.seed)
     try:
-        reward_fn = RewardFunction(reward_cfg, pool.num_envs, client)
-        with atomic_dir(Path(out_dir)) as tmp:
+        with reward_function(cfg, pool.num_envs) as reward_fn, atomic_dir(Path(out_dir)) as tmp:
             writer = TrajectoryWriter(
                 tmp,
                 cfg.explore.shard_rows,
@@ -131,16 +93,15 @@ def run_explore(
             )
             card = writer.close()
             write_json(tmp / "coverage.json", result.coverage_graph)
+            model_failures = reward_fn.model.failures if reward_fn.model is not None else 0
     finally:
         pool.close()
-        if client is not None:
-            client.close()
     summary: dict[str, Any] = {
         **result.metrics(),
         "rows": card["rows"],
         "shards": len(card["shards"]),
         "failure_reasons": result.failure_reasons,
-        "reward_model_failures": client.failures if client is not None else 0,
+        "reward_model_failures": model_failures,
         "reachable_tokens": int(tracker.reachable.sum()),
     }
     if metrics_path is not None:

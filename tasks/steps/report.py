@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion
 from agentflow_core.evaluation.consistency import (
     CANONICAL_STATES,
@@ -32,20 +33,11 @@ from agentflow_core.evaluation.robustness import consistency_variants
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.semantics import N_ACTIONS
 from agentflow_core.variants import VariantSpec
+from tasks.compose import PoolFactory, build_pool
 from tasks.io import atomic_dir, write_json
 from tasks.paths import DataPaths
-from tasks.steps.stress import (
-    LoadedPolicy,
-    PoolFactory,
-    cart_scales,
-    default_pool,
-    load_policy,
-    load_variants,
-    resolve_checkpoint,
-    run_stress,
-    stress_rollout,
-    write_plots,
-)
+from tasks.plots import write_plots
+from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
 
 def load_stress_summary(stress_dir: Path) -> dict[str, Any] | None:
@@ -80,16 +72,16 @@ def run_report(
     out_dir: Path | None = None,
     *,
     champion: Mapping[str, Any] | None = None,
-    pool_factory: PoolFactory = default_pool,
 ) -> dict[str, Any]:
-    """Write ``report.{json,md,html}`` and the plots; returns the metrics, verdict, tree and paths."""
+    """Write ``report.{json,md,html}`` and the plots of the stress summary of ``checkpoint``; returns the
+    metrics, verdict, tree and paths."""
     paths = DataPaths.of(cfg)
     stress_dir = stress_dir or paths.stress
     out_dir = out_dir or paths.reports
     ref = resolve_checkpoint(cfg, checkpoint)
     summary = load_stress_summary(stress_dir)
     if summary is None or summary.get("checkpoint") != ref:
-        summary = run_stress(cfg, ref, out_dir=stress_dir, pool_factory=pool_factory)
+        raise AgentFlowError(f"no stress summary of {ref} in {stress_dir}: run `agentflow stress` for it first")
     report = write_report(summary, out_dir, cfg.report.formats, champion)
     return {
         **report["metrics"],
@@ -142,7 +134,7 @@ def run_champion_challenger(
     champion_ckpt: str | Path | None,
     *,
     catalogue: Path | None = None,
-    pool_factory: PoolFactory = default_pool,
+    pool_factory: PoolFactory = build_pool,
 ) -> dict[str, Any]:
     """Evaluate challenger vs champion on the stable slice; returns ``PromotionDecision.to_dict()`` plus context.
 

@@ -7,9 +7,8 @@ records), ``coverage_heatmap.png`` and ``consistency_matrix.png``. The exit metr
 (robustness_score, consistency, success_rate, crash_episodes, ...) also go to
 ``data/metrics/stress.json``.
 
-The policy is a checkpoint directory (``update_*`` with ``model.safetensors``), a checkpoint
-root (its ``best.json`` or ``latest.json``), or ``expert`` for the scripted expert (the
-reference of what is achievable). Default: the best checkpoint under ``data/checkpoints``.
+The policy is a reference :func:`tasks.rollout.resolve_checkpoint` understands (default: the best
+checkpoint under ``data/checkpoints``).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import datetime as _dt
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +25,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.envs.experts import ScriptedExpert
-from agentflow_core.errors import AgentFlowError
-from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord
+from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
-from agentflow_core.evaluation.stress import RiskRule, StressRollout, run_stress_episodes, stratified_sample
-from agentflow_core.rl.reward import RewardFunction
-from agentflow_core.rl.reward_model import RewardModelClient
+from agentflow_core.evaluation.stress import StressRollout, stratified_sample
 from agentflow_core.semantics import ACTIONS
-from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants, read_catalogue
+from agentflow_core.variants import VariantSpec
+from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.io import atomic_dir, write_json
 from tasks.paths import DataPaths
-from tasks.plots import plot_consistency_matrix, plot_coverage_heatmap
+from tasks.plots import write_plots
 from tasks.registry_io import load_registry
-from tasks.steps.explore import expert_policy_hash, reachable_tokens
+from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
-EXPERT = "expert"
 METRIC_KEYS = (
     "robustness_score",
     "consistency",
@@ -55,86 +49,6 @@ METRIC_KEYS = (
     "failure_rate",
     "episodes",
 )
-PoolFactory = Callable[[Sequence[VariantSpec], AgentFlowConfig, int], Any]
-
-
-@dataclass(frozen=True)
-class LoadedPolicy:
-    """A greedy policy ready to act, with the name and checkpoint reports show."""
-
-    name: str
-    checkpoint: str
-    act: PolicyFn
-
-
-def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> str:
-    """``expert``, or the checkpoint directory that ``checkpoint`` (default: the best one) points at."""
-    from agentflow_core.rl.checkpoint import STATE_FILE, best_checkpoint, latest_checkpoint
-
-    if checkpoint is not None and str(checkpoint) == EXPERT:
-        return EXPERT
-    path = Path(checkpoint) if checkpoint is not None else DataPaths.of(cfg).checkpoints
-    for root in (path, path / "checkpoints"):  # a checkpoint, a checkpoint root, or a training output dir
-        if (root / STATE_FILE).is_file():
-            return str(root)
-        found = (best_checkpoint(root) or latest_checkpoint(root)) if root.is_dir() else None
-        if found is not None:
-            return str(found)
-    raise AgentFlowError(
-        f"no checkpoint at {path} (no {STATE_FILE}, best.json or latest.json): train first, "
-        f"or pass --checkpoint PATH, or --checkpoint {EXPERT} for the scripted expert"
-    )
-
-
-def load_policy(ref: str) -> LoadedPolicy:
-    """The greedy policy of a resolved checkpoint (``resolve_checkpoint``) or the scripted expert."""
-    if ref == EXPERT:
-        expert = ScriptedExpert()
-        return LoadedPolicy(expert_policy_hash(expert), EXPERT, expert.act_batch)
-    from agentflow_core.rl.checkpoint import load_checkpoint
-    from agentflow_core.rl.policy import ActorCritic, policy_hash
-
-    ckpt = load_checkpoint(Path(ref))
-    model = ActorCritic(hidden_sizes=ckpt.state.get("hidden_sizes", [64, 64]))
-    model.load_state_dict(ckpt.model)
-    model.eval()
-    return LoadedPolicy(f"{Path(ref).name}@{policy_hash(model)}", ref, model.act)
-
-
-def load_variants(cfg: AgentFlowConfig, catalogue: Path | None = None) -> list[VariantSpec]:
-    """The catalogue (``data/variants``), or the same generator's output when it was not written yet."""
-    path = catalogue or DataPaths.of(cfg).variants
-    if path.exists():
-        return read_catalogue(path)
-    if catalogue is not None:
-        raise AgentFlowError(f"catalogue {catalogue} does not exist")
-    registry = load_registry(cfg)
-    bases = [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
-    v = cfg.variants
-    return generate_variants(bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed)
-
-
-def default_pool(variants: Sequence[VariantSpec], cfg: AgentFlowConfig, num_envs: int) -> Any:
-    """An in-process pool over ``variants`` with a round-robin scheduler (equal episodes per variant)."""
-    from agentflow_core.pool.base import RegistryEnvFactory
-    from agentflow_core.pool.inprocess import InProcessPool
-
-    registry = load_registry(cfg)
-    entries = {base: registry.get(base) for base in sorted({v.base_env_id for v in variants})}
-    pool_cfg = cfg.pool.model_copy(update={"scheduler": "round_robin"})
-    return InProcessPool(
-        variants, RegistryEnvFactory(entries), min(num_envs, max(len(variants), 1)), pool_cfg, seed=cfg.base.seed
-    )
-
-
-def cart_scales(cfg: AgentFlowConfig, families: Sequence[str] | None = None) -> dict[str, float]:
-    """Per family, the encoded value of one cart item (its mapping's ``cart_items`` scale)."""
-    scales = {}
-    for entry in load_registry(cfg).entries():
-        for rule in entry.mapping.get("feature_rules", []):
-            if rule.get("feature") == "cart_items" and (families is None or entry.family in families):
-                scales[entry.family] = float(rule.get("scale", 1.0))
-    return scales
 
 
 def _reachable(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> list[str]:
@@ -143,50 +57,13 @@ def _reachable(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> list[st
     return reachable_tokens({registry.get(b).class_path for b in known})
 
 
-def stress_rollout(
-    cfg: AgentFlowConfig,
-    policy: LoadedPolicy,
-    variants: Sequence[VariantSpec],
-    episodes: int,
-    *,
-    pool_factory: PoolFactory = default_pool,
-    seed: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> StressRollout:
-    """Run ``episodes`` greedy episodes of ``policy`` over ``variants`` with the configured shaped reward."""
-    stress, reward_cfg = cfg.stress, cfg.train.reward
-    pool = pool_factory(variants, cfg, stress.num_envs)
-    client = (
-        RewardModelClient(reward_cfg.model_url, reward_cfg.model_timeout_s)
-        if reward_cfg.mode == "model" and reward_cfg.model_url
-        else None
-    )
-    try:
-        reward_fn = RewardFunction(reward_cfg, pool.num_envs, client)
-        return run_stress_episodes(
-            pool,
-            policy.act,
-            variants,
-            episodes,
-            seed=cfg.base.seed if seed is None else seed,
-            reward_fn=reward_fn,
-            risk=RiskRule(stress.risk_threshold, stress.risk_penalty),
-            handled_outcomes=frozenset(stress.handled_outcomes),
-            on_progress=on_progress,
-        )
-    finally:
-        pool.close()
-        if client is not None:
-            client.close()
-
-
 def evaluate_stress(
     cfg: AgentFlowConfig,
     policy: LoadedPolicy,
     variants: Sequence[VariantSpec],
     *,
     episodes: int | None = None,
-    pool_factory: PoolFactory = default_pool,
+    pool_factory: PoolFactory = build_pool,
     reachable: Sequence[str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[StressRollout, StressAnalysis, list[VariantSpec]]:
@@ -279,14 +156,6 @@ def stress_summary(
     }
 
 
-def write_plots(summary: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
-    """The coverage heatmap and the consistency matrix as PNGs in ``out_dir``; returns name -> file."""
-    plot_coverage_heatmap(summary["coverage"], out_dir / "coverage_heatmap.png")
-    cons = summary["consistency"]
-    plot_consistency_matrix(cons["canonical"], cons["per_variant"], out_dir / "consistency_matrix.png")
-    return {"State coverage": "coverage_heatmap.png", "Policy consistency": "consistency_matrix.png"}
-
-
 def run_stress(
     cfg: AgentFlowConfig,
     checkpoint: str | Path | None = None,
@@ -295,7 +164,7 @@ def run_stress(
     metrics_path: Path | None = None,
     *,
     episodes: int | None = None,
-    pool_factory: PoolFactory = default_pool,
+    pool_factory: PoolFactory = build_pool,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Stress-validate a checkpoint; write the records, summary and plots; return the summary."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from agentflow_core.config import AgentFlowConfig, PoolConfig
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.contracts import EnvPool
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import (
     CheckpointManager,
@@ -41,41 +43,24 @@ from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
 from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
-from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import VOCAB_VERSION
-from agentflow_core.variants import VariantSpec, read_catalogue
+from agentflow_core.variants import read_catalogue
+from tasks.compose import PoolFactory, build_pool, recovery_summary, reward_function
 from tasks.io import write_json
-from tasks.registry_io import load_registry
 
-PoolFactory = Callable[[Sequence[VariantSpec], int, PoolConfig, int], Any]
 EXPLORATION_EPSILON = 0.95
+EVAL_NUM_ENVS = 16
 
 
-def default_pool_factory(cfg: AgentFlowConfig) -> PoolFactory:
-    """In-process pools whose envs come from the registry entries of the catalogue's base envs."""
-    from agentflow_core.pool.base import RegistryEnvFactory
-    from agentflow_core.pool.inprocess import InProcessPool
-
-    registry = load_registry(cfg)
-
-    def make(variants: Sequence[VariantSpec], num_envs: int, pool_cfg: PoolConfig, seed: int) -> Any:
-        entries = {b: registry.get(b) for b in sorted({v.base_env_id for v in variants})}
-        return InProcessPool(variants, RegistryEnvFactory(entries), num_envs, pool_cfg, seed=seed)
-
-    return make
-
-
-def _reward_transform(cfg: AgentFlowConfig, pool: Any) -> tuple[TrainingReward, RewardModelClient | None]:
-    rc = cfg.train.reward
-    client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
+def _reward_transform(cfg: AgentFlowConfig, pool: EnvPool, reward_fn: RewardFunction) -> TrainingReward:
     base_of = {i: v.base_env_id for i, v in enumerate(pool.variants)}
-    normalizer = PerEnvRewardNormalizer() if rc.normalize else None
+    normalizer = PerEnvRewardNormalizer() if cfg.train.reward.normalize else None
     return TrainingReward(
-        RewardFunction(rc, pool.num_envs, client),
+        reward_fn,
         normalizer,
         key_of=lambda info: base_of.get(info.get("variant_index", -1), str(info.get("env_id"))),
-    ), client
+    )
 
 
 def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], path: Path) -> None:
@@ -113,7 +98,7 @@ def run_train(
     out_dir: Path,
     resume: bool,
     sink: MetricsSink | None = None,
-    pool_factory: PoolFactory | None = None,
+    pool_factory: PoolFactory = build_pool,
     on_update: Callable[[int, int, dict[str, float]], None] | None = None,
     metrics_path: Path | None = None,
 ) -> dict[str, Any]:
@@ -122,17 +107,20 @@ def run_train(
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     sink = sink or NullSink()
-    make_pool = pool_factory or default_pool_factory(cfg)
     train_variants, heldout = split_heldout(read_catalogue(catalogue_path), tc.heldout_fraction)
     device = resolve_device(cfg.base.device)
     torch.manual_seed(seed)
     policy = ActorCritic(hidden_sizes=tc.hidden_sizes).to(device)
     untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
-    pool = make_pool(train_variants, tc.num_envs, cfg.pool, seed)
-    eval_cfg = PoolConfig(num_workers=0, scheduler="round_robin", step_timeout_s=cfg.pool.step_timeout_s)
-    eval_pool = make_pool(heldout, min(tc.num_envs, 16), eval_cfg, seed + 1)
-    reward, client = _reward_transform(cfg, pool)
+    resources = ExitStack()  # pools and the reward-model client, closed however training ends
+    pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
+    resources.callback(pool.close)
+    eval_pool = pool_factory(
+        cfg, heldout, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 1, scheduler="round_robin", standby=False
+    )
+    resources.callback(eval_pool.close)
+    reward = _reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
     ppo = PPO(policy, pool, tc, seed=seed, sink=sink, reward_transform=reward, device=device)
     manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes)
     tracker = ConvergenceTracker()
@@ -212,11 +200,9 @@ def run_train(
             ),
             "expert": evaluate_policy(eval_pool, expert_policy(eval_pool), n_eval, seed=seed + 11),
         }
+        recovery = recovery_summary(pool)
     finally:
-        pool.close()
-        eval_pool.close()
-        if client is not None:
-            client.close()
+        resources.close()
     save_file({k: v.contiguous() for k, v in best_ckpt.model.items()}, str(out_dir / "policy.safetensors"))
     summary: dict[str, Any] = {
         "policy_hash": policy_hash(best_policy),
@@ -235,6 +221,9 @@ def run_train(
         "policy_convergence_flag": tracker.converged,
         "evaluations": len(evals),
         "bc": bc_summary,
+        "pool": recovery,
+        "worker_restarts": recovery["worker_restarts"],
+        "steps_lost": recovery["steps_lost"],
         "wall_s": time.perf_counter() - t_start,
     }
     write_json(

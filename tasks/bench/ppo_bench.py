@@ -30,7 +30,7 @@ Pure: returns a dict (the CLI writes ``data/bench/ppo.json`` and the PNG).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,16 @@ class GymIdFactory:
         return GymIdEnv(gymnasium.make(self.gym_id))
 
 
+class _FixedScheduler:
+    """The scheduler of a pool whose slots never change env: no state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore."""
+
+
 class GymVectorPool:
     """EnvPool over ``n`` ``gymnasium.make`` envs of one registered id, SAME_STEP autoreset.
 
@@ -104,8 +114,28 @@ class GymVectorPool:
 
         self.num_envs = num_envs
         self.envs = [gymnasium.make(gym_id) for _ in range(num_envs)]
+        family = gym_id.split("/")[-1]
+        self.variants = [VariantSpec(gym_id, gym_id, family, {}, gym_id)]
+        self.scheduler = _FixedScheduler()
         self._return = np.zeros(num_envs)
         self._length = np.zeros(num_envs, dtype=np.int64)
+
+    def slot_variants(self) -> np.ndarray:
+        return np.zeros(self.num_envs, np.int64)
+
+    def set_value_loss(
+        self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray
+    ) -> None:
+        """No scheduler to feed: every slot always plays the one env."""
+
+    def feedback_state(self) -> list[float | None]:
+        return [None]
+
+    def load_feedback_state(self, state: Sequence[float | None]) -> None:
+        """Nothing pending (see :meth:`set_value_loss`)."""
+
+    def stats(self) -> dict[str, Any]:
+        return {"num_envs": self.num_envs}
 
     def _masks(self) -> np.ndarray:
         return np.stack([e.unwrapped.action_masks() for e in self.envs])  # type: ignore[attr-defined]
@@ -142,6 +172,7 @@ class GymVectorPool:
                     "episode_return": float(self._return[i]),
                     "episode_length": int(self._length[i]),
                     "success": bool(te and o[GOAL_INDEX] > 0.5),
+                    "variant_index": 0,
                 }
                 self._return[i], self._length[i] = 0.0, 0
                 o, _ = env.reset()

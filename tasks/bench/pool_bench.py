@@ -10,7 +10,7 @@ Everything is measured side by side in one run and reported as ratios, so machin
 - memory (``*_mb``): RSS growth measured in fresh spawned processes (psutil), so one probe's
   allocations cannot hide another's: the empty pool (1 variant, 1 slot), the whole catalogue
   (1 slot), 300 live envs, and every variant live at once (or extrapolated, flagged).
-- scheduler coverage: :func:`agentflow_core.bench.scheduler_bench.run_scheduler_bench`.
+- scheduler coverage: :func:`tasks.bench.scheduler_bench.run_scheduler_bench`.
 - recovery: SIGKILL one Ray worker at a fixed step; time to detect, until its envs step again,
   env-steps lost, and throughput 5 s after the kill relative to before.
 """
@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 import psutil
 
-from agentflow_core.config import PoolConfig, RayConfig
+from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, PoolBatch, VariantLike
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import InProcessPool
@@ -365,7 +365,6 @@ def ray_speedup_and_recovery(
     steps: int = 30,
     seed: int = 0,
     config: PoolConfig | None = None,
-    ray_config: RayConfig | None = None,
     window_s: float = 3.0,
     recovery: bool = True,
 ) -> dict[str, Any]:
@@ -380,7 +379,7 @@ def ray_speedup_and_recovery(
         pool: InProcessPool | RayPool = (
             InProcessPool(variants, factory, num_envs, config, seed=seed)
             if name == "inprocess"
-            else RayPool(variants, factory, num_envs, config, seed=seed, ray_config=ray_config)
+            else RayPool(variants, factory, num_envs, config, seed=seed)
         )
         if isinstance(pool, RayPool):
             pool.wait_standby()  # its one-off start-up is not steady-state throughput
@@ -443,7 +442,7 @@ def scheduler_coverage(
     config: PoolConfig, n_variants: int = 1000, draws: int = 50_000, seed: int = 0
 ) -> dict[str, Any]:
     """The configured strategy's coverage ratios from the scheduler benchmark."""
-    from agentflow_core.bench.scheduler_bench import run_scheduler_bench
+    from tasks.bench.scheduler_bench import run_scheduler_bench
 
     result = run_scheduler_bench(
         n_variants=n_variants, draws=draws, seed=seed, cfg=config, strategies=(config.scheduler,)
@@ -465,7 +464,6 @@ def run_pool_bench(
     factory: EnvFactory,
     *,
     config: PoolConfig | None = None,
-    ray_config: RayConfig | None = None,
     num_envs: int = 300,
     steps: int = 30,
     overhead_envs: int = 64,
@@ -481,7 +479,7 @@ def run_pool_bench(
     out.update(semantic_overhead(variants, factory, overhead_envs, overhead_steps, config.scheduler, seed))
     out.update(memory_footprint(variants, factory, live=num_envs, measure_all_live=measure_all_live))
     out.update(scheduler_coverage(config, draws=scheduler_draws, seed=seed))
-    out.update(ray_speedup_and_recovery(variants, factory, num_envs, steps, seed, config, ray_config))
+    out.update(ray_speedup_and_recovery(variants, factory, num_envs, steps, seed, config))
     out["targets"] = dict(TARGETS)
     out["targets_met"] = {
         "semantic_overhead": out["semantic_overhead"] <= TARGETS["semantic_overhead"],

@@ -1,0 +1,115 @@
+"""The shapes that cross the core's layers: the env pool, its batch, a policy function, failure reasons.
+
+This module is the ground floor (in the spirit of Stable-Baselines3's ``type_aliases.py``): it
+imports nothing from the project, and ``pool/``, ``rl/`` and ``evaluation/`` type their seams with
+it, so mypy checks the contract between the learner and whatever steps its envs
+(:class:`~agentflow_core.pool.inprocess.InProcessPool` or
+:class:`~agentflow_core.pool.ray_pool.RayPool`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+# failure_reason values the pool itself assigns (the channel assigns max_steps, user_blocked, ...).
+ENV_CRASH = "env_crash"
+ENV_TIMEOUT = "env_timeout"
+ENV_INVALID = "env_invalid"
+WORKER_LOST = "worker_lost"
+POOL_FAILURES: frozenset[str] = frozenset({ENV_CRASH, ENV_TIMEOUT, ENV_INVALID, WORKER_LOST})
+
+PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""A batched policy: ``(obs [N, OBS_DIM], action_mask [N, N_ACTIONS]) -> actions [N]``."""
+
+
+class VariantLike(Protocol):
+    """What a pool needs of a variant spec (``agentflow_core.variants.VariantSpec`` satisfies it)."""
+
+    @property
+    def env_id(self) -> str: ...
+
+    @property
+    def base_env_id(self) -> str: ...
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
+    @property
+    def content_hash(self) -> str: ...
+
+
+@dataclass
+class PoolBatch:
+    """One step of every slot, with explicit SAME_STEP autoreset (Gymnasium's ``AutoresetMode.SAME_STEP``).
+
+    When a slot's episode ends, ``obs`` already holds the first observation of the slot's next
+    episode and ``final_obs`` keeps the last observation of the finished one (for bootstrapping on
+    truncation). ``infos[i]`` describes the step slot ``i`` just took: env_id, variant_index,
+    variant_hash, step_id, failure_reason, tokens, risk; at episode end also episode_return,
+    episode_length, success and ``next_env_id`` / ``next_variant_index`` / ``next_episode_seed``
+    naming the episode whose first observation is in ``obs[i]``. After ``reset`` each info also
+    carries ``episode_seed``: (variant, episode seed) replays any episode exactly.
+    """
+
+    obs: np.ndarray
+    action_mask: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+    infos: list[dict[str, Any]]
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.terminated | self.truncated
+
+
+class StatefulScheduler(Protocol):
+    """The part of a pool's scheduler that checkpoints see (bit-identical resume)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class EnvPool(Protocol):
+    """``num_envs`` semantic envs stepped as one batch over a catalogue of variants.
+
+    ``variants[info["variant_index"]]`` is the variant a slot played. ``set_value_loss`` is the
+    learner's feedback to a prioritised scheduler (PLR); ``feedback_state`` / ``load_feedback_state``
+    carry the pending feedback through a checkpoint. ``stats`` returns counters (steps, episodes,
+    failures by reason, worker restarts, quarantined variants).
+    """
+
+    num_envs: int
+
+    @property
+    def variants(self) -> Sequence[VariantLike]: ...
+
+    @property
+    def scheduler(self) -> StatefulScheduler: ...
+
+    def reset(self, seed: int) -> PoolBatch: ...
+
+    def step(self, actions: np.ndarray) -> PoolBatch: ...
+
+    def slot_variants(self) -> np.ndarray: ...
+
+    def set_value_loss(
+        self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray
+    ) -> None: ...
+
+    def feedback_state(self) -> list[float | None]: ...
+
+    def load_feedback_state(self, state: Sequence[float | None]) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...

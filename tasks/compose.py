@@ -1,0 +1,277 @@
+"""One place that wires a phase: where its envs run, its reward function and its base-env infos.
+
+Calibration, exploration, training (and its held-out evaluations), stress validation, the report's
+champion/challenger rollouts and the benchmarks all build their pools here, from ``params.yaml``:
+
+- ``pool.backend: ray`` (the default whenever ``pool.num_workers > 0``): env workers are Ray
+  actors (:class:`~agentflow_core.pool.ray_pool.RayPool`), on a private local Ray started with
+  ``address="local"`` (a cluster someone else started on this machine is never joined by accident)
+  or on the cluster named by ``RAY_ADDRESS`` / ``base.ray.address``;
+- ``pool.backend: inprocess``: the same driver with its workers in this process
+  (:class:`~agentflow_core.pool.inprocess.InProcessPool`).
+
+Both backends run the same scheduler, slots and episode seeds, so a phase gives the same records
+on either. Calibration runs its per-variant checks as Ray tasks on the same backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import socket
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlparse
+
+from agentflow_core.config import AgentFlowConfig, PoolConfig
+from agentflow_core.contracts import EnvPool
+from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.errors import AgentFlowError
+from agentflow_core.pool.base import RegistryEnvFactory
+from agentflow_core.rl.reward import RewardFunction
+from agentflow_core.rl.reward_model import RewardModelClient
+from agentflow_core.semantics import TOKENS
+from agentflow_core.variants import BaseEnvInfo, VariantSpec
+from tasks.registry_io import load_registry
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# How long the reachability probe of a cluster address waits (the whole error stays well under 30 s).
+PROBE_TIMEOUT_S = 5.0
+AUTH_HINT = (
+    "Clusters started with `ray start` use token authentication by default: on a machine of the cluster the "
+    "token is in ~/.ray/auth_token; export RAY_AUTH_TOKEN=<that token> (or RAY_AUTH_TOKEN_PATH=<file>) here."
+)
+
+
+class RayUnavailable(AgentFlowError):
+    """The configured Ray cluster cannot be reached or joined."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where a run's envs are stepped: what ``agentflow run`` prints and logs to MLflow."""
+
+    name: str  # "ray" | "inprocess"
+    address: str  # "local", a cluster address, or "this process"
+    num_workers: int
+    nodes: int
+
+    def describe(self, num_envs: int) -> str:
+        """One line for the terminal, e.g. ``ray (local), 2 workers x 16 envs, 1 node``."""
+        per_worker = num_envs / max(self.num_workers, 1)
+        where = f"{self.name} ({self.address})"
+        return f"{where}, {max(self.num_workers, 1)} workers x {per_worker:g} envs, {self.nodes} node(s)"
+
+    def params(self, num_envs: int) -> dict[str, str]:
+        """The same facts as MLflow params/tags."""
+        return {
+            "pool.backend": self.name,
+            "pool.address": self.address,
+            "pool.workers": str(max(self.num_workers, 1)),
+            "pool.envs_per_worker": f"{num_envs / max(self.num_workers, 1):g}",
+            "pool.nodes": str(self.nodes),
+        }
+
+
+def ray_address(cfg: AgentFlowConfig) -> str | None:
+    """``RAY_ADDRESS`` beats ``base.ray.address``; None means a private local Ray."""
+    return os.environ.get("RAY_ADDRESS") or cfg.base.ray.address
+
+
+def _probe(address: str) -> None:
+    """Fail fast, naming the address, when nothing listens there (``ray.init`` would retry for a minute)."""
+    if address == "auto":
+        return
+    parsed = urlparse(address if "://" in address else f"gcs://{address}")
+    if not parsed.hostname or not parsed.port:
+        raise RayUnavailable(f"Ray address {address!r} is not host:port or ray://host:port")
+    try:
+        socket.create_connection((parsed.hostname, parsed.port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayUnavailable(f"no Ray cluster reachable at {address}: {exc.strerror or exc}") from None
+
+
+def _token_available() -> bool:
+    return bool(
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").is_file()
+    )
+
+
+def start_ray(cfg: AgentFlowConfig) -> Backend:
+    """Start a private local Ray, or join the configured cluster; a no-op when Ray already runs here."""
+    import ray
+
+    address = ray_address(cfg)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not ray.is_initialized():
+        if address:
+            _probe(address)
+            # A client joining a cluster sends its token only in token mode; ``ray start`` clusters require it.
+            if "RAY_AUTH_MODE" not in os.environ and _token_available():
+                os.environ["RAY_AUTH_MODE"] = "token"
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except Exception as exc:  # Ray raises ConnectionError/RuntimeError with multi-line text
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise RayUnavailable(f"could not join the Ray cluster at {address}: {first}. {AUTH_HINT}") from None
+        else:
+            rc = cfg.base.ray
+            ray.init(
+                address="local",
+                num_cpus=rc.num_cpus,
+                include_dashboard=rc.include_dashboard,
+                object_store_memory=rc.object_store_mb * 1024 * 1024,
+                log_to_driver=False,
+            )
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    return Backend("ray", address or "local", cfg.pool.num_workers, nodes)
+
+
+def backend(cfg: AgentFlowConfig) -> Backend:
+    """The run's backend; for ``ray`` this starts or joins Ray (so a bad address fails here, early)."""
+    if cfg.pool.backend == "ray":
+        return start_ray(cfg)
+    return Backend("inprocess", "this process", max(cfg.pool.num_workers, 1), 1)
+
+
+def env_factory(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
+    """The picklable factory building the variants' envs from their registry entries."""
+    registry = load_registry(cfg)
+    return RegistryEnvFactory({b: registry.get(b) for b in sorted({v.base_env_id for v in variants})})
+
+
+class PoolFactory(Protocol):
+    """The signature of :func:`build_pool` (steps take one, so a test can hand them a pool over its own envs)."""
+
+    def __call__(
+        self,
+        cfg: AgentFlowConfig,
+        variants: Sequence[VariantSpec],
+        num_envs: int,
+        *,
+        seed: int,
+        scheduler: str | None = None,
+        standby: bool = True,
+    ) -> EnvPool: ...
+
+
+def build_pool(
+    cfg: AgentFlowConfig,
+    variants: Sequence[VariantSpec],
+    num_envs: int,
+    *,
+    seed: int,
+    scheduler: str | None = None,
+    standby: bool = True,
+) -> EnvPool:
+    """A pool of ``num_envs`` slots over ``variants`` on the configured backend.
+
+    ``scheduler`` overrides ``pool.scheduler`` (evaluations use ``round_robin``: equal episodes per
+    variant). ``standby=False`` skips the Ray pool's warm spare worker (short-lived pools).
+    """
+    from agentflow_core.pool.inprocess import InProcessPool
+
+    pool_cfg: PoolConfig = cfg.pool if scheduler is None else cfg.pool.model_copy(update={"scheduler": scheduler})
+    factory = env_factory(cfg, variants)
+    num_envs = min(num_envs, max(len(variants), 1)) if scheduler == "round_robin" else num_envs
+    if pool_cfg.backend == "inprocess":
+        return InProcessPool(variants, factory, num_envs, pool_cfg, seed=seed)
+    from agentflow_core.pool.ray_pool import RayPool
+
+    start_ray(cfg)
+    return RayPool(variants, factory, num_envs, pool_cfg, seed=seed, standby_workers=1 if standby else 0)
+
+
+@contextmanager
+def reward_function(cfg: AgentFlowConfig, num_envs: int) -> Iterator[RewardFunction]:
+    """The configured training reward over ``num_envs`` slots (its reward-model client closed on exit)."""
+    rc = cfg.train.reward
+    client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
+    try:
+        yield RewardFunction(rc, num_envs, client)
+    finally:
+        if client is not None:
+            client.close()
+
+
+def base_env_infos(cfg: AgentFlowConfig) -> list[BaseEnvInfo]:
+    """(env id, family, version) of every base env the catalogue is generated from."""
+    registry = load_registry(cfg)
+    return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
+
+
+def expert_policy_hash(expert: ScriptedExpert) -> str:
+    """A stable id of the scripted expert's rules (the policy that generated the rows)."""
+    text = repr([(token, int(action)) for token, action in expert.rules])
+    return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def reachable_tokens(class_paths: Collection[str]) -> list[str]:
+    """Union of the intended tokens in the env families' ``RAW_STATES`` (all tokens if none declare any)."""
+    found: set[str] = set()
+    for class_path in class_paths:
+        module = importlib.import_module(class_path.split(":")[0])
+        for _raw, token in getattr(module, "RAW_STATES", ()):
+            if token in TOKENS:
+                found.add(token)
+    return sorted(found) or list(TOKENS)
+
+
+def map_chunks(
+    cfg: AgentFlowConfig,
+    fn: Callable[[list[T]], list[R]],
+    items: Sequence[T],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[R]:
+    """``fn`` over ``items`` in one chunk per env worker, as Ray tasks on the Ray backend; results in order.
+
+    For work that is per-item rather than per-step (calibration's repeated episodes per variant).
+    ``progress(done items, total)`` is called as chunks finish.
+    """
+    n = max(cfg.pool.num_workers, 1)
+    chunks = [list(items[i::n]) for i in range(n)]
+    results: list[list[R]] = []
+    done = 0
+    if cfg.pool.backend == "inprocess":
+        for chunk in chunks:
+            results.append(fn(chunk))
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(items))
+    else:
+        import ray
+
+        start_ray(cfg)
+        remote = ray.remote(num_cpus=0, scheduling_strategy="SPREAD")(fn)
+        refs = [remote.remote(chunk) for chunk in chunks]
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            done += len(chunks[refs.index(ready[0])])
+            if progress is not None:
+                progress(done, len(items))
+        results = ray.get(refs)
+    out: list[R | None] = [None] * len(items)
+    for i, chunk_results in enumerate(results):
+        for j, value in enumerate(chunk_results):
+            out[i + j * n] = value
+    return out  # type: ignore[return-value]
+
+
+def recovery_summary(pool: EnvPool) -> dict[str, Any]:
+    """A pool's worker losses and their cost: restarts, per-loss recovery time, episodes and steps lost."""
+    stats = pool.stats()
+    return {
+        "worker_restarts": int(stats["worker_restarts"]),
+        "episodes_lost": int(stats["worker_lost"]),
+        "steps_lost": int(stats["steps_lost"]),
+        "recoveries": stats["recoveries"],
+    }

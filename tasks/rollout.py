@@ -1,0 +1,121 @@
+"""What the stress phase and the report share: the policy under test, the catalogue, greedy rollouts.
+
+A policy reference is a checkpoint directory (``update_*`` with ``model.safetensors``), a checkpoint
+root (its ``best.json`` or ``latest.json``), or ``expert`` for the scripted expert (the reference of
+what is achievable). Rollouts run on the pool :mod:`tasks.compose` builds, with a round-robin
+scheduler (equal episodes per variant) and the configured shaped reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.contracts import PolicyFn
+from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.errors import AgentFlowError
+from agentflow_core.evaluation.stress import RiskRule, StressRollout, run_stress_episodes
+from agentflow_core.variants import VariantSpec, generate_variants, read_catalogue
+from tasks.compose import PoolFactory, base_env_infos, build_pool, expert_policy_hash, reward_function
+from tasks.paths import DataPaths
+from tasks.registry_io import load_registry
+
+EXPERT = "expert"
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A greedy policy ready to act, with the name and checkpoint reports show."""
+
+    name: str
+    checkpoint: str
+    act: PolicyFn
+
+
+def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> str:
+    """``expert``, or the checkpoint directory that ``checkpoint`` (default: the best one) points at."""
+    from agentflow_core.rl.checkpoint import STATE_FILE, best_checkpoint, latest_checkpoint
+
+    if checkpoint is not None and str(checkpoint) == EXPERT:
+        return EXPERT
+    path = Path(checkpoint) if checkpoint is not None else DataPaths.of(cfg).checkpoints
+    for root in (path, path / "checkpoints"):  # a checkpoint, a checkpoint root, or a training output dir
+        if (root / STATE_FILE).is_file():
+            return str(root)
+        found = (best_checkpoint(root) or latest_checkpoint(root)) if root.is_dir() else None
+        if found is not None:
+            return str(found)
+    raise AgentFlowError(
+        f"no checkpoint at {path} (no {STATE_FILE}, best.json or latest.json): train first, "
+        f"or pass --checkpoint PATH, or --checkpoint {EXPERT} for the scripted expert"
+    )
+
+
+def load_policy(ref: str) -> LoadedPolicy:
+    """The greedy policy of a resolved checkpoint (``resolve_checkpoint``) or the scripted expert."""
+    if ref == EXPERT:
+        expert = ScriptedExpert()
+        return LoadedPolicy(expert_policy_hash(expert), EXPERT, expert.act_batch)
+    from agentflow_core.rl.checkpoint import load_checkpoint
+    from agentflow_core.rl.policy import ActorCritic, policy_hash
+
+    ckpt = load_checkpoint(Path(ref))
+    model = ActorCritic(hidden_sizes=ckpt.state.get("hidden_sizes", [64, 64]))
+    model.load_state_dict(ckpt.model)
+    model.eval()
+    return LoadedPolicy(f"{Path(ref).name}@{policy_hash(model)}", ref, model.act)
+
+
+def load_variants(cfg: AgentFlowConfig, catalogue: Path | None = None) -> list[VariantSpec]:
+    """The catalogue (``data/variants``), or the same generator's output when it was not written yet."""
+    path = catalogue or DataPaths.of(cfg).variants
+    if path.exists():
+        return read_catalogue(path)
+    if catalogue is not None:
+        raise AgentFlowError(f"catalogue {catalogue} does not exist")
+    v = cfg.variants
+    return generate_variants(
+        base_env_infos(cfg), v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed
+    )
+
+
+def cart_scales(cfg: AgentFlowConfig, families: Sequence[str] | None = None) -> dict[str, float]:
+    """Per family, the encoded value of one cart item (its mapping's ``cart_items`` scale)."""
+    scales = {}
+    for entry in load_registry(cfg).entries():
+        for rule in entry.mapping.get("feature_rules", []):
+            if rule.get("feature") == "cart_items" and (families is None or entry.family in families):
+                scales[entry.family] = float(rule.get("scale", 1.0))
+    return scales
+
+
+def stress_rollout(
+    cfg: AgentFlowConfig,
+    policy: LoadedPolicy,
+    variants: Sequence[VariantSpec],
+    episodes: int,
+    *,
+    pool_factory: PoolFactory = build_pool,
+    seed: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> StressRollout:
+    """Run ``episodes`` greedy episodes of ``policy`` over ``variants`` with the configured shaped reward."""
+    stress = cfg.stress
+    pool = pool_factory(cfg, variants, stress.num_envs, seed=cfg.base.seed, scheduler="round_robin", standby=False)
+    try:
+        with reward_function(cfg, pool.num_envs) as reward_fn:
+            return run_stress_episodes(
+                pool,
+                policy.act,
+                variants,
+                episodes,
+                seed=cfg.base.seed if seed is None else seed,
+                reward_fn=reward_fn,
+                risk=RiskRule(stress.risk_threshold, stress.risk_penalty),
+                handled_outcomes=frozenset(stress.handled_outcomes),
+                on_progress=on_progress,
+            )
+    finally:
+        pool.close()
