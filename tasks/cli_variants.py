@@ -32,7 +32,7 @@ variants_app = typer.Typer(
 )
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
-OUT_OPTION = typer.Option(Path("data/variants"), "--out", "-o", help="Catalogue directory to (re)write.")
+OUT_OPTION = typer.Option(None, "--out", "-o", help="Catalogue directory to (re)write (default <data_dir>/variants).")
 N_VARIANTS_OPTION = typer.Option(1000, min=2, help="Catalogue size.")
 DRAWS_OPTION = typer.Option(100_000, min=1, help="Draws (episodes) per strategy.")
 ROUND_OPTION = typer.Option(64, min=1, help="Draws per scheduler round (the heat clock).")
@@ -54,11 +54,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-def variants(params: Path = PARAMS_OPTION, out: Path = OUT_OPTION) -> None:
+def variants(params: Path = PARAMS_OPTION, out: Path | None = OUT_OPTION) -> None:
     """Generate the variant catalogue (base envs × dimensions × perturbation samples)."""
     try:
         cfg = load_config(params)
-        summary = run_variants(cfg, out, DataPaths.of(cfg).metrics_file("variants"))
+        summary = run_variants(cfg, out or DataPaths.of(cfg).variants, DataPaths.of(cfg).metrics_file("variants"))
     except ConfigError as exc:
         err_console.print(f"[bold red]configuration error[/]: {exc}")
         raise typer.Exit(code=2) from None

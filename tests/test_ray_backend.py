@@ -1,0 +1,306 @@
+"""Every phase on the Ray backend, on real Ray (no mocks), and the commands against a Ray cluster.
+
+- The tiny cycle's phases (calibrate, variants, explore, train with its held-out evaluations,
+  stress) run once with ``pool.backend: ray`` and once with ``inprocess``: the same records,
+  metrics and policy hash (both backends run the same driver, scheduler and episode seeds).
+- ``agentflow explore`` / ``agentflow train`` with ``RAY_ADDRESS`` pointing at a cluster made with
+  ``ray start`` (a head and a second node, one CPU each) place their env workers on that cluster,
+  on both nodes; killing the second node mid-train leaves the run going with the pool's recovery.
+- A SIGKILLed env worker of a local ``agentflow train`` is replaced and the run completes.
+- An unreachable address fails within 30 s with one error naming it, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.tiny import tiny_params, write_tiny_params
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def _cfg(root: Path, backend: str) -> Any:
+    from agentflow_core.config import AgentFlowConfig
+
+    params = tiny_params(root, pool={"num_workers": 2, "backend": backend})
+    return AgentFlowConfig.model_validate(params)
+
+
+def _phases(root: Path, backend: str) -> dict[str, Any]:
+    from tasks.paths import DataPaths
+    from tasks.steps.calibrate import run_calibrate
+    from tasks.steps.explore import run_explore
+    from tasks.steps.stress import run_stress
+    from tasks.steps.train import run_train
+    from tasks.steps.variants import run_variants
+
+    cfg = _cfg(root, backend)
+    paths = DataPaths.of(cfg)
+    out: dict[str, Any] = {"calibrate": run_calibrate(cfg, paths.calibration)}
+    out["variants"] = run_variants(cfg, paths.variants)["catalogue_sha256"]
+    out["explore"] = run_explore(cfg, paths.variants, paths.trajectories)
+    train = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=False)
+    out["train"] = {k: train[k] for k in ("policy_hash", "heldout_success", "heldout_return", "global_step")}
+    out["train_pool"] = train["pool"]
+    out["stress"] = run_stress(cfg)["metrics"]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_every_phase_gives_the_same_results_on_ray_and_in_process(tmp_path: Path) -> None:
+    import ray
+
+    actors_before = len(ray._private.state.actors())
+    on_ray = _phases(tmp_path / "ray", "ray")
+    workers = [a for a in ray._private.state.actors().values() if a["ActorClassName"] == "RayEnvWorker"]
+    assert len(ray._private.state.actors()) > actors_before and len(workers) >= 2  # the phases made Ray actors
+    in_process = _phases(tmp_path / "inprocess", "inprocess")
+    assert on_ray["train_pool"]["worker_restarts"] == 0
+    for phase in ("calibrate", "variants", "explore", "train", "stress"):
+        assert on_ray[phase] == in_process[phase], phase
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_config_default_backend_follows_num_workers(tmp_path: Path) -> None:
+    from agentflow_core.config import AgentFlowConfig, PoolConfig
+    from agentflow_core.pool.inprocess import InProcessPool
+    from agentflow_core.pool.ray_pool import RayPool
+    from agentflow_core.variants import read_catalogue
+    from tasks.compose import build_pool
+    from tasks.paths import DataPaths
+    from tasks.steps.variants import run_variants
+
+    assert PoolConfig().backend == "ray" and PoolConfig(num_workers=0).backend == "inprocess"
+    with pytest.raises(ValueError, match="needs num_workers >= 1"):
+        PoolConfig(num_workers=0, backend="ray")
+    cfg = AgentFlowConfig.model_validate(tiny_params(tmp_path, pool={"num_workers": 1}))
+    run_variants(cfg, DataPaths.of(cfg).variants)
+    variants = read_catalogue(DataPaths.of(cfg).variants)
+    pool = build_pool(cfg, variants, 4, seed=0, standby=False)
+    try:
+        assert isinstance(pool, RayPool)
+    finally:
+        pool.close()
+    cfg = AgentFlowConfig.model_validate(tiny_params(tmp_path, pool={"num_workers": 0}))
+    assert isinstance(build_pool(cfg, variants, 4, seed=0), InProcessPool)
+
+
+# ---------------------------------------------------------------------------------------- CLI runs
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", **extra}
+    env.pop("RAY_ADDRESS", None)
+    env.update(extra)
+    return env
+
+
+def _agentflow(*args: str, env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(VENV_BIN / "agentflow"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def _train_params(root: Path, total_steps: int) -> Path:
+    return write_tiny_params(
+        root,
+        pool={"num_workers": 2, "backend": "ray"},
+        train={
+            "total_steps": total_steps,
+            "eval_every_updates": 1000,
+            "checkpoint_every_updates": 1,
+            "bc_warm_start": False,
+        },
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_start(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    """``ray start ... --block`` in its own process group, so the test can stop that node by the group id."""
+    return subprocess.Popen(
+        [str(VENV_BIN / "ray"), "start", "--block", "--num-cpus=1", "--disable-usage-stats", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGKILL the node's whole process tree (its group, plus any descendant that left it)."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=30)
+
+
+def _cluster_actors(address: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The cluster's RayEnvWorker actors (read from its GCS by a separate driver)."""
+    code = (
+        "import json, ray\n"
+        f"ray.init(address={address!r}, log_to_driver=False)\n"
+        "nodes = {n['NodeID']: n['NodeManagerPort'] for n in ray.nodes()}\n"
+        "actors = [dict(state=a['State'], node=a['Address']['NodeID']) for a in ray._private.state.actors().values()"
+        " if a['ActorClassName'] == 'RayEnvWorker']\n"
+        "print(json.dumps(actors))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subprocess.Popen, subprocess.Popen]]:
+    """A two-node Ray cluster on this machine, made as a user would: ``ray start --head`` + ``ray start --address``."""
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    env = _env(RAY_AUTH_MODE="token")  # `ray start` clusters use token auth; the token is in ~/.ray/auth_token
+    head = _ray_start("--head", f"--port={port}", "--include-dashboard=false", env=env)
+    second: subprocess.Popen | None = None
+    try:
+        _wait_for(lambda: _reachable(port), 90, "the Ray head")
+        second = _ray_start(f"--address={address}", env=env)
+        _wait_for(lambda: _alive_nodes(address, env) >= 2, 120, "the second node")
+        yield address, env, head, second
+    finally:
+        if second is not None:
+            _stop(second)
+        _stop(head)
+
+
+def _reachable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _alive_nodes(address: str, env: dict[str, str]) -> int:
+    code = f"import ray; ray.init(address={address!r}, log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else 0
+
+
+@pytest.mark.slow
+def test_explore_and_train_run_on_a_two_node_cluster_and_survive_losing_a_node(
+    tmp_path: Path, cluster: tuple[str, dict[str, str], subprocess.Popen, subprocess.Popen]
+) -> None:
+    address, env, _head, second = cluster
+    env = {**env, "RAY_ADDRESS": address}
+    env.pop("RAY_AUTH_MODE")  # agentflow itself switches to token mode when a token is available
+    params = _train_params(tmp_path, total_steps=40 * 512)
+    assert _agentflow("variants", "--params", str(params), env=env, cwd=tmp_path).returncode == 0
+    explore = _agentflow("explore", "--params", str(params), env=env, cwd=tmp_path)
+    assert explore.returncode == 0, explore.stderr[-2000:]
+    train = subprocess.Popen(
+        [str(VENV_BIN / "agentflow"), "train", "--params", str(params)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        ckpts = tmp_path / "data" / "checkpoints" / "checkpoints"
+        _wait_for(lambda: any(ckpts.glob("update_*")) or train.poll() is not None, 180, "training to start")
+        actors = _cluster_actors(address, env)
+        alive_nodes = {a["node"] for a in actors if a["state"] == "ALIVE"}
+        assert len(alive_nodes) == 2, actors  # the pool placed env workers on both nodes
+        _stop(second)  # the second node and every process on it die mid-training
+        out, _ = train.communicate(timeout=300)
+    finally:
+        if train.poll() is None:
+            train.kill()
+    assert train.returncode == 0, out[-3000:]
+    assert f"ray ({address})" in out and "2 workers" in out
+    summary = json.loads((tmp_path / "data" / "checkpoints" / "train_summary.json").read_text())
+    assert summary["global_step"] >= 40 * 512
+    assert summary["pool"]["worker_restarts"] >= 1 and summary["pool"]["recoveries"]
+    assert "env worker(s) lost and replaced" in out
+
+
+@pytest.mark.slow
+def test_a_sigkilled_env_worker_is_replaced_and_training_completes(tmp_path: Path) -> None:
+    params = _train_params(tmp_path, total_steps=40 * 512)
+    env = _env()
+    assert _agentflow("variants", "--params", str(params), env=env, cwd=tmp_path).returncode == 0
+    train = subprocess.Popen(
+        [str(VENV_BIN / "agentflow"), "train", "--params", str(params)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        ckpts = tmp_path / "data" / "checkpoints" / "checkpoints"
+        _wait_for(lambda: any(ckpts.glob("update_*")) or train.poll() is not None, 180, "training to start")
+        workers = [
+            p for p in psutil.Process(train.pid).children(recursive=True) if "RayEnvWorker" in " ".join(p.cmdline())
+        ]
+        assert workers, "no env worker process under the training run"
+        workers[0].send_signal(signal.SIGKILL)
+        out, _ = train.communicate(timeout=300)
+    finally:
+        if train.poll() is None:
+            train.kill()
+    assert train.returncode == 0, out[-3000:]
+    assert "ray (local), 2 workers x 4 envs" in out
+    summary = json.loads((tmp_path / "data" / "checkpoints" / "train_summary.json").read_text())
+    assert summary["pool"]["worker_restarts"] >= 1
+    assert summary["pool"]["recoveries"][0]["recovery_s"] < 10
+    assert summary["global_step"] >= 40 * 512
+
+
+def test_an_unreachable_cluster_fails_fast_naming_it_and_writes_nothing(tmp_path: Path) -> None:
+    params = _train_params(tmp_path, total_steps=1024)
+    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    started = time.monotonic()
+    proc = _agentflow("train", "--params", str(params), env=_env(RAY_ADDRESS=address), cwd=tmp_path, timeout=60)
+    assert time.monotonic() - started < 30
+    assert proc.returncode != 0
+    assert address in proc.stderr and "no Ray cluster reachable" in proc.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / ".agentflow").exists()
