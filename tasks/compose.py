@@ -105,6 +105,14 @@ def _token_available() -> bool:
     )
 
 
+def _enable_token_auth() -> None:
+    """Token mode for this process (Ray reads the mode into its config at import: set it, then refresh)."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth as refresh  # Ray 2.60
+
+    refresh()
+
+
 def start_ray(cfg: AgentFlowConfig) -> Backend:
     """Start a private local Ray, or join the configured cluster; a no-op when Ray already runs here."""
     import ray
@@ -116,7 +124,7 @@ def start_ray(cfg: AgentFlowConfig) -> Backend:
             _probe(address)
             # A client joining a cluster sends its token only in token mode; ``ray start`` clusters require it.
             if "RAY_AUTH_MODE" not in os.environ and _token_available():
-                os.environ["RAY_AUTH_MODE"] = "token"
+                _enable_token_auth()
             try:
                 ray.init(address=address, log_to_driver=False)
             except Exception as exc:  # Ray raises ConnectionError/RuntimeError with multi-line text
