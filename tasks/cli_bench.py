@@ -32,11 +32,13 @@ COMMANDS = {
     "pool": "agentflow bench pool",
     "ppo": "agentflow bench ppo",
     "scheduler": "agentflow bench scheduler",
+    "train": "agentflow bench train",
 }
 TITLES = {
     "pool": "Env pool (issue 4): semantic overhead, Ray speed-up, memory, scheduler, recovery",
     "ppo": "PPO (issue 5): throughput vs stable-baselines3, update time, held-out success",
     "scheduler": "Scheduler strategies on a synthetic learner (1,000 variants, 100k draws)",
+    "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
 }
 
 
@@ -118,12 +120,14 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("pool", "ppo", "scheduler"):
+    for name in ("train", "pool", "ppo", "scheduler"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
         result = json.loads(path.read_text())
         command = COMMANDS[name] + (f" --repeat {result['repeats']}" if result.get("repeats", 1) > 1 else "")
+        if name == "train":
+            command += f" --total-steps {result['total_steps']}"
         out += [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]
         out += _scheduler_table(result) if name == "scheduler" else _targets_table(result)
         if result.get("notes"):
@@ -179,9 +183,29 @@ def ppo(
     write_benchmarks_md()
 
 
+@bench_app.command("train")
+def train(
+    params: Path = PARAMS_OPTION,
+    total_steps: int = typer.Option(51_200, "--total-steps", min=1024, help="PPO steps per side."),
+    repeat: int = REPEAT_OPTION,
+) -> None:
+    """`agentflow train` end to end with pool.backend ray vs inprocess (shipped params), plus a worker SIGKILL."""
+    import tempfile
+
+    from tasks.bench.train_bench import TARGETS, run_train_bench
+    from tasks.bench_runs import run_repeated
+
+    with tempfile.TemporaryDirectory(prefix="agentflow-bench-train-") as tmp:
+        result = run_repeated(lambda i: run_train_bench(params, Path(tmp) / f"run{i}", total_steps), repeat, TARGETS)
+    write_json(BENCH_DIR / "train.json", result)
+    write_benchmarks_md()
+    typer.echo(render_benchmarks().split("## ")[1])
+
+
 @bench_app.command("all")
 def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
     scheduler(n_variants=1000, draws=100_000, seed=0)
+    train(params, total_steps=51_200, repeat=repeat)
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)

@@ -127,6 +127,7 @@ def run_train(
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     bc_summary: dict[str, Any] = {"used": False}
+    update_sps: list[float] = []  # this process's throughput per update (timing, so not in checkpoints)
     t_start = time.perf_counter()
     try:
         latest = latest_checkpoint(ckpt_root) if resume else None
@@ -154,6 +155,7 @@ def run_train(
         num_updates = tc.num_updates
         while ppo.update < num_updates:
             metrics = ppo.train_iteration()
+            update_sps.append(metrics["time/sps"])
             curve.append(
                 {
                     k: metrics[k]
@@ -225,6 +227,7 @@ def run_train(
         "worker_restarts": recovery["worker_restarts"],
         "steps_lost": recovery["steps_lost"],
         "wall_s": time.perf_counter() - t_start,
+        "update_sps": update_sps,
     }
     write_json(
         out_dir / "policy.json",
