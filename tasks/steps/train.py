@@ -226,6 +226,7 @@ def run_train(
         "pool": recovery,
         "worker_restarts": recovery["worker_restarts"],
         "steps_lost": recovery["steps_lost"],
+        "worker_recovery_s": max((r["recovery_s"] for r in recovery["recoveries"]), default=0.0),
         "wall_s": time.perf_counter() - t_start,
         "update_sps": update_sps,
     }
