@@ -9,12 +9,24 @@ class AgentFlowError(Exception):
     """Base of every error the library raises on purpose."""
 
 
+MAX_SHOWN = 200
+
+
+def shown(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a hostile value must not become a 39 MB message."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # e.g. an int beyond sys.get_int_max_str_digits()
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ConfigError(AgentFlowError):
     """A configuration value is missing, malformed or out of range."""
 
     def __init__(self, file: str, key: str, value: Any, expected: str) -> None:
         self.file, self.key, self.value, self.expected = file, key, value, expected
-        super().__init__(f"{file}: {key}: got {value!r}, expected {expected}")
+        super().__init__(f"{file}: {key}: got {shown(value)}, expected {expected}")
 
 
 class MappingError(AgentFlowError):
