@@ -266,6 +266,9 @@ def from_openapi(
     except (YamlLimitError, OSError) as exc:
         err_console.print(f"[bold red]OpenAPI spec error[/]: {escape(str(spec))}: {one_line(exc)}")
         raise typer.Exit(code=2) from None
+    if not isinstance(document, dict):
+        err_console.print(f"[bold red]OpenAPI spec error[/]: {escape(str(spec))}: <root>: expected a mapping")
+        raise typer.Exit(code=2) from None
     try:
         env_config, mapping = generate_from_openapi(document, family)
         config_path, mapping_path = write_generated_env(dict(env_config), dict(mapping), out_dir, force)

@@ -399,5 +399,5 @@ def test_cli_from_openapi_rejects_a_bad_family_without_writing(tmp_path: Path) -
     result = CliRunner().invoke(
         envs_app, ["from-openapi", str(spec), "--family", "Shop-API", "--out-dir", str(tmp_path / "envs")]
     )
-    assert result.exit_code == 1 and "family" in result.output
+    assert result.exit_code == 2 and "family" in result.output
     assert not (tmp_path / "envs").exists()
