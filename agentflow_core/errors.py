@@ -71,3 +71,11 @@ class EnvInvalidError(EnvError):
     """The environment returned NaN/inf or a value outside its declared space."""
 
     failure_reason = "env_invalid"
+
+
+class NonFiniteError(AgentFlowError):
+    """The learner met NaN or inf; it stops rather than train on (or checkpoint) garbage."""
+
+    def __init__(self, update: int, quantity: str, detail: str) -> None:
+        self.update, self.quantity = update, quantity
+        super().__init__(f"update {update}: non-finite {quantity} ({detail}); training stopped, nothing checkpointed")

@@ -68,7 +68,6 @@ def _registry_or_exit(config_dir: Path) -> EnvRegistry:
         raise typer.Exit(code=2) from None
 
 
-
 @envs_app.command("list")
 def list_envs(config_dir: Path = CONFIG_DIR_OPTION) -> None:
     """Show every registered base env."""

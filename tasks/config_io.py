@@ -74,7 +74,9 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> AgentFlowConfig:
     try:
         data = load_yaml_file(path)
     except YamlLimitError as exc:
-        raise ConfigError(str(path), exc.where, exc.reason, "well-formed YAML (UTF-8, within the loader's limits)") from None
+        raise ConfigError(
+            str(path), exc.where, exc.reason, "well-formed YAML (UTF-8, within the loader's limits)"
+        ) from None
     except OSError as exc:
         raise ConfigError(str(path), "<file>", exc.strerror, "a readable params.yaml") from None
     return parse_config(data, str(path))

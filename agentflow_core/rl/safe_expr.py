@@ -199,7 +199,9 @@ class _Compiler:
         if isinstance(value, bool):
             c = 1.0 if value else 0.0
         elif isinstance(value, int) and abs(value) > MAX_CONSTANT:  # before float(): 999 digits overflow it
-            raise self.reject(f"constant with {len(str(abs(value)))} digits outside [-{MAX_CONSTANT:g}, {MAX_CONSTANT:g}]")
+            raise self.reject(
+                f"constant with {len(str(abs(value)))} digits outside [-{MAX_CONSTANT:g}, {MAX_CONSTANT:g}]"
+            )
         elif isinstance(value, int | float):
             if not math.isfinite(value) or abs(value) > MAX_CONSTANT:
                 raise self.reject(f"constant {value!r} outside [-{MAX_CONSTANT:g}, {MAX_CONSTANT:g}]")
