@@ -125,7 +125,10 @@ def resolve_mapping_path(mapping: str, config_dir: Path) -> Path | None:
 def _read_document(path: Path, load: Loader | None) -> Any:
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
+        raise ValueError("binary or UTF-16 content; expected UTF-8 text")
+    text = data.decode("utf-8")
     if path.suffix == ".json":
         return json.loads(text)
     if load is None:
