@@ -79,3 +79,15 @@ class NonFiniteError(AgentFlowError):
     def __init__(self, update: int, quantity: str, detail: str) -> None:
         self.update, self.quantity = update, quantity
         super().__init__(f"update {update}: non-finite {quantity} ({detail}); training stopped, nothing checkpointed")
+
+
+class DataFileError(AgentFlowError, ValueError):
+    """A dataset file (catalogue, trajectory shard, card) is damaged or unreadable."""
+
+    def __init__(self, file: object, reason: str) -> None:
+        self.file = str(file)
+        super().__init__(f"{file}: damaged or unreadable: {reason[:300]}")
+
+
+# What readers of JSON/parquet raise on damaged bytes (pyarrow's errors subclass these too).
+DATA_ERRORS = (OSError, ValueError, KeyError, TypeError, RecursionError)

@@ -273,7 +273,12 @@ def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:
     """The initial (pre-BC, pre-PPO) weights: the exploration baseline is epsilon-greedy around them."""
     from safetensors.torch import load_file
 
-    return load_file(str(ckpt_root / "untrained.safetensors"))
+    from agentflow_core.rl.checkpoint import CheckpointError
+
+    try:
+        return load_file(str(ckpt_root / "untrained.safetensors"))
+    except Exception as exc:  # safetensors raises its own SafetensorError on damaged bytes
+        raise CheckpointError(ckpt_root / "untrained.safetensors", f"{type(exc).__name__}: {exc}") from None
 
 
 def read_summary(out_dir: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -128,6 +129,11 @@ CASES = [
     _openapi("duplicate_paths.yaml", (CORPUS / "openapi" / "duplicate_paths.yaml").read_bytes(), "'paths'"),
     _openapi("utf16.yaml", UTF16, "UTF-16"),
     _openapi("deep.yaml", DEEP, "nested deeper"),
+    *(
+        []
+        if torch.cuda.is_available()
+        else [_params("cuda_without_gpu.yaml", b"base: {device: cuda}\n", "params.yaml", "base.device", "no CUDA GPU")]
+    ),
     Case(
         "variants/names_the_file_passed",
         {
