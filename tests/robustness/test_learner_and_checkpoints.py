@@ -174,3 +174,18 @@ def test_forged_hidden_sizes_are_refused_before_allocation(
 def test_the_configured_network_must_match(saved: Path) -> None:
     with pytest.raises(CheckpointError, match=r"hidden_sizes \[32, 32\] != configured \[64, 64\]"):
         load_checkpoint(saved / "update_00000003", hidden_sizes=[64, 64])
+
+
+def test_stress_and_the_champion_candidate_skip_a_damaged_best(saved: Path, tmp_path: Path) -> None:
+    from agentflow_core.config import AgentFlowConfig
+    from tasks.champion import candidate_checkpoint
+    from tasks.steps.stress import load_policy, resolve_checkpoint
+
+    root = tmp_path / "data" / "checkpoints" / "checkpoints"  # where train writes them
+    shutil.copytree(saved, root)
+    _damage(root / "update_00000002" / MODEL_FILE, "truncated")  # best.json -> update 2
+    cfg = AgentFlowConfig.model_validate({"base": {"data_dir": str(tmp_path / "data")}})
+    ref = resolve_checkpoint(cfg, None)
+    assert Path(ref) == root / "update_00000003"
+    assert load_policy(ref).checkpoint == ref
+    assert candidate_checkpoint(cfg) == root / "update_00000003"
