@@ -132,7 +132,7 @@ def _read_document(path: Path, load: Loader | None) -> Any:
     if path.suffix == ".json":
         return json.loads(text)
     if load is None:
-        raise RegistryError(str(path), "no YAML loader was injected (pass load=yaml.safe_load)")
+        raise RegistryError(str(path), "no YAML loader was injected (pass load=, e.g. tasks.yaml_io.load_yaml_text)")
     return load(text)
 
 
