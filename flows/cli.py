@@ -18,7 +18,7 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.cli_bench import bench_app
 from tasks.cli_calibrate import calibrate_command
-from tasks.cli_common import PARAMS_OPTION, config_or_exit
+from tasks.cli_common import PARAMS_OPTION, config_or_exit, one_line
 from tasks.cli_envs import envs_app
 from tasks.cli_explore import explore_command
 from tasks.cli_pool import profile_envs_cmd
@@ -103,7 +103,7 @@ def run(
     try:
         results = training_cycle(params_path=str(params), resume=resume, run_name=run_name)
     except GateFailed as exc:
-        err_console.print(f"[bold red]gate failed[/]: {exc}")
+        err_console.print(f"[bold red]gate failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
     print_report_tree(cfg)
     console.print(where_to_look(cfg, results))
@@ -179,7 +179,7 @@ def main() -> None:
     try:
         app()
     except AgentFlowError as exc:
-        err_console.print(f"[bold red]error[/]: {exc}")
+        err_console.print(f"[bold red]error[/]: {one_line(exc)}")
         sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 

@@ -14,7 +14,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.rl.checkpoint import best_checkpoint, latest_checkpoint
+from agentflow_core.rl.checkpoint import BEST, load_intact
 from tasks.paths import DataPaths
 from tasks.policy_model import log_policy_model, tracking_uri_set
 from tasks.tracking import MlflowTracker
@@ -25,10 +25,10 @@ CHAMPION = "champion"
 def candidate_checkpoint(cfg: AgentFlowConfig) -> Path:
     """The best checkpoint of the last training run (the latest if none was ranked)."""
     root = DataPaths.of(cfg).checkpoints / "checkpoints"
-    found = best_checkpoint(root) or latest_checkpoint(root)
+    found = load_intact(root, BEST) if root.is_dir() else None
     if found is None:
         raise FileNotFoundError(f"no checkpoint under {root}: run `agentflow train` first")
-    return found
+    return found.path
 
 
 def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:

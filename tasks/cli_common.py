@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentflow_core.config import AgentFlowConfig
@@ -16,12 +17,17 @@ err_console = Console(stderr=True, soft_wrap=True)
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 
 
+def one_line(exc: BaseException) -> str:
+    """An error message as one line of plain text: user text is escaped, never read as rich markup."""
+    return escape(" ".join(str(exc).splitlines()))
+
+
 def config_or_exit(params: Path) -> AgentFlowConfig:
     """Load params.yaml, or exit 2 with one message naming the file, key, value and expectation."""
     try:
         return load_config(params)
     except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
+        err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
 
 

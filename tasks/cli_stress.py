@@ -17,7 +17,7 @@ from rich.tree import Tree
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from tasks.cli_common import config_or_exit
+from tasks.cli_common import config_or_exit, one_line
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -79,7 +79,7 @@ def stress_command(
                 on_progress=lambda done, total: progress.update(task, completed=done),
             )
         except AgentFlowError as exc:
-            err_console.print(f"[bold red]stress failed[/]: {exc}")
+            err_console.print(f"[bold red]stress failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
     report = build_report(
         summary, summary["policy"], summary["checkpoint"], summary["created_at"], summary.get("plots")
@@ -119,7 +119,7 @@ def report_command(
             )
         summary = run_report(cfg, checkpoint, out_dir=out, champion=decision)
     except AgentFlowError as exc:
-        err_console.print(f"[bold red]report failed[/]: {exc}")
+        err_console.print(f"[bold red]report failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
     report = (
         json.loads((Path(summary["report_dir"]) / "report.json").read_text()) if "json" in cfg.report.formats else None

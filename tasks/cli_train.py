@@ -16,7 +16,7 @@ from rich.console import Console
 
 from agentflow_core.errors import AgentFlowError
 from tasks.bench_runs import run_repeated
-from tasks.cli_common import config_or_exit, phase_progress
+from tasks.cli_common import config_or_exit, one_line, phase_progress
 from tasks.compose import backend
 from tasks.io import write_json
 
@@ -93,7 +93,7 @@ def train_command(
                 metrics_path=data / "metrics" / "train.json",
             )
         except AgentFlowError as exc:
-            err_console.print(f"[bold red]train failed[/]: {exc}")
+            err_console.print(f"[bold red]train failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
     console.print(
         f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): held-out success "

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.bench.scheduler_bench import run_scheduler_bench
+from tasks.cli_common import one_line
 from tasks.config_io import load_config
 from tasks.io import write_json
 from tasks.paths import DataPaths
@@ -58,12 +59,14 @@ def variants(params: Path = PARAMS_OPTION, out: Path | None = OUT_OPTION) -> Non
     """Generate the variant catalogue (base envs × dimensions × perturbation samples)."""
     try:
         cfg = load_config(params)
-        summary = run_variants(cfg, out or DataPaths.of(cfg).variants, DataPaths.of(cfg).metrics_file("variants"))
+        summary = run_variants(
+            cfg, out or DataPaths.of(cfg).variants, DataPaths.of(cfg).metrics_file("variants"), source=str(params)
+        )
     except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
+        err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
     except AgentFlowError as exc:
-        err_console.print(f"[bold red]variants failed[/]: {exc}")
+        err_console.print(f"[bold red]variants failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
     console.print(summary_table(summary))
     console.print(f"sha256 {summary['catalogue_sha256']} in {summary['seconds']:.2f}s")

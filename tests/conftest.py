@@ -15,6 +15,30 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
+TEST_ENTRY_POINTS = """\
+[agentflow.envs]
+toy = test_registry:ToyEnv
+
+[agentflow.adapters]
+toy = test_registry:ToyAdapter
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_entry_points(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Install the test modules' toy env and adapter as entry points, the way a user adds their own classes."""
+    import sys
+
+    site = tmp_path_factory.mktemp("site")
+    dist = site / "agentflow_test_envs-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: agentflow-test-envs\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(TEST_ENTRY_POINTS)
+    sys.path.append(str(site))
+    yield
+    sys.path.remove(str(site))
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

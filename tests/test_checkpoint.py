@@ -179,7 +179,7 @@ def test_resume_is_bit_identical_on_real_envs_with_scheduler_and_normaliser(tmp_
     _train(resumed, 2)
     assert _losses(sink) == _losses(full_sink)[2:]
     assert policy_hash(resumed.policy) == policy_hash(full.policy)
-    a, b = resumed.scheduler.state_dict(), full.scheduler.state_dict()
+    a, b = resumed.pool.scheduler.state_dict(), full.pool.scheduler.state_dict()
     # HeatTracker's state round trip differs in the last ulp (pool/scheduler.py, reported); the rest is exact
     assert a.pop("heat")["heat"] == pytest.approx(b.pop("heat")["heat"], rel=1e-12) and a == b
     assert resumed.reward_transform.state_dict() == full.reward_transform.state_dict()

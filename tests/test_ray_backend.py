@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -154,15 +155,11 @@ def _stop(proc: subprocess.Popen) -> None:
         tree = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         tree = []
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     for child in tree:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
     proc.wait(timeout=30)
 
 
