@@ -18,6 +18,7 @@ from rich.table import Table
 from agentflow_core.bench.scheduler_bench import run_scheduler_bench
 from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.config_io import load_config
+from tasks.determinism import make_deterministic
 from tasks.io import write_json
 from tasks.paths import DataPaths
 from tasks.steps.variants import run_variants
@@ -58,6 +59,7 @@ def variants(params: Path = PARAMS_OPTION, out: Path = OUT_OPTION) -> None:
     """Generate the variant catalogue (base envs × dimensions × perturbation samples)."""
     try:
         cfg = load_config(params)
+        make_deterministic(cfg.base.seed)
         summary = run_variants(cfg, out, DataPaths.of(cfg).metrics_file("variants"))
     except ConfigError as exc:
         err_console.print(f"[bold red]configuration error[/]: {exc}")

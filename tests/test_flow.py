@@ -10,7 +10,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect.artifacts import Artifact
 
-from tasks.prefect_tasks import GateFailed, code_fingerprint, section_fingerprint
+from tasks.prefect_tasks import GateFailed
+from tasks.provenance import GIT_COMMIT_TAG, GIT_DIRTY_TAG
+from tasks.stages import dvc_md5, params_hash
 from tests.tiny import REPO, write_tiny_params
 
 pytestmark = pytest.mark.slow
@@ -72,11 +74,67 @@ def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict]) -> None:
     train = runs["train"][0]
     history = client.get_metric_history(train.info.run_id, "train/losses/approx_kl")
     assert len(history) == len({m.step for m in history}) >= 2  # per update, no duplicated steps
-    for key in ("env_stability_score", "state_coverage_ratio", "policy_convergence_flag", "robustness_score"):
-        assert key in parent.data.metrics
+    for phase in ("calibrate", "explore", "train", "stress"):  # every phase's metrics file, as DVC shows it
+        declared = json.loads((root / "data" / "metrics" / f"{phase}.json").read_text())
+        for key, value in declared.items():
+            assert parent.data.metrics[key] == pytest.approx(float(value)), key
+    assert {"heldout_success", "robustness_score", "env_stability_score"} <= set(parent.data.metrics)
     champion = client.get_model_version_by_alias("agentflow-policy", "champion")
     assert champion.run_id == train.info.run_id
     assert champion.tags["promotion"] == "True" and "no champion yet" in champion.tags["reason"]
+
+
+def test_parent_run_names_its_code_data_params_and_prefect_run(cycle: tuple[Path, dict]) -> None:
+    from tasks.config_io import load_config
+
+    root, results = cycle
+    tags = mlflow_client(root).get_run(results["mlflow_run_id"]).data.tags
+    assert len(tags[GIT_COMMIT_TAG]) == 40 and tags[GIT_DIRTY_TAG] in {"true", "false"}
+    assert tags["agentflow.params_hash"] == params_hash(load_config(root / "params.yaml"))
+    assert tags["agentflow.torch_threads"] == "1"
+    for name in ("calibration", "variants", "trajectories", "checkpoints", "stress"):
+        assert tags[f"agentflow.data.{name}.md5"] == dvc_md5(root / "data" / name), name
+    assert tags["agentflow.policy_hash"] == results["train"]["policy_hash"]
+    assert tags["prefect.flow_run_id"] and tags["prefect.flow_run_url"].endswith(tags["prefect.flow_run_id"])
+    link = Artifact.get("mlflow-run")
+    assert link is not None and results["mlflow_run_id"] in link.data
+    card = json.loads((root / "data" / "trajectories" / "_meta.json").read_text())
+    catalogue = json.loads((root / "data" / "variants" / "_meta.json").read_text())
+    assert card["catalogue_sha256"] == catalogue["catalogue_sha256"] and card["git_commit"] == tags[GIT_COMMIT_TAG]
+
+
+def test_registered_model_predicts_from_observation_and_mask_columns(cycle: tuple[Path, dict]) -> None:
+    import mlflow
+    import numpy as np
+
+    from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+    from tasks.policy_model import policy_frame, tracking_uri_set
+    from tasks.steps.stress import load_policy
+
+    root, _ = cycle
+    with tracking_uri_set(f"sqlite:///{root / '.agentflow' / 'mlflow.db'}"):
+        model = mlflow.pyfunc.load_model("models:/agentflow-policy@champion")
+    assert "python_model" not in (model.metadata.flavors["python_function"])  # from code, not cloudpickled
+    assert model.metadata.signature is not None and model.metadata.saved_input_example_info is not None
+    rng = np.random.default_rng(0)
+    obs = (rng.random((5, OBS_DIM)) > 0.5).astype(np.float32)
+    mask = np.zeros((5, N_ACTIONS), dtype=np.float32)
+    mask[:, 3] = 1.0
+    assert model.predict(policy_frame(obs, mask)).tolist() == [3] * 5  # only the legal action
+    free = model.predict(policy_frame(obs))
+    checkpoint = client_champion_checkpoint(root)
+    assert free.tolist() == load_policy(checkpoint).act(obs, None).tolist()
+
+
+def client_champion_checkpoint(root: Path) -> Path:
+    from tasks.champion import champion_checkpoint
+    from tasks.tracking import MlflowTracker
+
+    found = champion_checkpoint(
+        MlflowTracker(f"sqlite:///{root / '.agentflow' / 'mlflow.db'}", "agentflow"), "agentflow-policy"
+    )
+    assert found is not None
+    return found
 
 
 def test_prefect_artifacts_per_phase(cycle: tuple[Path, dict]) -> None:

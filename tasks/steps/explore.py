@@ -32,8 +32,9 @@ from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.rl.trajectories import TrajectoryWriter
 from agentflow_core.semantics import TOKENS, VOCAB_VERSION
-from agentflow_core.variants import VariantSpec, read_catalogue
+from agentflow_core.variants import VariantSpec, read_catalogue, read_meta
 from tasks.io import atomic_dir, write_json
+from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.registry_io import load_registry
 
 PoolFactory = Callable[[Sequence[VariantSpec], AgentFlowConfig], Pool]
@@ -110,6 +111,8 @@ def run_explore(
                     "phase": "explore",
                     "behaviour": cfg.explore.behaviour,
                     "catalogue": str(catalogue_path),
+                    "catalogue_sha256": read_meta(catalogue_path)["catalogue_sha256"],
+                    "git_commit": git_tags()[GIT_COMMIT_TAG],
                     "variants": len(variants),
                     "reward_mode": reward_cfg.mode,
                     "vocab_version": VOCAB_VERSION,
