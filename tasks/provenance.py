@@ -22,9 +22,12 @@ GIT_DIRTY_TAG = "agentflow.git.dirty"
 HOST_TAG, PID_TAG, PID_START_TAG = "agentflow.host", "agentflow.pid", "agentflow.pid_start"
 
 
+PIPELINE_OUTPUTS = (":(exclude)data", ":(exclude)dvc.lock")  # written by runs (metrics files, DVC's record)
+
+
 @dataclass(frozen=True)
 class GitState:
-    """The commit of the code that runs, and whether tracked files differ from it."""
+    """The commit of the code that runs, and whether tracked files other than pipeline outputs differ from it."""
 
     commit: str
     dirty: bool
@@ -37,7 +40,7 @@ def git_state(root: Path = REPO_ROOT) -> GitState | None:
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=30
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *PIPELINE_OUTPUTS],
             cwd=root,
             capture_output=True,
             text=True,

@@ -152,22 +152,24 @@ class MlflowSink:
     def __init__(self, tracker: MlflowTracker, run_id: str, prefix: str = "") -> None:
         self.tracker, self.run_id, self.prefix = tracker, run_id, prefix
         self._buffer: list[Metric] = []
-        self._last_step = self._last_logged_step()
+        self._last_step = self._last_logged_steps()
 
-    def _last_logged_step(self) -> int:
-        """The highest step already in the run (a resumed run must not log it again)."""
-        run = self.tracker.client.get_run(self.run_id)
-        steps = [-1]
-        for key in run.data.metrics:
-            history = self.tracker.client.get_metric_history(self.run_id, key)
-            steps.extend(m.step for m in history)
-        return max(steps)
+    def _last_logged_steps(self) -> dict[str, int]:
+        """The highest step of each metric already in the run (a resumed run must not log them again)."""
+        client = self.tracker.client
+        return {
+            key: max(m.step for m in client.get_metric_history(self.run_id, key))
+            for key in client.get_run(self.run_id).data.metrics
+        }
 
     def record(self, step: int, metrics: Mapping[str, float]) -> None:
-        if step <= self._last_step:
-            return
+        """Log one update's metrics now, minus those the run already holds at this step or later."""
         now = int(time.time() * 1000)
-        self._buffer.extend(Metric(self.prefix + k, float(v), now, step) for k, v in metrics.items())
+        self._buffer.extend(
+            Metric(self.prefix + k, float(v), now, step)
+            for k, v in metrics.items()
+            if step > self._last_step.get(self.prefix + k, -1)
+        )
         self.flush()
 
     def flush(self) -> None:

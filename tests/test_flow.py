@@ -12,7 +12,7 @@ from prefect.artifacts import Artifact
 
 from tasks.prefect_tasks import GateFailed
 from tasks.provenance import GIT_COMMIT_TAG, GIT_DIRTY_TAG
-from tasks.stages import dvc_md5, params_hash
+from tasks.stages import dvc_md5, params_hash, stage_fingerprint
 from tests.tiny import REPO, write_tiny_params
 
 pytestmark = pytest.mark.slow
@@ -183,15 +183,59 @@ def test_a_failed_gate_stops_the_downstream_phases(tmp_path: Path, prefect_harne
     assert not (tmp_path / "data" / "variants").exists()
 
 
-def test_cache_key_of_deterministic_phases_changes_with_the_code(tmp_path: Path) -> None:
-    pkg = tmp_path / "pkg"
-    (pkg / "__pycache__").mkdir(parents=True)
-    (pkg / "a.py").write_text("x = 1\n")
-    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"ignored")
-    before = code_fingerprint(pkg)
-    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"still ignored")
-    assert code_fingerprint(pkg) == before
-    (pkg / "a.py").write_text("x = 2\n")
-    assert code_fingerprint(pkg) != before
-    key = json.loads(section_fingerprint(str(write_tiny_params(tmp_path)), "variants"))
-    assert set(key) == {"code", "variants"} and len(key["code"]) == 64
+def test_phase_cache_key_follows_the_stage_deps_and_params(tmp_path: Path) -> None:
+    from tasks.config_io import load_config
+
+    cfg = load_config(write_tiny_params(tmp_path))
+    before = stage_fingerprint(cfg, "explore")
+    assert stage_fingerprint(cfg, "explore") == before
+    changed = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": 321})})
+    assert stage_fingerprint(changed, "explore") != before  # a params key the stage names
+    unrelated = cfg.model_copy(update={"report": cfg.report.model_copy(update={"champion_slice": 0.25})})
+    assert stage_fingerprint(unrelated, "explore") == before  # a key it does not name
+    (tmp_path / "data" / "variants").mkdir(parents=True)
+    (tmp_path / "data" / "variants" / "catalogue.parquet").write_bytes(b"other catalogue")
+    assert stage_fingerprint(cfg, "explore") != before  # a data dep
+
+
+def test_no_task_reads_persisted_results_so_a_planted_pickle_runs_nothing(
+    tmp_path: Path, prefect_harness: None
+) -> None:
+    """Prefect trusts the serializer named inside a result record: a JSON result serializer is not enough."""
+    import base64
+
+    import cloudpickle
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
+
+    import tasks.prefect_tasks as prefect_tasks
+
+    marker = tmp_path / "pwned"
+    storage = Path(PREFECT_LOCAL_STORAGE_PATH.value())
+    storage.mkdir(parents=True, exist_ok=True)
+    record = {
+        "metadata": {"storage_key": str(storage / "planted"), "serializer": {"type": "pickle"}, "prefect_version": "3"},
+        "result": base64.encodebytes(cloudpickle.dumps(Touch(marker))).decode(),
+    }
+    (storage / "planted").write_text(json.dumps(record))
+
+    @task(persist_result=True, cache_key_fn=lambda *_: "planted", result_serializer="json")
+    def json_task_with_a_cache_key() -> int:
+        return 1
+
+    flow(json_task_with_a_cache_key)()
+    assert marker.exists()  # the plant is live: any task that looks its key up runs the pickle
+    ours = [t for t in vars(prefect_tasks).values() if hasattr(t, "persist_result") and hasattr(t, "fn")]
+    assert {t.name for t in ours} == PHASES
+    assert all(t.persist_result is False and t.cache_policy is NO_CACHE for t in ours)
+
+
+class Touch:
+    """A pickle payload: unpickling it creates ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.path,))
