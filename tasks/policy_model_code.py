@@ -32,10 +32,10 @@ class PolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined,misc]
         self.policy.eval()
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
-        obs = model_input[OBS_COLUMNS].to_numpy(dtype=np.float32)
+        obs = np.array(model_input[OBS_COLUMNS], dtype=np.float32)  # a copy: pandas hands out read-only views
         mask = None
         if all(c in model_input.columns for c in MASK_COLUMNS):
-            mask = model_input[MASK_COLUMNS].to_numpy(dtype=np.float32) > 0.5
+            mask = np.array(model_input[MASK_COLUMNS], dtype=np.float32) > 0.5
         return np.asarray(self.policy.act(obs, mask), dtype=np.int64).reshape(-1)
 
 
