@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tasks.cli_common import PARAMS_OPTION, config_or_exit
 
 if TYPE_CHECKING:
+    from mlflow.entities import Run
+
     from tasks.tracking import MlflowTracker
 
 console = Console()
@@ -31,7 +34,7 @@ COMPARED_TAGS = ("agentflow.policy_hash",)
 
 def refuse(message: str) -> typer.Exit:
     """Print one line and return the exit-2 error to raise."""
-    err_console.print(f"[bold red]cannot reproduce[/]: {message}", markup=True, highlight=False)
+    err_console.print(f"[bold red]cannot reproduce[/]: {escape(message)}", highlight=False)
     return typer.Exit(code=2)
 
 
@@ -45,6 +48,11 @@ def comparison(original: dict[str, float | str], rerun: dict[str, float | str]) 
         differences += not same
         table.add_row(key, str(a), str(b), "[green]yes[/]" if same else "[bold red]NO[/]")
     return table, differences
+
+
+def tracked_values(run: Run) -> dict[str, float | str]:
+    """What a reproduction must match: every metric of the parent run, and the policy hash."""
+    return {**run.data.metrics, **{k: run.data.tags[k] for k in COMPARED_TAGS if k in run.data.tags}}
 
 
 def reproduce_command(run_id: str = RUN_ID_ARGUMENT, params: Path = PARAMS_OPTION) -> None:
@@ -96,14 +104,8 @@ def reproduce_command(run_id: str = RUN_ID_ARGUMENT, params: Path = PARAMS_OPTIO
     except GateFailed as exc:
         err_console.print(f"[bold red]gate failed[/] in the rerun: {exc}")
         new_id = None
-    rerun = tracker.client.get_run(new_id) if new_id else None
-    original = {**run.data.metrics, **{k: tags[k] for k in COMPARED_TAGS if k in tags}}
-    again = (
-        {}
-        if rerun is None
-        else {**rerun.data.metrics, **{k: rerun.data.tags[k] for k in COMPARED_TAGS if k in rerun.data.tags}}
-    )
-    table, differences = comparison(original, again)
+    again = tracked_values(tracker.client.get_run(new_id)) if new_id else {}
+    table, differences = comparison(tracked_values(run), again)
     console.print(table)
     if differences:
         err_console.print(f"[bold red]{differences} of {len(table.rows)} values differ[/] (rerun: {new_id})")

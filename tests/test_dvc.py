@@ -107,6 +107,13 @@ def test_flow_reproduce_and_dvc_repro_agree(clone: Path) -> None:
     by_dvc["variants"].pop("seconds"), by_flow["variants"].pop("seconds")  # wall time, not a result
     assert by_dvc == by_flow
     assert checkpoint_hashes(clone) == flow_checkpoints
+    client = MlflowClient(f"sqlite:///{clone / '.agentflow' / 'mlflow.db'}")
+    trained = client.search_runs(
+        [client.get_experiment_by_name("agentflow").experiment_id], "tags.`agentflow.kind` = 'train'"
+    )
+    assert len(trained) == 1 and trained[0].info.status == "FINISHED"  # the DVC stage's `agentflow train` is tracked
+    assert trained[0].data.tags["agentflow.policy_hash"] == tags["agentflow.policy_hash"]
+    assert trained[0].data.metrics["heldout_success"] == by_flow["train"]["heldout_success"]
     lock = yaml.safe_load((clone / "dvc.lock").read_text())
     variants_out = next(o for o in lock["stages"]["variants"]["outs"] if o["path"] == "data/variants")
     assert variants_out["md5"] == dvc_md5(clone / "data" / "variants")  # the hash MLflow tags use is DVC's

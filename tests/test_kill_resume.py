@@ -22,7 +22,7 @@ from tasks.lifetime import SERVER_MARKER
 from tests.tiny import REPO, write_tiny_params
 
 pytestmark = pytest.mark.slow
-UPDATES = 6
+UPDATES = 4
 
 
 def agentflow(params: Path, *args: str) -> subprocess.Popen[str]:
