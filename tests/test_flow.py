@@ -1,4 +1,6 @@
-"""The training cycle as a Prefect flow, end to end at tiny scale, tracked in a real MLflow store."""
+"""The training cycle as a Prefect flow, end to end at tiny scale, tracked by a real ``mlflow server``
+(REST: nested runs, per-update batches, proxied artifacts, registry and alias, search, model loading).
+The embedded sqlite store runs the failed-gate cycle here and whole cycles in test_dvc/test_kill_resume."""
 
 from __future__ import annotations
 
@@ -33,11 +35,11 @@ def runs_by_name(client: MlflowClient) -> dict[str, list]:
 
 
 @pytest.fixture(scope="module")
-def cycle(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> tuple[Path, dict]:
+def cycle(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None, mlflow_server: str) -> tuple[Path, dict]:
     from flows.training_cycle import training_cycle
 
     root = tmp_path_factory.mktemp("cycle")
-    params = write_tiny_params(root)
+    params = write_tiny_params(root, base={"tracking": {"mlflow_uri": mlflow_server}})
     results = training_cycle(params_path=str(params), run_name="tiny-cycle")
     return root, results
 
@@ -60,9 +62,9 @@ def test_every_phase_ran_and_wrote_its_outputs(cycle: tuple[Path, dict]) -> None
         assert (data / "metrics" / f"{phase}.json").exists()
 
 
-def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict]) -> None:
+def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict], mlflow_server: str) -> None:
     root, results = cycle
-    client = mlflow_client(root)
+    client = MlflowClient(mlflow_server)
     runs = runs_by_name(client)
     parent = runs["tiny-cycle"][0]
     assert parent.info.run_id == results["mlflow_run_id"] and parent.info.status == "FINISHED"
@@ -71,9 +73,14 @@ def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict]) -> None:
         name for name, rs in runs.items() for r in rs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
     }
     assert children == PHASES
+    assert all(r.info.status == "FINISHED" for rs in runs.values() for r in rs)
     train = runs["train"][0]
     history = client.get_metric_history(train.info.run_id, "train/losses/approx_kl")
-    assert len(history) == len({m.step for m in history}) >= 2  # per update, no duplicated steps
+    assert len(history) == len({m.step for m in history}) == results["train"]["updates"]  # one batch per update
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "config")] == ["config/params.yaml"]
+    assert {a.path for a in client.list_artifacts(train.info.run_id)} >= {"plots", "curves", "policy"}
+    compared = client.search_runs([parent.info.experiment_id], "tags.`agentflow.kind` = 'cycle'")
+    assert [r.info.run_id for r in compared] == [parent.info.run_id]
     for phase in ("calibrate", "explore", "train", "stress"):  # every phase's metrics file, as DVC shows it
         declared = json.loads((root / "data" / "metrics" / f"{phase}.json").read_text())
         for key, value in declared.items():
@@ -84,11 +91,11 @@ def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict]) -> None:
     assert champion.tags["promotion"] == "True" and "no champion yet" in champion.tags["reason"]
 
 
-def test_parent_run_names_its_code_data_params_and_prefect_run(cycle: tuple[Path, dict]) -> None:
+def test_parent_run_names_its_code_data_params_and_prefect_run(cycle: tuple[Path, dict], mlflow_server: str) -> None:
     from tasks.config_io import load_config
 
     root, results = cycle
-    tags = mlflow_client(root).get_run(results["mlflow_run_id"]).data.tags
+    tags = MlflowClient(mlflow_server).get_run(results["mlflow_run_id"]).data.tags
     assert len(tags[GIT_COMMIT_TAG]) == 40 and tags[GIT_DIRTY_TAG] in {"true", "false"}
     assert tags["agentflow.params_hash"] == params_hash(load_config(root / "params.yaml"))
     assert tags["agentflow.torch_threads"] == "1"
@@ -103,16 +110,19 @@ def test_parent_run_names_its_code_data_params_and_prefect_run(cycle: tuple[Path
     assert card["catalogue_sha256"] == catalogue["catalogue_sha256"] and card["git_commit"] == tags[GIT_COMMIT_TAG]
 
 
-def test_registered_model_predicts_from_observation_and_mask_columns(cycle: tuple[Path, dict]) -> None:
+def test_registered_model_predicts_from_observation_and_mask_columns(
+    cycle: tuple[Path, dict], mlflow_server: str
+) -> None:
     import mlflow
     import numpy as np
 
     from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+    from tasks.champion import champion_checkpoint
     from tasks.policy_model import policy_frame, tracking_uri_set
     from tasks.steps.stress import load_policy
+    from tasks.tracking import MlflowTracker
 
-    root, _ = cycle
-    with tracking_uri_set(f"sqlite:///{root / '.agentflow' / 'mlflow.db'}"):
+    with tracking_uri_set(mlflow_server):
         model = mlflow.pyfunc.load_model("models:/agentflow-policy@champion")
     assert "python_model" not in (model.metadata.flavors["python_function"])  # from code, not cloudpickled
     assert model.metadata.signature is not None and model.metadata.saved_input_example_info is not None
@@ -122,19 +132,9 @@ def test_registered_model_predicts_from_observation_and_mask_columns(cycle: tupl
     mask[:, 3] = 1.0
     assert model.predict(policy_frame(obs, mask)).tolist() == [3] * 5  # only the legal action
     free = model.predict(policy_frame(obs))
-    checkpoint = client_champion_checkpoint(root)
+    checkpoint = champion_checkpoint(MlflowTracker(mlflow_server, "agentflow"), "agentflow-policy")
+    assert checkpoint is not None
     assert free.tolist() == load_policy(checkpoint).act(obs, None).tolist()
-
-
-def client_champion_checkpoint(root: Path) -> Path:
-    from tasks.champion import champion_checkpoint
-    from tasks.tracking import MlflowTracker
-
-    found = champion_checkpoint(
-        MlflowTracker(f"sqlite:///{root / '.agentflow' / 'mlflow.db'}", "agentflow"), "agentflow-policy"
-    )
-    assert found is not None
-    return found
 
 
 def test_prefect_artifacts_per_phase(cycle: tuple[Path, dict]) -> None:
@@ -144,16 +144,18 @@ def test_prefect_artifacts_per_phase(cycle: tuple[Path, dict]) -> None:
     assert "robustness_score" in Artifact.get("cycle-summary").data
 
 
-def test_rerun_reuses_the_cached_variant_phase_and_moves_champion_only_on_gain(cycle: tuple[Path, dict]) -> None:
+def test_rerun_reuses_the_cached_variant_phase_and_moves_champion_only_on_gain(
+    cycle: tuple[Path, dict], mlflow_server: str
+) -> None:
     from flows.training_cycle import training_cycle
 
     root, first = cycle
     catalogue = root / "data" / "variants" / "catalogue.parquet"
     before = catalogue.stat().st_mtime_ns
     second = training_cycle(params_path=str(root / "params.yaml"), run_name="tiny-cycle-2", resume=True)
-    assert catalogue.stat().st_mtime_ns == before  # variants came from Prefect's result cache
+    assert catalogue.stat().st_mtime_ns == before  # variants came from the phase cache
     assert second["variants"]["catalogue_sha256"] == first["variants"]["catalogue_sha256"]
-    client = mlflow_client(root)
+    client = MlflowClient(mlflow_server)
     versions = client.search_model_versions("name='agentflow-policy'")
     assert len(versions) == 2
     champion = client.get_model_version_by_alias("agentflow-policy", "champion")
