@@ -16,6 +16,7 @@ from rich.tree import Tree
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError
+from flows.reproduce import reproduce_command
 from tasks.cli_bench import bench_app
 from tasks.cli_calibrate import calibrate_command
 from tasks.cli_common import PARAMS_OPTION, config_or_exit, one_line
@@ -169,6 +170,7 @@ app.command("explore")(explore_command)
 app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)
+app.command("reproduce")(reproduce_command)
 app.command("profile-envs")(profile_envs_cmd)
 app.add_typer(envs_app, name="envs")
 app.add_typer(bench_app, name="bench")

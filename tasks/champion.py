@@ -65,20 +65,22 @@ def promote_if_better(
             "promote": False,
             "reason": f"not promoted: the candidate failed stress validation ({decision['reason']})",
         }
-    model_uri = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
+    info = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:
         tracker.client.create_registered_model(
             name, description="AgentFlow semantic policy (one network, all channels)"
         )
+    # A tracking server accepts a ``models:/m-…`` source only together with the logged model's id.
     with tracking_uri_set(tracker.tracking_uri):  # the registry resolves models:/<id> through the fluent store
         version = tracker.client.create_model_version(
             name,
-            model_uri,
+            info.model_uri,
             run_id=train_run_id,
             tags={"promotion": str(decision["promote"]), "reason": str(decision["reason"])[:5000]},
+            model_id=info.model_id,
         )
     if decision["promote"]:
         tracker.client.set_registered_model_alias(name, CHAMPION, version.version)
-    return {**decision, "model_version": version.version, "model_uri": model_uri}
+    return {**decision, "model_version": version.version, "model_uri": info.model_uri}

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tasks.cli_common import config_or_exit
+from tasks.cli_common import phase_config_or_exit
 from tasks.paths import DataPaths
 from tasks.registry_io import configure_adapter_debug
 from tasks.steps.calibrate import run_calibrate
@@ -25,7 +25,7 @@ def calibrate_command(
 
     Exits 1 when the gate fails (too many unstable variants or mapping-audit errors).
     """
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     configure_adapter_debug()
     paths = DataPaths.of(cfg)
     with Progress(

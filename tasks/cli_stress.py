@@ -17,7 +17,7 @@ from rich.tree import Tree
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from tasks.cli_common import config_or_exit, one_line
+from tasks.cli_common import one_line, phase_config_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -43,6 +43,9 @@ CHAMPION = typer.Option(
     None, "--champion", help="Also run champion/challenger against this checkpoint ('none': no champion yet)."
 )
 REPORT_OUT = typer.Option(None, "--out", help="Report dir (default <data_dir>/reports).")
+REPORT_STRICT = typer.Option(
+    False, "--strict", help="Exit 1 after writing the report when the stress gate failed (as the flow stops)."
+)
 
 
 def rich_tree(node: TreeNode, tree: Tree | None = None) -> Tree:
@@ -64,7 +67,7 @@ def stress_command(
     """Run E greedy episodes on a stratified catalogue sample; write records, summary, plots and metrics."""
     from tasks.steps.stress import run_stress
 
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     with Progress(
         TextColumn("[bold]stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
@@ -99,6 +102,7 @@ def report_command(
     checkpoint: str | None = CHECKPOINT,
     champion: str | None = CHAMPION,
     out: Path | None = REPORT_OUT,
+    strict: bool = REPORT_STRICT,
 ) -> None:
     """Write the evaluation report (md/html/json + PNGs), running the stress phase first if needed."""
     from tasks.paths import DataPaths
@@ -106,7 +110,7 @@ def report_command(
     from tasks.steps.report import load_stress_summary, run_champion_challenger, run_report
     from tasks.steps.stress import run_stress
 
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     try:
         ref = resolve_checkpoint(cfg, checkpoint)
         stress_summary = load_stress_summary(DataPaths.of(cfg).stress)
@@ -129,6 +133,9 @@ def report_command(
     else:
         console.print(summary["tree"])
     console.print(f"report -> {summary['report_dir']}: {', '.join(summary['files'])}")
+    if strict and not summary["passed"]:
+        err_console.print("[bold red]stress gate failed[/]: the report says why")
+        raise typer.Exit(code=1)
 
 
 stress_app.command("stress")(stress_command)

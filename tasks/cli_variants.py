@@ -19,6 +19,7 @@ from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.bench.scheduler_bench import run_scheduler_bench
 from tasks.cli_common import one_line
 from tasks.config_io import load_config
+from tasks.determinism import make_deterministic
 from tasks.io import write_json
 from tasks.paths import DataPaths
 from tasks.steps.variants import run_variants
@@ -59,6 +60,7 @@ def variants(params: Path = PARAMS_OPTION, out: Path | None = OUT_OPTION) -> Non
     """Generate the variant catalogue (base envs × dimensions × perturbation samples)."""
     try:
         cfg = load_config(params)
+        make_deterministic(cfg.base.seed)
         summary = run_variants(
             cfg, out or DataPaths.of(cfg).variants, DataPaths.of(cfg).metrics_file("variants"), source=str(params)
         )
