@@ -102,6 +102,13 @@ CASES = [
     _corpus_params("seed_2_70.yaml", "base.seed", "less than 4294967296"),
     _corpus_params("not_a_mapping.yaml", "<root>"),
     _corpus_params("python_tag.yaml", "line 2", "python/object"),
+    _params(
+        "huge_catalogue.yaml",
+        b"variants: {samples_per_combination: 100000}\n",
+        "params.yaml",
+        "variants",
+        "10800000 variants",
+    ),
     _params("deep_nesting.yaml", DEEP, "params.yaml", "line 1", "nested deeper"),
     _params("deep_block.yaml", DEEP_BLOCK, "params.yaml", "nested deeper"),
     _params("big_int.yaml", BIG_INT, "params.yaml", "line 2", "5000 digits"),
