@@ -208,3 +208,15 @@ def test_hostile_input_exits_2_with_one_line_and_writes_nothing(
         assert name in lines[0], (name, lines[0])
     assert result["seconds"] < TIMEOUT_S
     assert after == before, "the command wrote or changed files"
+
+
+def test_user_text_in_a_valid_config_is_printed_literally(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    params = tmp_path / "params.yaml"
+    params.write_text('base:\n  run_name: "[/x] [bold]demo"\n')
+    result = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "run=[/x] [bold]demo seed=0" in result.output
