@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.errors import AgentFlowError, ConfigError
+from agentflow_core.errors import AgentFlowError, ConfigError, MappingError, RegistryError
 from tasks.cli_bench import bench_app
 from tasks.cli_calibrate import calibrate_command
 from tasks.cli_common import PARAMS_OPTION, config_or_exit, one_line
@@ -178,7 +178,7 @@ def main() -> None:
         app()
     except AgentFlowError as exc:
         err_console.print(f"[bold red]error[/]: {one_line(exc)}")
-        sys.exit(2 if isinstance(exc, ConfigError) else 1)
+        sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError) else 1)
 
 
 if __name__ == "__main__":
