@@ -20,6 +20,7 @@ MAX_COUNT = 10**7
 MAX_WIDTH = 4096
 MAX_LAYERS = 8
 MAX_TIMEOUT_S = 3600.0
+MAX_VARIANTS = 10**6
 EnvCount = Annotated[int, Field(gt=0, le=MAX_ENVS)]
 StepCount = Annotated[int, Field(gt=0, le=MAX_STEPS)]
 Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]
@@ -119,6 +120,15 @@ class VariantsConfig(_Section):
             if not choices:
                 raise ValueError(f"dimension {name!r} has no values")
         return value
+
+    @model_validator(mode="after")
+    def _catalogue_size(self) -> VariantsConfig:
+        size = len(self.base_envs) * self.samples_per_combination
+        for choices in self.dimensions.values():
+            size *= len(choices)
+        if size > MAX_VARIANTS:
+            raise ValueError(f"the catalogue would hold {size} variants, more than {MAX_VARIANTS}")
+        return self
 
 
 class PoolConfig(_Section):

@@ -72,7 +72,7 @@ def _registry_or_exit(config_dir: Path) -> EnvRegistry:
 def list_envs(config_dir: Path = CONFIG_DIR_OPTION) -> None:
     """Show every registered base env."""
     registry = _registry_or_exit(config_dir)
-    table = Table(title=f"envs in {config_dir}")
+    table = Table(title=escape(f"envs in {config_dir}"))
     for column in ("env_id", "family", "version", "adapter", "mapping", "class"):
         table.add_column(column)
     for e in registry.entries():
@@ -166,7 +166,7 @@ INFO_OPTION = typer.Option(False, "--info", help="Also list info findings (token
 def check(config_dir: Path = CONFIG_DIR_OPTION, show_info: bool = INFO_OPTION) -> None:
     """check_env + mapping audit for every registered env; exit 1 on any error."""
     results = check_config_dir(config_dir)
-    table = Table(title=f"env check: {config_dir}")
+    table = Table(title=escape(f"env check: {config_dir}"))
     for column in ("env_id", "config", "check_env", "audit errors", "audit info", "status"):
         table.add_column(column)
     for r in results:

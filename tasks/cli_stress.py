@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
@@ -50,9 +51,9 @@ REPORT_STRICT = typer.Option(
 
 def rich_tree(node: TreeNode, tree: Tree | None = None) -> Tree:
     """The report tree (``agentflow_core.evaluation.report.report_tree``) as a rich Tree."""
-    tree = tree if tree is not None else Tree(f"[bold]{node.label}[/]")
+    tree = tree if tree is not None else Tree(f"[bold]{escape(node.label)}[/]")
     for child in node.children:
-        rich_tree(child, tree.add(child.label))
+        rich_tree(child, tree.add(escape(child.label)))
     return tree
 
 
@@ -132,7 +133,7 @@ def report_command(
         console.print(rich_tree(report_tree(report)))
     else:
         console.print(summary["tree"])
-    console.print(f"report -> {summary['report_dir']}: {', '.join(summary['files'])}")
+    console.print(escape(f"report -> {summary['report_dir']}: {', '.join(summary['files'])}"))
     if strict and not summary["passed"]:
         err_console.print("[bold red]stress gate failed[/]: the report says why")
         raise typer.Exit(code=1)

@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentflow_core.errors import AgentFlowError, ConfigError
@@ -44,15 +45,15 @@ BENCH_OUT_OPTION = typer.Option(None, "--out", help="Also write the result as JS
 
 def summary_table(summary: dict[str, Any]) -> Table:
     """Counts per family and per dimension value, one table."""
-    table = Table(title=f"{summary['variants']} variants -> {summary['catalogue']}")
+    table = Table(title=escape(f"{summary['variants']} variants -> {summary['catalogue']}"))
     table.add_column("group")
     table.add_column("value")
     table.add_column("variants", justify="right")
     for family, count in summary["by_family"].items():
-        table.add_row("family", family, str(count))
+        table.add_row("family", escape(family), str(count))
     for dimension, counts in summary["by_dimension"].items():
         for value, count in counts.items():
-            table.add_row(dimension, value, str(count))
+            table.add_row(escape(dimension), escape(str(value)), str(count))
     return table
 
 

@@ -523,11 +523,20 @@ class _Server(ThreadingHTTPServer):
         logger.debug("payment API: error serving %s", client_address, exc_info=True)
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # any other host name may resolve anywhere
+        return False
+
+
 class PaymentAPIServer:
     """One threaded HTTP server on 127.0.0.1 serving every episode of this process."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        if not ipaddress.ip_address(host).is_loopback:
+        if not _is_loopback(host):
             raise ValueError(f"the payment API serves loopback only, got host {host!r}")
         self._httpd = _Server((host, port), _Handler)
         self._httpd.state = PaymentAPIState()

@@ -102,6 +102,13 @@ CASES = [
     _corpus_params("seed_2_70.yaml", "base.seed", "less than 4294967296"),
     _corpus_params("not_a_mapping.yaml", "<root>"),
     _corpus_params("python_tag.yaml", "line 2", "python/object"),
+    _params(
+        "huge_catalogue.yaml",
+        b"variants: {samples_per_combination: 100000}\n",
+        "params.yaml",
+        "variants",
+        "10800000 variants",
+    ),
     _params("deep_nesting.yaml", DEEP, "params.yaml", "line 1", "nested deeper"),
     _params("deep_block.yaml", DEEP_BLOCK, "params.yaml", "nested deeper"),
     _params("big_int.yaml", BIG_INT, "params.yaml", "line 2", "5000 digits"),
@@ -201,3 +208,15 @@ def test_hostile_input_exits_2_with_one_line_and_writes_nothing(
         assert name in lines[0], (name, lines[0])
     assert result["seconds"] < TIMEOUT_S
     assert after == before, "the command wrote or changed files"
+
+
+def test_user_text_in_a_valid_config_is_printed_literally(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    params = tmp_path / "params.yaml"
+    params.write_text('base:\n  run_name: "[/x] [bold]demo"\n')
+    result = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "run=[/x] [bold]demo seed=0" in result.output

@@ -121,7 +121,7 @@ def test_a_large_body_is_refused_unread(api: PaymentAPIServer) -> None:
     assert raw(api, post("/episodes", body))[0] == 413
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.com"])
 def test_the_server_binds_loopback_only(host: str) -> None:
     with pytest.raises(ValueError, match="loopback only"):
         PaymentAPIServer(host=host)
