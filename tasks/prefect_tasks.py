@@ -127,7 +127,7 @@ def variants_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
         "variants",
         paths.variants,
         use_cache,
-        lambda: run_variants(cfg, paths.variants, paths.metrics_file("variants")),
+        lambda: run_variants(cfg, paths.variants, paths.metrics_file("variants"), source=params_path),
     )
     _publish("variants", "Variant catalogue", summary)
     return summary
