@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export DVC_NO_ANALYTICS ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install run test test-fast lint bench clean
+.PHONY: install run test test-fast lint bench lock clean clean-state
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,5 +37,18 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/agentflow bench all --repeat 3
 
+# dvc.lock for the shipped params.yaml: runs the stages whose deps or params changed (all of them on a
+# fresh clone), then records their hashes. Commit dvc.lock afterwards.
+lock: $(STAMP)
+	$(BIN)/dvc repro
+	@echo "dvc.lock now matches params.yaml and the code: commit it"
+
+# Only what a rebuild recreates: the virtualenv, tool caches, bytecode and the flow's phase cache.
 clean:
-	rm -rf $(VENV) .agentflow
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info .agentflow/phase-cache
+	find agentflow_core tasks flows tests -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# History that nothing rebuilds: the DVC remote, MLflow runs and registry, Prefect runs (all of .agentflow).
+clean-state:
+	@echo "deleting .agentflow: the DVC remote, the MLflow runs and registry, the Prefect history"
+	rm -rf .agentflow

@@ -13,19 +13,34 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+# Upper bounds that no run on one machine reaches; beyond them a typo would allocate, loop or wait forever.
+MAX_ENVS = 4096
+MAX_STEPS = 10**10
+MAX_COUNT = 10**7
+MAX_WIDTH = 4096
+MAX_LAYERS = 8
+MAX_TIMEOUT_S = 3600.0
+MAX_VARIANTS = 10**6
+EnvCount = Annotated[int, Field(gt=0, le=MAX_ENVS)]
+StepCount = Annotated[int, Field(gt=0, le=MAX_STEPS)]
+Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+Seed = Annotated[int, Field(ge=0, lt=2**32, description="numpy and torch seeds are 32-bit.")]
+TimeoutS = Annotated[float, Field(gt=0.0, le=MAX_TIMEOUT_S)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Every float is finite: a NaN reward or an infinite timeout passes every range check and
+    # surfaces hours later as an all-NaN policy or a hang.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RayConfig(_Section):
     address: str | None = Field(
         None, description="Ray cluster address; None starts a local Ray (RAY_ADDRESS overrides)."
     )
-    num_cpus: PositiveInt = 2
+    num_cpus: Annotated[int, Field(gt=0, le=1024)] = 2
     include_dashboard: bool = False
-    object_store_mb: Annotated[int, Field(ge=78)] = 512
+    object_store_mb: Annotated[int, Field(ge=78, le=1 << 20)] = 512
 
 
 class TrackingConfig(_Section):
@@ -36,7 +51,7 @@ class TrackingConfig(_Section):
 
 
 class BaseSection(_Section):
-    seed: int = 0
+    seed: Seed = 0
     run_name: str = "demo"
     state_dir: str = Field(".agentflow", description="Prefect home, MLflow db, DVC remote, checkpoints live here.")
     data_dir: str = "data"
@@ -45,10 +60,20 @@ class BaseSection(_Section):
     ray: RayConfig = RayConfig()
     tracking: TrackingConfig = TrackingConfig()
 
+    @field_validator("device")
+    @classmethod
+    def _device_present(cls, value: str) -> str:
+        # Imported here: torch is heavy, and only this check needs it at config time.
+        import torch
+
+        if value == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' but torch sees no CUDA GPU on this machine (use 'cpu' or 'auto')")
+        return value
+
 
 class CalibrateConfig(_Section):
-    variants_per_family: PositiveInt = 4
-    resets: PositiveInt = 100
+    variants_per_family: Annotated[int, Field(gt=0, le=10_000)] = 4
+    resets: Count = 100
     max_reward_variance: Annotated[float, Field(gt=0.0)] = 0.05
     max_failed_fraction: Fraction = 0.2
     min_expert_success: Fraction = 0.9
@@ -86,7 +111,7 @@ class VariantsConfig(_Section):
         "price_factor": RangeSpec(kind="uniform", low=0.85, high=1.15),
         "inventory": RangeSpec(kind="int", low=0, high=100),
     }
-    samples_per_combination: PositiveInt = 67
+    samples_per_combination: Annotated[int, Field(gt=0, le=100_000)] = 67
 
     @field_validator("dimensions")
     @classmethod
@@ -96,9 +121,18 @@ class VariantsConfig(_Section):
                 raise ValueError(f"dimension {name!r} has no values")
         return value
 
+    @model_validator(mode="after")
+    def _catalogue_size(self) -> VariantsConfig:
+        size = len(self.base_envs) * self.samples_per_combination
+        for choices in self.dimensions.values():
+            size *= len(choices)
+        if size > MAX_VARIANTS:
+            raise ValueError(f"the catalogue would hold {size} variants, more than {MAX_VARIANTS}")
+        return self
+
 
 class PoolConfig(_Section):
-    num_workers: Annotated[int, Field(ge=0)] = 2
+    num_workers: Annotated[int, Field(ge=0, le=1024)] = 2
     backend: Literal["ray", "inprocess"] = Field(
         "ray",
         description=(
@@ -106,10 +140,21 @@ class PoolConfig(_Section):
             "Left out, it is 'ray' whenever num_workers > 0."
         ),
     )
-    max_live_per_worker: PositiveInt = 256
-    step_timeout_s: Annotated[float, Field(gt=0.0)] = 5.0
+    max_live_per_worker: EnvCount = 256
+    step_timeout_s: TimeoutS = 5.0
     quarantine_after: PositiveInt = 3
-    max_worker_restarts: Annotated[int, Field(ge=0)] = 3
+    max_worker_restarts: Annotated[
+        int, Field(ge=0, le=10_000, description="Worker restarts allowed within any restart_window_s.")
+    ] = 3
+    restart_window_s: Annotated[
+        float,
+        Field(
+            gt=0.0,
+            le=30 * 24 * 3600.0,
+            description="The window the restart budget counts over (a multi-day run "
+            "that loses a worker now and then keeps going; a crash loop still stops it).",
+        ),
+    ] = 3600.0
     scheduler: Literal["uniform", "round_robin", "heat", "plr_coverage"] = "plr_coverage"
     heat_decay: Annotated[
         float, Field(gt=0.0, lt=1.0, description="seed §2.1: h <- decay*h + 1 per round sampled, decay*h otherwise.")
@@ -159,17 +204,21 @@ class ExploreConfig(_Section):
             "(the network PPO starts from)."
         ),
     )
-    total_steps: PositiveInt = 20_000
-    num_envs: PositiveInt = 32
+    total_steps: StepCount = 20_000
+    num_envs: EnvCount = 32
     coverage_low: Fraction = 0.8
     coverage_high: Fraction = 0.9
     epsilon_high: Fraction = 0.95
     epsilon_mid: Fraction = 0.3
     epsilon_low: Fraction = 0.1
-    shard_rows: PositiveInt = 50_000
+    shard_rows: Count = 50_000
     reference_pool_steps: Annotated[
         int,
-        Field(ge=0, description="Pool steps of the scripted expert whose transitions are the edge-coverage reference."),
+        Field(
+            ge=0,
+            le=MAX_COUNT,
+            description="Pool steps of the scripted expert whose transitions are the edge-coverage reference.",
+        ),
     ] = 60
 
     @model_validator(mode="after")
@@ -211,7 +260,7 @@ class RewardConfig(_Section):
     token_rewards: dict[str, float] = {"PAYMENT_SUCCESS": 10.0}
     shaping: list[ShapingTerm] = []
     model_url: str | None = None
-    model_timeout_s: Annotated[float, Field(gt=0.0)] = 0.5
+    model_timeout_s: TimeoutS = 0.5
     normalize: bool = True
 
     @field_validator("token_rewards")
@@ -236,9 +285,9 @@ class TrainConfig(_Section):
     (CleanRL derives it the same way); ``batch_size`` is the size the defaults are tuned for and
     sizes ``num_updates`` and the benchmark."""
 
-    total_steps: PositiveInt = 200_000
-    num_envs: PositiveInt = 32
-    n_steps: PositiveInt = 64
+    total_steps: StepCount = 200_000
+    num_envs: EnvCount = 32
+    n_steps: Annotated[int, Field(gt=0, le=100_000)] = 64
     learning_rate: Annotated[float, Field(gt=0.0, lt=1.0)] = 3e-4
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99
     gae_lambda: Annotated[float, Field(ge=0.0, le=1.0)] = 0.95
@@ -246,17 +295,19 @@ class TrainConfig(_Section):
     ent_coef: Annotated[float, Field(ge=0.0)] = 0.01
     vf_coef: Annotated[float, Field(ge=0.0)] = 0.5
     max_grad_norm: Annotated[float, Field(gt=0.0)] = 0.5
-    n_epochs: PositiveInt = 10
-    batch_size: PositiveInt = 2048
-    minibatch_size: PositiveInt = 512
-    max_episode_steps: PositiveInt = 200
+    n_epochs: Annotated[int, Field(gt=0, le=1000)] = 10
+    batch_size: Count = 2048
+    minibatch_size: Count = 512
+    max_episode_steps: Annotated[int, Field(gt=0, le=100_000)] = 200
     target_kl: Annotated[float, Field(gt=0.0)] = 0.015
     kl_check_every: PositiveInt = 100
-    hidden_sizes: list[PositiveInt] = [64, 64]
+    hidden_sizes: Annotated[
+        list[Annotated[int, Field(gt=0, le=MAX_WIDTH)]], Field(min_length=1, max_length=MAX_LAYERS)
+    ] = [64, 64]
     checkpoint_every_updates: PositiveInt = 10
-    checkpoint_every_minutes: Annotated[float, Field(gt=0.0)] = 120.0
+    checkpoint_every_minutes: Annotated[float, Field(gt=0.0, le=7 * 24 * 60.0)] = 120.0
     eval_every_updates: PositiveInt = 10
-    eval_episodes: PositiveInt = 64
+    eval_episodes: Count = 64
     heldout_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
     bc_warm_start: bool = True
     reward: RewardConfig = RewardConfig()
@@ -276,10 +327,10 @@ class TrainConfig(_Section):
 class StressConfig(_Section):
     """Phase 3 stress validation (agentflow_core.evaluation documents every measure)."""
 
-    episodes: PositiveInt = 1000
-    variants: PositiveInt = Field(720, description="Size of the stratified catalogue sample the episodes run on.")
-    num_envs: PositiveInt = 32
-    consistency_variants: PositiveInt = 100
+    episodes: Count = 1000
+    variants: Count = Field(720, description="Size of the stratified catalogue sample the episodes run on.")
+    num_envs: EnvCount = 32
+    consistency_variants: Count = 100
     consistency_target: Fraction = 0.82
     failure_reward_threshold: float = 5.0
     risk_threshold: Fraction = 0.3
@@ -302,7 +353,7 @@ class ReportConfig(_Section):
 
     formats: list[Literal["md", "html", "json"]] = ["md", "html", "json"]
     champion_slice: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
-    champion_episodes: PositiveInt = Field(200, description="Episodes per policy on the champion slice.")
+    champion_episodes: Count = Field(200, description="Episodes per policy on the champion slice.")
     promote_min_consistency: Fraction = 0.85
     promote_min_reward_gain: float = 0.05
 

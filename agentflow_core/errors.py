@@ -9,12 +9,24 @@ class AgentFlowError(Exception):
     """Base of every error the library raises on purpose."""
 
 
+MAX_SHOWN = 200
+
+
+def shown(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a hostile value must not become a 39 MB message."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # e.g. an int beyond sys.get_int_max_str_digits()
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ConfigError(AgentFlowError):
     """A configuration value is missing, malformed or out of range."""
 
     def __init__(self, file: str, key: str, value: Any, expected: str) -> None:
         self.file, self.key, self.value, self.expected = file, key, value, expected
-        super().__init__(f"{file}: {key}: got {value!r}, expected {expected}")
+        super().__init__(f"{file}: {key}: got {shown(value)}, expected {expected}")
 
 
 class MappingError(AgentFlowError):
@@ -59,3 +71,23 @@ class EnvInvalidError(EnvError):
     """The environment returned NaN/inf or a value outside its declared space."""
 
     failure_reason = "env_invalid"
+
+
+class NonFiniteError(AgentFlowError):
+    """The learner met NaN or inf; it stops rather than train on (or checkpoint) garbage."""
+
+    def __init__(self, update: int, quantity: str, detail: str) -> None:
+        self.update, self.quantity = update, quantity
+        super().__init__(f"update {update}: non-finite {quantity} ({detail}); training stopped, nothing checkpointed")
+
+
+class DataFileError(AgentFlowError, ValueError):
+    """A dataset file (catalogue, trajectory shard, card) is damaged or unreadable."""
+
+    def __init__(self, file: object, reason: str) -> None:
+        self.file = str(file)
+        super().__init__(f"{file}: damaged or unreadable: {reason[:300]}")
+
+
+# What readers of JSON/parquet raise on damaged bytes (pyarrow's errors subclass these too).
+DATA_ERRORS = (OSError, ValueError, KeyError, TypeError, RecursionError)

@@ -9,6 +9,10 @@ Each file in the config directory (``configs/envs/*.yaml``) declares one base en
     params: {card_decline_rate: 0.1}  # Scenario defaults of this env
     kwargs: {}                        # optional extra constructor arguments of the family
 
+Code never comes from data: a ``class_path`` or explicit adapter path must lie in ``agentflow_core``
+or be an entry point a user installed (groups ``agentflow.envs`` / ``agentflow.adapters``), checked
+before anything is imported; a ``mapping`` path stays inside the config directory.
+
 Everything is checked when the file is loaded -- class path, adapter, mapping schema, Scenario
 params, unknown keys, duplicate ids -- so a typo fails at ``refresh()`` with the file and key,
 not in a Ray worker an hour later. The YAML parser is injected (``load``): the core never imports
@@ -31,6 +35,10 @@ from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import MappingError, RegistryError
 
 PACKAGED_MAPPINGS_DIR = Path(__file__).resolve().parent / "mappings"
+TRUSTED_PACKAGE = "agentflow_core"
+ENV_ENTRY_POINTS = "agentflow.envs"
+ADAPTER_ENTRY_POINTS = "agentflow.adapters"
+MAX_CONFIG_BYTES = 1 << 20
 REQUIRED_KEYS = frozenset({"env_id", "class_path", "adapter", "mapping"})
 OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version"})
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -77,23 +85,54 @@ class EnvEntry:
         return SemanticEnv(physical, adapter, max_episode_steps=scenario.max_episode_steps)
 
 
+def installed_class_paths(group: str) -> frozenset[str]:
+    """``module:Attr`` values of the entry points installed in ``group`` (code a user chose to install)."""
+    from importlib.metadata import entry_points
+
+    return frozenset(ep.value.replace(" ", "") for ep in entry_points(group=group))
+
+
+def check_trusted(path: str, group: str) -> None:
+    """Refuse, before any import, a class path outside ``agentflow_core`` and the installed entry points.
+
+    A config file is data: naming a module must not be enough to run it (importing runs its top level).
+    """
+    module = path.partition(":")[0]
+    if ":" not in path or module == TRUSTED_PACKAGE or module.startswith(TRUSTED_PACKAGE + "."):
+        return  # a malformed path is reported by load_object without importing anything
+    if path not in installed_class_paths(group):
+        raise ImportError(
+            f"{path!r} is not allowed: classes come from {TRUSTED_PACKAGE} or from an installed entry point "
+            f"of group {group!r} (declare it under [project.entry-points.{group!r}] of your package)"
+        )
+
+
 def resolve_mapping_path(mapping: str, config_dir: Path) -> Path | None:
-    """Find a mapping file: absolute, else next to the config file, else in the packaged mappings."""
+    """Find a mapping file next to the config file, else in the packaged mappings; never outside those two.
+
+    Absolute paths and ``..`` escapes are refused (a config must not read ``/etc/passwd``).
+    """
     candidate = Path(mapping)
     if candidate.is_absolute():
-        return candidate if candidate.is_file() else None
-    for base in (config_dir, PACKAGED_MAPPINGS_DIR):
-        if (base / candidate).is_file():
-            return (base / candidate).resolve()
+        return None
+    for base in (config_dir.resolve(), PACKAGED_MAPPINGS_DIR):
+        path = (base / candidate).resolve()
+        if path.is_relative_to(base) and path.is_file():
+            return path
     return None
 
 
 def _read_document(path: Path, load: Loader | None) -> Any:
-    text = path.read_text(encoding="utf-8")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
+    data = path.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
+        raise ValueError("binary or UTF-16 content; expected UTF-8 text")
+    text = data.decode("utf-8")
     if path.suffix == ".json":
         return json.loads(text)
     if load is None:
-        raise RegistryError(str(path), "no YAML loader was injected (pass load=yaml.safe_load)")
+        raise RegistryError(str(path), "no YAML loader was injected (pass load=, e.g. tasks.yaml_io.load_yaml_text)")
     return load(text)
 
 
@@ -101,8 +140,8 @@ def load_mapping(path: Path, load: Loader | None = None) -> dict[str, Any]:
     """Read one mapping document (JSON, or YAML through the injected loader)."""
     try:
         document = _read_document(path, load)
-    except (OSError, ValueError) as exc:
-        raise MappingError(str(path), "$", f"unreadable: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise MappingError(str(path), "$", f"unreadable: {type(exc).__name__}: {exc}") from None
     if not isinstance(document, dict):
         raise MappingError(str(path), "$", f"expected an object, got {type(document).__name__}")
     return document
@@ -133,19 +172,23 @@ def entry_from_config(config: Any, source_file: Path, load: Loader | None = None
     except (TypeError, ValueError) as exc:
         raise RegistryError(src, f"params: {exc}") from exc
     try:
+        check_trusted(config["class_path"], ENV_ENTRY_POINTS)
         physical_cls = load_object(config["class_path"])
     except ImportError as exc:
         raise RegistryError(src, f"class_path: {exc}") from exc
     if not callable(physical_cls):
         raise RegistryError(src, f"class_path: {config['class_path']!r} is not callable")
     try:
+        check_trusted(config["adapter"], ADAPTER_ENTRY_POINTS)
         adapter_cls = adapter_class(config["adapter"])
     except (KeyError, ImportError, TypeError) as exc:
         raise RegistryError(src, f"adapter: {exc}") from exc
     mapping_path = resolve_mapping_path(config["mapping"], source_file.parent)
     if mapping_path is None:
         raise RegistryError(
-            src, f"mapping: file {config['mapping']!r} not found next to the config or in {PACKAGED_MAPPINGS_DIR}"
+            src,
+            f"mapping: file {config['mapping']!r} not found inside the config directory or {PACKAGED_MAPPINGS_DIR} "
+            "(absolute paths and '..' are refused)",
         )
     mapping = load_mapping(mapping_path, load)
     adapter_cls(mapping, source=str(mapping_path))  # schema + template + per-rule condition checks
@@ -177,7 +220,7 @@ def read_config(path: Path, load: Loader | None = None) -> Any:
     except RegistryError:
         raise
     except Exception as exc:  # whatever the injected parser raises on malformed input
-        raise RegistryError(str(path), f"unreadable: {type(exc).__name__}: {exc}") from exc
+        raise RegistryError(str(path), f"unreadable: {type(exc).__name__}: {exc}") from None
 
 
 def is_mapping_document(document: Any) -> bool:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from agentflow_core.config import RangeSpec
 from agentflow_core.envs.base import Scenario
-from agentflow_core.errors import AgentFlowError, ConfigError
+from agentflow_core.errors import DATA_ERRORS, AgentFlowError, ConfigError, DataFileError
 
 CATALOGUE_FILE = "catalogue.parquet"
 META_FILE = "_meta.json"
@@ -437,10 +437,15 @@ def read_catalogue(path: Path | str) -> list[VariantSpec]:
     path = Path(path)
     if path.is_dir():
         path = path / CATALOGUE_FILE
-    table = pq.read_table(path, columns=list(FIXED_COLUMNS))
+    try:
+        rows = pq.read_table(path, columns=list(FIXED_COLUMNS)).to_pylist()
+        parsed = [(row, json.loads(row["params_json"])) for row in rows]
+    except (*DATA_ERRORS, pa.ArrowException) as exc:
+        raise DataFileError(path, f"{type(exc).__name__}: {exc}") from None
     specs = []
-    for row in table.to_pylist():
-        params = json.loads(row["params_json"])
+    for row, params in parsed:
+        if not isinstance(params, dict):
+            raise DataFileError(path, f"variant {row['env_id']}: params_json is not an object")
         expected = content_hash(row["base_env_id"], params)
         if expected != row["content_hash"]:
             raise AgentFlowError(
@@ -453,4 +458,11 @@ def read_catalogue(path: Path | str) -> list[VariantSpec]:
 
 def read_meta(path: Path | str) -> dict[str, Any]:
     """The ``_meta.json`` card of a catalogue directory."""
-    return json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
+    file = Path(path) / META_FILE
+    try:
+        card = json.loads(file.read_text(encoding="utf-8"))
+    except DATA_ERRORS as exc:
+        raise DataFileError(file, f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(card, dict):
+        raise DataFileError(file, "not a JSON object")
+    return card

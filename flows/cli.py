@@ -12,13 +12,15 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.tree import Tree
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.errors import AgentFlowError, ConfigError
+from agentflow_core.errors import AgentFlowError, ConfigError, MappingError, RegistryError
+from flows.reproduce import reproduce_command
 from tasks.cli_bench import bench_app
 from tasks.cli_calibrate import calibrate_command
-from tasks.cli_common import PARAMS_OPTION, config_or_exit
+from tasks.cli_common import PARAMS_OPTION, config_or_exit, one_line
 from tasks.cli_envs import envs_app
 from tasks.cli_explore import explore_command
 from tasks.cli_pool import profile_envs_cmd
@@ -38,7 +40,7 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 def plan_tree(cfg: AgentFlowConfig) -> Tree:
     """The planned training cycle, phase by phase, with each phase's exit gate."""
-    tree = Tree(f"[bold]AgentFlow cycle[/] run={cfg.base.run_name} seed={cfg.base.seed}")
+    tree = Tree(f"[bold]AgentFlow cycle[/] run={escape(cfg.base.run_name)} seed={cfg.base.seed}")
     v = cfg.variants
     n_combos = len(v.base_envs)
     for values in v.dimensions.values():
@@ -96,14 +98,14 @@ def run(
     console.print(plan_tree(cfg))
     console.print(f"  envs: {pool.describe(cfg.train.num_envs)}")
     for name, where in services.items():
-        console.print(f"  {name}: {where}")
+        console.print(f"  {name}: {escape(str(where))}")
     from flows.training_cycle import training_cycle
     from tasks.prefect_tasks import GateFailed
 
     try:
         results = training_cycle(params_path=str(params), resume=resume, run_name=run_name)
     except GateFailed as exc:
-        err_console.print(f"[bold red]gate failed[/]: {exc}")
+        err_console.print(f"[bold red]gate failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
     print_report_tree(cfg)
     console.print(where_to_look(cfg, results))
@@ -127,12 +129,12 @@ def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
     from tasks.runtime import mlflow_uri
 
     tree = Tree("[bold green]cycle finished[/]")
-    tree.add(f"report: {DataPaths.of(cfg).reports}/report.md (also .html, .json)")
-    tree.add(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}")
+    tree.add(escape(f"report: {DataPaths.of(cfg).reports}/report.md (also .html, .json)"))
+    tree.add(escape(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}"))
     tree.add("Prefect runs: PREFECT_HOME=.agentflow/prefect prefect server start  -> http://127.0.0.1:4200")
     report = results.get("report", {})
     if "promotion_reason" in report:
-        tree.add(f"champion/challenger: {report['promotion_reason']}")
+        tree.add(escape(f"champion/challenger: {report['promotion_reason']}"))
     return tree
 
 
@@ -169,6 +171,7 @@ app.command("explore")(explore_command)
 app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)
+app.command("reproduce")(reproduce_command)
 app.command("profile-envs")(profile_envs_cmd)
 app.add_typer(envs_app, name="envs")
 app.add_typer(bench_app, name="bench")
@@ -179,8 +182,8 @@ def main() -> None:
     try:
         app()
     except AgentFlowError as exc:
-        err_console.print(f"[bold red]error[/]: {exc}")
-        sys.exit(2 if isinstance(exc, ConfigError) else 1)
+        err_console.print(f"[bold red]error[/]: {one_line(exc)}")
+        sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError) else 1)
 
 
 if __name__ == "__main__":

@@ -3,73 +3,123 @@
 The flow is composition only: each phase is a task in ``tasks.prefect_tasks`` that calls the
 same step function as ``agentflow <phase>`` and the DVC stage. A failed exit gate raises
 :class:`GateFailed` with the metrics in its message, so no downstream task runs. One MLflow
-parent run per cycle; each phase opens its nested run with the parent's id.
+parent run per cycle; each phase opens its nested run with the parent's id. The parent run names
+its code (git commit, dirty flag), params (hash, and params.yaml as an artifact), the DVC md5 of
+every dataset the cycle wrote, the Prefect flow run, and carries every phase's metrics (the same
+keys as ``data/metrics/<phase>.json``), so MLflow's Compare puts two cycles side by side.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.runtime import flow_run
+from prefect.settings import PREFECT_UI_URL
 
+from agentflow_core.config import AgentFlowConfig
 from tasks.compose import backend
 from tasks.config_io import flatten_params, load_config
+from tasks.determinism import determinism_tags, make_deterministic
+from tasks.lifetime import bind_ephemeral_servers
 from tasks.paths import DataPaths
 from tasks.prefect_tasks import (
     GateFailed,
     calibrate_task,
     explore_task,
     report_task,
-    section_fingerprint,
     stress_task,
     track_phase,
     train_task,
     variants_task,
 )
+from tasks.provenance import git_tags
 from tasks.runtime import mlflow_uri
-from tasks.tracking import MlflowTracker
+from tasks.stages import dvc_md5, params_hash
+from tasks.tracking import CHECKPOINTS_TAG, PARAMS_HASH_TAG, MlflowTracker
+
+PREFECT_UI = "http://127.0.0.1:4200"  # where `prefect server start` serves the runs kept in PREFECT_HOME
+
+
+def open_cycle(tracker: MlflowTracker, cfg: AgentFlowConfig, params_path: str, run_name: str, resume: bool) -> str:
+    """The cycle's parent run: the interrupted one when resuming over the same checkpoints and params, else a new one."""
+    tracker.close_orphans()
+    checkpoints, digest = DataPaths.of(cfg).checkpoints, params_hash(cfg)
+    parent = tracker.resumable("cycle", checkpoints, digest) if resume else None
+    if parent is not None:
+        tracker.reopen(parent)
+    else:
+        tags = {"agentflow.resume": str(resume), CHECKPOINTS_TAG: str(checkpoints.resolve()), PARAMS_HASH_TAG: digest}
+        parent = tracker.start_cycle(run_name, flatten_params(cfg), tags)
+        tracker.log_artifacts(parent, Path(params_path), "config")
+    ui_url = f"{PREFECT_UI_URL.value() or PREFECT_UI}/runs/flow-run/{flow_run.id}"
+    tracker.set_tags(
+        parent,
+        {**git_tags(), **determinism_tags(), "prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_url": ui_url},
+    )
+    return parent
+
+
+def record_phase(tracker: MlflowTracker, parent: str, paths: DataPaths, phase: str, output: Path) -> None:
+    """Carry a finished phase into the parent run: its metrics file and the DVC md5 of its output."""
+    metrics_file = paths.metrics_file(phase)
+    if metrics_file.exists():
+        tracker.log_metrics(parent, phase_metrics(json.loads(metrics_file.read_text(encoding="utf-8"))))
+    if output.exists():
+        tracker.set_tags(parent, {f"agentflow.data.{output.name}.md5": dvc_md5(output)})
+
+
+def phase_metrics(values: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of a phase's metrics file (the keys `dvc metrics show` lists)."""
+    return {k: float(v) for k, v in values.items() if isinstance(v, int | float)}
 
 
 @flow(name="agentflow-training-cycle", log_prints=False)
 def training_cycle(
-    params_path: str = "params.yaml", resume: bool = False, run_name: str | None = None, min_state_coverage: float = 0.0
+    params_path: str = "params.yaml",
+    resume: bool = False,
+    run_name: str | None = None,
+    min_state_coverage: float = 0.0,
+    use_cache: bool = True,
 ) -> dict[str, Any]:
     """Run one training cycle.
 
     Args:
         params_path: the run configuration (params.yaml); validated before any run is created.
-        resume: continue PPO from the last checkpoint under ``data/checkpoints``.
+        resume: continue PPO from the last checkpoint under ``data/checkpoints``, in the same MLflow runs.
         run_name: MLflow parent run name (defaults to ``base.run_name``).
         min_state_coverage: exploration gate; the cycle stops if coverage stays below it.
+        use_cache: reuse variants/exploration whose deps, params and outputs are unchanged.
     """
     cfg = load_config(params_path)  # a bad params.yaml fails here, before any run exists
+    make_deterministic(cfg.base.seed)
+    bind_ephemeral_servers()  # a killed run must not leave Prefect's temporary server behind
     logger = get_run_logger()
     uri, experiment = mlflow_uri(cfg), cfg.base.tracking.experiment
     tracker = MlflowTracker(uri, experiment)
-    parent = tracker.start_cycle(run_name or cfg.base.run_name, flatten_params(cfg), {"agentflow.resume": str(resume)})
+    parent = open_cycle(tracker, cfg, params_path, run_name or cfg.base.run_name, resume)
     paths = DataPaths.of(cfg)
     tracker.set_tags(parent, backend(cfg).params(cfg.train.num_envs))  # where the envs are stepped
     results: dict[str, Any] = {"mlflow_run_id": parent}
     try:
         calibration = calibrate_task(params_path, parent, uri, experiment)
         results["calibrate"] = calibration
-        tracker.log_metrics(parent, {"env_stability_score": calibration["env_stability_score"]})
+        record_phase(tracker, parent, paths, "calibrate", paths.calibration)
         if not calibration["passed"]:
             raise GateFailed(f"calibration gate failed: {calibration['message']}")
 
-        variants = variants_task(params_path, section_fingerprint(params_path, "base", "variants"), str(paths.root))
+        variants = variants_task(params_path, use_cache)
         track_phase(params_path, parent, uri, experiment, "variants", variants, paths.variants)
+        record_phase(tracker, parent, paths, "variants", paths.variants)
         results["variants"] = variants
 
-        explore = explore_task(
-            params_path,
-            section_fingerprint(params_path, "base", "explore", "pool", "train"),
-            str(variants.get("catalogue_sha256", "")),
-        )
+        explore = explore_task(params_path, use_cache)
         track_phase(params_path, parent, uri, experiment, "explore", explore, paths.trajectories)
+        record_phase(tracker, parent, paths, "explore", paths.trajectories)
         results["explore"] = explore
-        tracker.log_metrics(parent, {"state_coverage_ratio": explore["state_coverage_ratio"]})
         if explore["state_coverage_ratio"] < min_state_coverage:
             raise GateFailed(
                 f"exploration gate failed: state_coverage_ratio {explore['state_coverage_ratio']:.3f} "
@@ -78,11 +128,12 @@ def training_cycle(
 
         train = train_task(params_path, parent, uri, experiment, resume)
         results["train"] = train
-        tracker.log_metrics(parent, {"policy_convergence_flag": float(train.get("policy_convergence_flag", 0.0))})
+        record_phase(tracker, parent, paths, "train", paths.checkpoints)
+        tracker.set_tags(parent, {"agentflow.policy_hash": str(train["policy_hash"])})
 
         stress = stress_task(params_path, parent, uri, experiment)
         results["stress"] = stress
-        tracker.log_metrics(parent, {"robustness_score": stress["robustness_score"]})
+        record_phase(tracker, parent, paths, "stress", paths.stress)
 
         # The report explains a failed stress gate too; only promotion is withheld.
         results["report"] = report_task(params_path, parent, uri, experiment, train["train_run_id"], stress["passed"])
@@ -96,8 +147,9 @@ def training_cycle(
         tracker.end(parent, "FAILED")
         raise
     tracker.end(parent)
+    create_link_artifact(key="mlflow-run", link=tracker.run_url(parent), link_text=f"MLflow run {parent}")
     create_markdown_artifact(key="cycle-summary", markdown=cycle_markdown(results), description="Training cycle")
-    logger.info("cycle finished: MLflow run %s", parent)
+    logger.info("cycle finished: MLflow run %s (%s)", parent, tracker.run_url(parent))
     return results
 
 
@@ -107,6 +159,7 @@ def cycle_markdown(results: dict[str, Any]) -> str:
         ("calibrate", "env_stability_score", results.get("calibrate", {}).get("env_stability_score")),
         ("explore", "state_coverage_ratio", results.get("explore", {}).get("state_coverage_ratio")),
         ("train", "policy_convergence_flag", results.get("train", {}).get("policy_convergence_flag")),
+        ("train", "heldout_success", results.get("train", {}).get("heldout_success")),
         ("stress", "robustness_score", results.get("stress", {}).get("robustness_score")),
     ]
     lines = ["| phase | exit metric | value |", "|---|---|---|"]

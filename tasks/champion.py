@@ -14,7 +14,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.rl.checkpoint import best_checkpoint, latest_checkpoint
+from agentflow_core.rl.checkpoint import BEST, load_intact
 from tasks.paths import DataPaths
 from tasks.policy_model import log_policy_model, tracking_uri_set
 from tasks.tracking import MlflowTracker
@@ -25,10 +25,10 @@ CHAMPION = "champion"
 def candidate_checkpoint(cfg: AgentFlowConfig) -> Path:
     """The best checkpoint of the last training run (the latest if none was ranked)."""
     root = DataPaths.of(cfg).checkpoints / "checkpoints"
-    found = best_checkpoint(root) or latest_checkpoint(root)
+    found = load_intact(root, BEST) if root.is_dir() else None
     if found is None:
         raise FileNotFoundError(f"no checkpoint under {root}: run `agentflow train` first")
-    return found
+    return found.path
 
 
 def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:
@@ -65,20 +65,22 @@ def promote_if_better(
             "promote": False,
             "reason": f"not promoted: the candidate failed stress validation ({decision['reason']})",
         }
-    model_uri = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
+    info = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:
         tracker.client.create_registered_model(
             name, description="AgentFlow semantic policy (one network, all channels)"
         )
+    # A tracking server accepts a ``models:/m-…`` source only together with the logged model's id.
     with tracking_uri_set(tracker.tracking_uri):  # the registry resolves models:/<id> through the fluent store
         version = tracker.client.create_model_version(
             name,
-            model_uri,
+            info.model_uri,
             run_id=train_run_id,
             tags={"promotion": str(decision["promote"]), "reason": str(decision["reason"])[:5000]},
+            model_id=info.model_id,
         )
     if decision["promote"]:
         tracker.client.set_registered_model_alias(name, CHAMPION, version.version)
-    return {**decision, "model_version": version.version, "model_uri": model_uri}
+    return {**decision, "model_version": version.version, "model_uri": info.model_uri}

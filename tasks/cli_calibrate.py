@@ -6,10 +6,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tasks.cli_common import config_or_exit
+from tasks.cli_common import phase_config_or_exit
 from tasks.paths import DataPaths
 from tasks.registry_io import configure_adapter_debug
 from tasks.steps.calibrate import run_calibrate
@@ -25,7 +26,7 @@ def calibrate_command(
 
     Exits 1 when the gate fails (too many unstable variants or mapping-audit errors).
     """
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     configure_adapter_debug()
     paths = DataPaths.of(cfg)
     with Progress(
@@ -43,8 +44,8 @@ def calibrate_command(
         table.add_row(key, f"{summary[key]:.3f}" if isinstance(summary[key], float) else str(summary[key]))
     console.print(table)
     for env_id, reason in summary["quarantine"].items():
-        console.print(f"[yellow]quarantined[/] {env_id}: {reason}")
+        console.print(f"[yellow]quarantined[/] {escape(str(env_id))}: {escape(str(reason))}")
     if not summary["passed"]:
-        err_console.print(f"[bold red]calibration gate failed[/]: {summary['message']}")
+        err_console.print(f"[bold red]calibration gate failed[/]: {escape(str(summary['message']))}")
         raise typer.Exit(code=1)
-    console.print(f"[green]calibration gate passed[/] -> {paths.calibration}")
+    console.print(f"[green]calibration gate passed[/] -> {escape(str(paths.calibration))}")

@@ -6,14 +6,21 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError
 from tasks.config_io import load_config
+from tasks.determinism import make_deterministic
 
 err_console = Console(stderr=True, soft_wrap=True)
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
+
+
+def one_line(exc: BaseException) -> str:
+    """An error message as one line of plain text: user text is escaped, never read as rich markup."""
+    return escape(" ".join(str(exc).splitlines()))
 
 
 def config_or_exit(params: Path) -> AgentFlowConfig:
@@ -21,8 +28,15 @@ def config_or_exit(params: Path) -> AgentFlowConfig:
     try:
         return load_config(params)
     except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
+        err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
+
+
+def phase_config_or_exit(params: Path) -> AgentFlowConfig:
+    """:func:`config_or_exit` for a command that runs a phase: also makes the process deterministic."""
+    cfg = config_or_exit(params)
+    make_deterministic(cfg.base.seed)
+    return cfg
 
 
 def phase_progress(phase: str, console: Console) -> Progress:

@@ -19,6 +19,7 @@ import typer
 import yaml
 from gymnasium.utils.env_checker import check_env
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentflow_core.adapters.audit import AuditFinding, audit_entry
@@ -31,7 +32,9 @@ from agentflow_core.registry import (
     is_mapping_document,
     read_config,
 )
-from tasks.registry_io import configure_adapter_debug, load_registry
+from tasks.cli_common import one_line
+from tasks.registry_io import configure_adapter_debug, load_registry, yaml_load
+from tasks.yaml_io import YamlLimitError, load_yaml_file
 
 envs_app = typer.Typer(
     help="Env registry: list, check, generate from OpenAPI.",
@@ -57,22 +60,24 @@ def _envs_root() -> None:
 
 
 def _registry_or_exit(config_dir: Path) -> EnvRegistry:
+    """The registry, or exit 2 (a configuration error) with one line naming the file."""
     try:
         return open_registry(config_dir)
     except AgentFlowError as exc:
-        err_console.print(f"[bold red]registry error[/]: {exc}")
-        raise typer.Exit(code=1) from None
+        err_console.print(f"[bold red]registry error[/]: {one_line(exc)}")
+        raise typer.Exit(code=2) from None
 
 
 @envs_app.command("list")
 def list_envs(config_dir: Path = CONFIG_DIR_OPTION) -> None:
     """Show every registered base env."""
     registry = _registry_or_exit(config_dir)
-    table = Table(title=f"envs in {config_dir}")
+    table = Table(title=escape(f"envs in {config_dir}"))
     for column in ("env_id", "family", "version", "adapter", "mapping", "class"):
         table.add_column(column)
     for e in registry.entries():
-        table.add_row(e.env_id, e.family, str(e.version), e.adapter, _short_path(e.mapping_path), e.class_path)
+        cells = (e.env_id, e.family, str(e.version), e.adapter, _short_path(e.mapping_path), e.class_path)
+        table.add_row(*map(escape, cells))
     console.print(table)
 
 
@@ -138,10 +143,10 @@ def check_config_dir(config_dir: Path) -> list[EnvCheck]:
     for path in config_files(config_dir):
         document: Any = None
         try:
-            document = read_config(path, yaml.safe_load)
+            document = read_config(path, yaml_load)
             if path.suffix == ".json" and is_mapping_document(document):
                 continue
-            entry = entry_from_config(document, path, yaml.safe_load)
+            entry = entry_from_config(document, path, yaml_load)
         except AgentFlowError as exc:
             env_id = document.get("env_id", path.stem) if isinstance(document, dict) else path.stem
             results.append(EnvCheck(str(path), str(env_id), loaded=False, errors=[str(exc)]))
@@ -161,15 +166,15 @@ INFO_OPTION = typer.Option(False, "--info", help="Also list info findings (token
 def check(config_dir: Path = CONFIG_DIR_OPTION, show_info: bool = INFO_OPTION) -> None:
     """check_env + mapping audit for every registered env; exit 1 on any error."""
     results = check_config_dir(config_dir)
-    table = Table(title=f"env check: {config_dir}")
+    table = Table(title=escape(f"env check: {config_dir}"))
     for column in ("env_id", "config", "check_env", "audit errors", "audit info", "status"):
         table.add_column(column)
     for r in results:
         n_err = sum(f.severity == "error" for f in r.findings)
         env_check = "config error" if not r.loaded else "fail" if r.errors else f"ok ({len(r.warnings)} warnings)"
         table.add_row(
-            r.env_id,
-            _short_path(r.source),
+            escape(r.env_id),
+            escape(_short_path(r.source)),
             env_check,
             str(n_err),
             str(len(r.findings) - n_err),
@@ -178,19 +183,20 @@ def check(config_dir: Path = CONFIG_DIR_OPTION, show_info: bool = INFO_OPTION) -
     console.print(table)
     for r in results:
         for message in r.errors:
-            console.print(f"[bold red]error[/] {r.env_id}: {message}")
+            console.print(f"[bold red]error[/] {escape(r.env_id)}: {escape(message)}")
         for message in r.warnings:
-            console.print(f"[yellow]warning[/] {r.env_id}: {message}")
+            console.print(f"[yellow]warning[/] {escape(r.env_id)}: {escape(message)}")
         for finding in r.findings:
             if finding.severity == "error" or show_info:
                 style = "bold red" if finding.severity == "error" else "dim"
                 console.print(
-                    f"[{style}]{finding.severity}[/] {r.env_id}: {finding.kind}: rule(s) {finding.rule}: {finding.detail}",
+                    f"[{style}]{finding.severity}[/] {escape(r.env_id)}: {finding.kind}: rule(s) "
+                    f"{escape(str(finding.rule))}: {escape(finding.detail)}",
                     markup=True,
                     highlight=False,
                 )
     if not results:
-        err_console.print(f"[bold red]no env configs in {config_dir}[/]")
+        err_console.print(f"[bold red]no env configs in {escape(str(config_dir))}[/]")
         raise typer.Exit(code=1)
     if not all(r.ok for r in results):
         raise typer.Exit(code=1)
@@ -229,10 +235,10 @@ def write_generated_env(
     with tempfile.TemporaryDirectory() as staging:  # validate exactly what will be written
         (Path(staging) / mapping_name).write_text(mapping_text)
         (Path(staging) / config_path.name).write_text(config_text)
-        entry_from_config(yaml.safe_load(config_text), Path(staging) / config_path.name, yaml.safe_load)
+        entry_from_config(yaml_load(config_text), Path(staging) / config_path.name, yaml_load)
     for path in config_files(out_dir) if out_dir.is_dir() else []:
         if path != config_path:
-            other = read_config(path, yaml.safe_load)
+            other = read_config(path, yaml_load)
             if isinstance(other, dict) and not is_mapping_document(other) and other.get("env_id") == env_id:
                 raise FileExistsError(f"env_id {env_id!r} is already declared in {path}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -254,15 +260,25 @@ def from_openapi(
     """Generate an API env config + mapping from an OpenAPI spec and add it to the registry."""
     from agentflow_core.adapters.openapi import generate_from_openapi
 
-    document = yaml.safe_load(spec.read_text(encoding="utf-8"))
+    try:
+        document = load_yaml_file(spec)
+    except (YamlLimitError, OSError) as exc:
+        err_console.print(f"[bold red]OpenAPI spec error[/]: {escape(str(spec))}: {one_line(exc)}")
+        raise typer.Exit(code=2) from None
+    if not isinstance(document, dict):
+        err_console.print(f"[bold red]OpenAPI spec error[/]: {escape(str(spec))}: <root>: expected a mapping")
+        raise typer.Exit(code=2) from None
     try:
         env_config, mapping = generate_from_openapi(document, family)
         config_path, mapping_path = write_generated_env(dict(env_config), dict(mapping), out_dir, force)
         entry = open_registry(out_dir).get(str(env_config["env_id"]))
-    except (AgentFlowError, FileExistsError, ValueError) as exc:
-        err_console.print(f"[bold red]error[/]: {exc}")
+    except AgentFlowError as exc:
+        err_console.print(f"[bold red]error[/]: {escape(str(spec))}: {one_line(exc)}")
+        raise typer.Exit(code=2) from None
+    except (FileExistsError, ValueError) as exc:
+        err_console.print(f"[bold red]error[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
-    console.print(f"wrote [bold]{config_path}[/] and [bold]{mapping_path}[/]")
+    console.print(f"wrote [bold]{escape(str(config_path))}[/] and [bold]{escape(str(mapping_path))}[/]")
     console.print(
         f"registered {entry.env_id} ({entry.family} v{entry.version}, {len(entry.mapping['token_rules'])} token rules)"
     )

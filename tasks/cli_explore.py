@@ -13,7 +13,7 @@ from rich.console import Console
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.rl.exploration import ExploreProgress
-from tasks.cli_common import config_or_exit, phase_progress
+from tasks.cli_common import one_line, phase_config_or_exit, phase_progress
 from tasks.steps.explore import run_explore
 
 console = Console()
@@ -36,7 +36,7 @@ def explore_command(
     total_steps: int | None = STEPS_OPTION,
 ) -> None:
     """Explore the catalogue ε-greedily around the current policy (or the expert), ε driven by coverage; write trajectory shards."""
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})
     data = Path(cfg.base.data_dir)
@@ -57,7 +57,7 @@ def explore_command(
         try:
             summary = run_explore(cfg, catalogue, out, metrics, on_progress=on_progress)
         except AgentFlowError as exc:
-            err_console.print(f"[bold red]explore failed[/]: {exc}")
+            err_console.print(f"[bold red]explore failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
     console.print(
         f"state_coverage_ratio [bold]{summary['state_coverage_ratio']:.3f}[/] "

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from tasks.cli_common import config_or_exit
+from tasks.cli_common import one_line, phase_config_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -43,13 +44,16 @@ CHAMPION = typer.Option(
     None, "--champion", help="Also run champion/challenger against this checkpoint ('none': no champion yet)."
 )
 REPORT_OUT = typer.Option(None, "--out", help="Report dir (default <data_dir>/reports).")
+REPORT_STRICT = typer.Option(
+    False, "--strict", help="Exit 1 after writing the report when the stress gate failed (as the flow stops)."
+)
 
 
 def rich_tree(node: TreeNode, tree: Tree | None = None) -> Tree:
     """The report tree (``agentflow_core.evaluation.report.report_tree``) as a rich Tree."""
-    tree = tree if tree is not None else Tree(f"[bold]{node.label}[/]")
+    tree = tree if tree is not None else Tree(f"[bold]{escape(node.label)}[/]")
     for child in node.children:
-        rich_tree(child, tree.add(child.label))
+        rich_tree(child, tree.add(escape(child.label)))
     return tree
 
 
@@ -64,7 +68,7 @@ def stress_command(
     """Run E greedy episodes on a stratified catalogue sample; write records, summary, plots and metrics."""
     from tasks.steps.stress import run_stress
 
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     with Progress(
         TextColumn("[bold]stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
@@ -79,7 +83,7 @@ def stress_command(
                 on_progress=lambda done, total: progress.update(task, completed=done),
             )
         except AgentFlowError as exc:
-            err_console.print(f"[bold red]stress failed[/]: {exc}")
+            err_console.print(f"[bold red]stress failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
     report = build_report(
         summary, summary["policy"], summary["checkpoint"], summary["created_at"], summary.get("plots")
@@ -99,6 +103,7 @@ def report_command(
     checkpoint: str | None = CHECKPOINT,
     champion: str | None = CHAMPION,
     out: Path | None = REPORT_OUT,
+    strict: bool = REPORT_STRICT,
 ) -> None:
     """Write the evaluation report (md/html/json + PNGs), running the stress phase first if needed."""
     from tasks.paths import DataPaths
@@ -106,7 +111,7 @@ def report_command(
     from tasks.steps.report import load_stress_summary, run_champion_challenger, run_report
     from tasks.steps.stress import run_stress
 
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     try:
         ref = resolve_checkpoint(cfg, checkpoint)
         stress_summary = load_stress_summary(DataPaths.of(cfg).stress)
@@ -119,7 +124,7 @@ def report_command(
             )
         summary = run_report(cfg, checkpoint, out_dir=out, champion=decision)
     except AgentFlowError as exc:
-        err_console.print(f"[bold red]report failed[/]: {exc}")
+        err_console.print(f"[bold red]report failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
     report = (
         json.loads((Path(summary["report_dir"]) / "report.json").read_text()) if "json" in cfg.report.formats else None
@@ -128,7 +133,10 @@ def report_command(
         console.print(rich_tree(report_tree(report)))
     else:
         console.print(summary["tree"])
-    console.print(f"report -> {summary['report_dir']}: {', '.join(summary['files'])}")
+    console.print(escape(f"report -> {summary['report_dir']}: {', '.join(summary['files'])}"))
+    if strict and not summary["passed"]:
+        err_console.print("[bold red]stress gate failed[/]: the report says why")
+        raise typer.Exit(code=1)
 
 
 stress_app.command("stress")(stress_command)

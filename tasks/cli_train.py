@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
+from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from tasks.bench_runs import run_repeated
-from tasks.cli_common import config_or_exit, phase_progress
+from tasks.cli_common import one_line, phase_config_or_exit, phase_progress
 from tasks.compose import backend
+from tasks.config_io import flatten_params
 from tasks.io import write_json
+
+if TYPE_CHECKING:
+    from tasks.tracking import MlflowTracker
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -49,15 +54,16 @@ def train_command(
     resume: bool = RESUME_OPTION,
     total_steps: int | None = STEPS_OPTION,
 ) -> None:
-    """Train the policy with PPO (BC warm start first when enabled); --resume continues a killed run."""
-    import torch
+    """Train the policy with PPO (BC warm start first when enabled); --resume continues a killed run.
 
-    from tasks.steps.train import run_train
+    Tracked in MLflow like the flow's train phase: a top-level run of kind ``train`` (``--resume``
+    reopens the interrupted one over the same checkpoints and params).
+    """
+    from tasks.tracked import tracked_train
 
-    cfg = config_or_exit(params)
+    cfg = phase_config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": total_steps})})
-    torch.set_num_threads(1)  # small MLP: more threads only add contention (STACK-NOTES)
     try:
         pool = backend(cfg)
     except AgentFlowError as exc:
@@ -65,9 +71,8 @@ def train_command(
         raise typer.Exit(code=1) from None
     console.print(f"envs: {pool.describe(cfg.train.num_envs)}")
     data = Path(cfg.base.data_dir)
-    catalogue = catalogue or data / "variants"
-    trajectories = trajectories or data / "trajectories"
     out = out or data / "checkpoints"
+    tracker, run_id = open_train_run(cfg, out, resume)
     with phase_progress("train", console) as progress:
         task = progress.add_task("train", total=cfg.train.num_updates, status="")
 
@@ -83,17 +88,9 @@ def train_command(
             )
 
         try:
-            summary = run_train(
-                cfg,
-                catalogue,
-                trajectories,
-                out,
-                resume=resume,
-                on_update=on_update,
-                metrics_path=data / "metrics" / "train.json",
-            )
+            summary = tracked_train(cfg, tracker, run_id, resume, on_update, catalogue, trajectories, out)
         except AgentFlowError as exc:
-            err_console.print(f"[bold red]train failed[/]: {exc}")
+            err_console.print(f"[bold red]train failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
     console.print(
         f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): held-out success "
@@ -108,6 +105,28 @@ def train_command(
             f"pool: {lost['worker_restarts']} env worker(s) lost and replaced (recovery {times}); "
             f"{lost['episodes_lost']} episodes / {lost['steps_lost']} steps lost"
         )
+    console.print(f"MLflow run {run_id}: {tracker.run_url(run_id)}")
+
+
+def open_train_run(cfg: AgentFlowConfig, out: Path, resume: bool) -> tuple[MlflowTracker, str]:
+    """The MLflow run of a standalone training: the interrupted one on ``--resume``, else a new one."""
+    from tasks.determinism import determinism_tags
+    from tasks.provenance import git_tags
+    from tasks.runtime import mlflow_uri
+    from tasks.stages import params_hash
+    from tasks.tracking import CHECKPOINTS_TAG, PARAMS_HASH_TAG, MlflowTracker
+
+    tracker = MlflowTracker(mlflow_uri(cfg), cfg.base.tracking.experiment)
+    tracker.close_orphans()
+    digest = params_hash(cfg)
+    run_id = tracker.resumable("train", out, digest) if resume else None
+    if run_id is not None:
+        tracker.reopen(run_id)
+    else:
+        tags = {CHECKPOINTS_TAG: str(out.resolve()), PARAMS_HASH_TAG: digest}
+        run_id = tracker.start_cycle(f"{cfg.base.run_name}-train", flatten_params(cfg), tags, kind="train")
+    tracker.set_tags(run_id, {**git_tags(), **determinism_tags()})
+    return tracker, run_id
 
 
 def plot_bench(result: dict[str, Any], path: Path) -> None:

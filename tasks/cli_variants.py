@@ -13,11 +13,14 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentflow_core.errors import AgentFlowError, ConfigError
 from tasks.bench.scheduler_bench import run_scheduler_bench
+from tasks.cli_common import one_line
 from tasks.config_io import load_config
+from tasks.determinism import make_deterministic
 from tasks.io import write_json
 from tasks.paths import DataPaths
 from tasks.steps.variants import run_variants
@@ -42,15 +45,15 @@ BENCH_OUT_OPTION = typer.Option(None, "--out", help="Also write the result as JS
 
 def summary_table(summary: dict[str, Any]) -> Table:
     """Counts per family and per dimension value, one table."""
-    table = Table(title=f"{summary['variants']} variants -> {summary['catalogue']}")
+    table = Table(title=escape(f"{summary['variants']} variants -> {summary['catalogue']}"))
     table.add_column("group")
     table.add_column("value")
     table.add_column("variants", justify="right")
     for family, count in summary["by_family"].items():
-        table.add_row("family", family, str(count))
+        table.add_row("family", escape(family), str(count))
     for dimension, counts in summary["by_dimension"].items():
         for value, count in counts.items():
-            table.add_row(dimension, value, str(count))
+            table.add_row(escape(dimension), escape(str(value)), str(count))
     return table
 
 
@@ -58,12 +61,15 @@ def variants(params: Path = PARAMS_OPTION, out: Path | None = OUT_OPTION) -> Non
     """Generate the variant catalogue (base envs × dimensions × perturbation samples)."""
     try:
         cfg = load_config(params)
-        summary = run_variants(cfg, out or DataPaths.of(cfg).variants, DataPaths.of(cfg).metrics_file("variants"))
+        make_deterministic(cfg.base.seed)
+        summary = run_variants(
+            cfg, out or DataPaths.of(cfg).variants, DataPaths.of(cfg).metrics_file("variants"), source=str(params)
+        )
     except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error[/]: {exc}")
+        err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
     except AgentFlowError as exc:
-        err_console.print(f"[bold red]variants failed[/]: {exc}")
+        err_console.print(f"[bold red]variants failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
     console.print(summary_table(summary))
     console.print(f"sha256 {summary['catalogue_sha256']} in {summary['seconds']:.2f}s")

@@ -9,17 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.errors import ConfigError
+from agentflow_core.errors import ConfigError, shown
+from tasks.yaml_io import YamlLimitError, load_yaml_file
 
 DEFAULT_PARAMS = Path("params.yaml")
 
 
 def _key_path(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "<root>"
+    parts = (str(part) if str(part).isidentifier() or isinstance(part, int) else shown(part, 80) for part in loc)
+    return ".".join(parts) or "<root>"
 
 
 def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
@@ -71,11 +72,13 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> AgentFlowConfig:
     if not path.is_file():
         raise ConfigError(str(path), "<file>", None, "an existing params.yaml (create one or pass --params)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "<file>"
-        raise ConfigError(str(path), where, getattr(exc, "problem", str(exc)), "well-formed YAML") from None
+        data = load_yaml_file(path)
+    except YamlLimitError as exc:
+        raise ConfigError(
+            str(path), exc.where, exc.reason, "well-formed YAML (UTF-8, within the loader's limits)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(str(path), "<file>", exc.strerror, "a readable params.yaml") from None
     return parse_config(data, str(path))
 
 

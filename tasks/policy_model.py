@@ -1,8 +1,13 @@
 """The trained policy as an MLflow model: ``mlflow.pyfunc.load_model("models:/<name>@champion")``.
 
-The model's artifact is the checkpoint folder (safetensors weights + JSON state, no pickled
-code of ours). ``predict`` takes encoded semantic observations (``OBS_DIM`` columns, optionally
-followed by ``N_ACTIONS`` mask columns) and returns the greedy semantic action ids.
+The model is logged from code (MLflow's models-from-code): ``tasks/policy_model_code.py`` is
+copied into the model as a script and the checkpoint folder (safetensors weights + JSON state)
+as its artifact, with ``agentflow_core`` as its code path, so nothing of ours is pickled and the
+model loads without this repository. ``predict`` takes a DataFrame with one column per
+observation entry (``token.<TOKEN>`` multi-hot, ``feature.<name>`` scaled numbers; build it with
+:func:`policy_frame`) and optional ``mask.<ACTION>`` columns (1 = legal); it returns the greedy
+semantic action id per row (``agentflow_core.semantics.ACTIONS``). The signature and an input
+example travel with the model.
 """
 
 from __future__ import annotations
@@ -11,62 +16,50 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import numpy as np
 import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec, Schema
 
-from agentflow_core.rl.checkpoint import load_checkpoint
-from agentflow_core.rl.policy import ActorCritic
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+import agentflow_core
+from agentflow_core.semantics import ACTIONS, FEATURES, TOKENS
 
 CHECKPOINT_ARTIFACT = "checkpoint"
+MODEL_CODE = Path(__file__).with_name("policy_model_code.py")
+OBS_COLUMNS = [f"token.{t}" for t in TOKENS] + [f"feature.{f}" for f in FEATURES]
+MASK_COLUMNS = [f"mask.{a}" for a in ACTIONS]
 
 
-def hidden_sizes_of(model: dict[str, Any]) -> list[int]:
-    """Recover the actor's hidden layer widths from a state dict (weights ``actor.<i>.weight``)."""
-    weights = sorted(
-        (k for k in model if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1])
-    )
-    return [int(model[k].shape[0]) for k in weights[:-1]]
+def policy_frame(obs: np.ndarray, mask: np.ndarray | None = None) -> pd.DataFrame:
+    """The model's input for encoded observations ``(n, OBS_DIM)`` and optional masks ``(n, N_ACTIONS)``."""
+    frame = pd.DataFrame(np.asarray(obs, dtype=np.float32).reshape(-1, len(OBS_COLUMNS)), columns=OBS_COLUMNS)
+    if mask is not None:
+        masks = np.asarray(mask, dtype=np.float32).reshape(-1, len(MASK_COLUMNS))
+        frame = pd.concat([frame, pd.DataFrame(masks, columns=MASK_COLUMNS)], axis=1)
+    return frame
 
 
-def policy_from_checkpoint(path: Path) -> ActorCritic:
-    """Rebuild the actor-critic of a checkpoint folder on CPU."""
-    ckpt = load_checkpoint(Path(path))
-    policy = ActorCritic(hidden_sizes=hidden_sizes_of(ckpt.model))
-    policy.load_state_dict(ckpt.model)
-    policy.eval()
-    return policy
+def policy_signature() -> ModelSignature:
+    """Observation columns required, mask columns optional; one action id out."""
+    inputs = [ColSpec("float", c) for c in OBS_COLUMNS] + [ColSpec("float", c, required=False) for c in MASK_COLUMNS]
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema([ColSpec("long", "action")]))
 
 
-class PolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined,misc]
-    """Greedy semantic actions from encoded observations."""
-
-    def load_context(self, context: Any) -> None:
-        self.policy = policy_from_checkpoint(Path(context.artifacts[CHECKPOINT_ARTIFACT]))
-
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
-        values = model_input.to_numpy() if isinstance(model_input, pd.DataFrame) else np.asarray(model_input)
-        values = values.astype(np.float32).reshape(len(values), -1)
-        obs = values[:, :OBS_DIM]
-        mask = values[:, OBS_DIM : OBS_DIM + N_ACTIONS] > 0.5 if values.shape[1] >= OBS_DIM + N_ACTIONS else None
-        return self.policy.act(obs, mask)
-
-
-def log_policy_model(run_id: str, checkpoint: Path, tracking_uri: str) -> str:
-    """Log ``checkpoint`` as a pyfunc model in ``run_id``; returns the model URI (``runs:/...``)."""
-    example = np.zeros((1, OBS_DIM), dtype=np.float32)
+def log_policy_model(run_id: str, checkpoint: Path, tracking_uri: str) -> mlflow.models.model.ModelInfo:
+    """Log ``checkpoint`` as a models-from-code pyfunc model in ``run_id``."""
+    example = policy_frame(np.zeros((1, len(OBS_COLUMNS))), np.ones((1, len(MASK_COLUMNS))))
     with tracking_uri_set(tracking_uri), mlflow.start_run(run_id=run_id):
-        info = mlflow.pyfunc.log_model(
+        return mlflow.pyfunc.log_model(
             name="policy",
-            python_model=PolicyModel(),
+            python_model=str(MODEL_CODE),
             artifacts={CHECKPOINT_ARTIFACT: str(checkpoint)},
+            code_paths=[str(Path(agentflow_core.__file__).parent)],
+            signature=policy_signature(),
             input_example=example,
             pip_requirements=["torch==2.13.0", "safetensors", "numpy", "pandas"],
         )
-    return str(info.model_uri)
 
 
 @contextmanager

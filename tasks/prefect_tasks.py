@@ -4,35 +4,51 @@ Each task takes small serialisable arguments (a params path, run ids, hashes), l
 config itself, opens its nested MLflow run under the cycle's parent run (explicit ``run_id``
 everywhere: Prefect runs tasks on worker threads and the fluent MLflow run is thread-local),
 calls the same step function that ``agentflow <phase>`` and the DVC stage call, and publishes
-a Prefect artifact. Deterministic phases persist their result with an inputs + task-source
-cache policy, so a rerun after a crash reuses them; training resumes from its checkpoint.
+a Prefect artifact. Every task first makes its process deterministic (``tasks.determinism``).
+
+No Prefect result is persisted: Prefect's result records name their own serializer, so a record
+planted in the result storage would be unpickled (run as code) even by a task that persists
+JSON. The deterministic phases (variants, explore) keep their own cache instead (:func:`cached`):
+a JSON record under ``<state_dir>/phase-cache`` holding the phase's summary, keyed by the
+stage's ``dvc.yaml`` deps and params (:func:`tasks.stages.stage_fingerprint`) and valid only while
+the output folder still has the DVC md5 it was written with. Training resumes from its checkpoint.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE
 
 from agentflow_core.config import AgentFlowConfig
 from tasks.config_io import load_config
+from tasks.determinism import make_deterministic
+from tasks.io import write_json
 from tasks.paths import DataPaths
+from tasks.runtime import state_dir
+from tasks.stages import dvc_md5, stage_fingerprint
 from tasks.tracking import MlflowTracker
 
-DETERMINISTIC = INPUTS + TASK_SOURCE
+NOT_PERSISTED: dict[str, Any] = {"persist_result": False, "cache_policy": NO_CACHE}
 
 
 class GateFailed(RuntimeError):
     """A phase's exit gate failed; downstream phases must not run."""
 
 
-def _open(params_path: str, tracking_uri: str, experiment: str) -> tuple[AgentFlowConfig, DataPaths, MlflowTracker]:
+def _config(params_path: str) -> AgentFlowConfig:
     cfg = load_config(params_path)
+    make_deterministic(cfg.base.seed)
+    return cfg
+
+
+def _open(params_path: str, tracking_uri: str, experiment: str) -> tuple[AgentFlowConfig, DataPaths, MlflowTracker]:
+    cfg = _config(params_path)
     return cfg, DataPaths.of(cfg), MlflowTracker(tracking_uri, experiment)
 
 
@@ -64,28 +80,26 @@ class Throttled:
             self.next = share + self.fraction
 
 
-def code_fingerprint(*roots: Path) -> str:
-    """sha256 over the files under ``roots`` (relative path + bytes): changes whenever their code or data does."""
-    digest = hashlib.sha256()
-    for root in roots:
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-            digest.update(str(path.relative_to(root.parent)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+def cached(
+    cfg: AgentFlowConfig, stage: str, out_dir: Path, use_cache: bool, run: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """``run()`` the phase unless its record matches the stage's fingerprint and its output is intact."""
+    record_path = state_dir(cfg) / "phase-cache" / f"{stage}.json"
+    key = stage_fingerprint(cfg, stage)
+    if use_cache and record_path.exists() and out_dir.exists():
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            record = {}
+        if record.get("key") == key and record.get("out_md5") == dvc_md5(out_dir):
+            get_run_logger().info("%s: inputs unchanged and %s intact, reusing it", stage, out_dir)
+            return dict(record["summary"])
+    summary = run()
+    write_json(record_path, {"key": key, "out_md5": dvc_md5(out_dir), "summary": summary})
+    return summary
 
 
-def section_fingerprint(params_path: str, *sections: str) -> str:
-    """A cache key input for a deterministic phase: the config sections it depends on, plus a hash of
-    the code (``agentflow_core``, ``tasks``) and env configs it runs, so an edit invalidates the cache."""
-    import agentflow_core
-
-    cfg = load_config(params_path)
-    dump = cfg.model_dump(mode="json")
-    code = code_fingerprint(Path(agentflow_core.__file__).parent, Path(__file__).parent, Path(cfg.base.env_config_dir))
-    return json.dumps({"code": code, **{s: dump[s] for s in sections}}, sort_keys=True)
-
-
-@task(name="calibrate", retries=1, retry_delay_seconds=2)
+@task(name="calibrate", retries=1, retry_delay_seconds=2, **NOT_PERSISTED)
 def calibrate_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, Any]:
     """Phase 0: the calibration gate."""
     from tasks.steps.calibrate import run_calibrate
@@ -101,32 +115,45 @@ def calibrate_task(params_path: str, parent_run_id: str, tracking_uri: str, expe
     return summary
 
 
-@task(name="variants", retries=1, persist_result=True, cache_policy=DETERMINISTIC)
-def variants_task(params_path: str, fingerprint: str, data_dir: str) -> dict[str, Any]:
-    """Variant generation (deterministic for its config section: cached across reruns)."""
+@task(name="variants", retries=1, **NOT_PERSISTED)
+def variants_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
+    """Variant generation (deterministic for its deps and params: reused across reruns)."""
     from tasks.steps.variants import run_variants
 
-    cfg = load_config(params_path)
-    summary = run_variants(cfg, DataPaths.of(cfg).variants)
+    cfg = _config(params_path)
+    paths = DataPaths.of(cfg)
+    summary = cached(
+        cfg,
+        "variants",
+        paths.variants,
+        use_cache,
+        lambda: run_variants(cfg, paths.variants, paths.metrics_file("variants"), source=params_path),
+    )
     _publish("variants", "Variant catalogue", summary)
     return summary
 
 
-@task(name="explore", retries=1, persist_result=True, cache_policy=DETERMINISTIC)
-def explore_task(params_path: str, fingerprint: str, catalogue_hash: str) -> dict[str, Any]:
-    """Phase 1: coverage-driven exploration into trajectory shards (cached for the same inputs)."""
+@task(name="explore", retries=1, **NOT_PERSISTED)
+def explore_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
+    """Phase 1: coverage-driven exploration into trajectory shards (reused for the same inputs)."""
     from tasks.steps.explore import run_explore
 
-    cfg = load_config(params_path)
+    cfg = _config(params_path)
     paths = DataPaths.of(cfg)
     progress = Throttled("explore")
-    summary = run_explore(
+    summary = cached(
         cfg,
-        paths.variants,
+        "explore",
         paths.trajectories,
-        paths.metrics_file("explore"),
-        on_progress=lambda p: progress(
-            p.steps, p.total_steps, f"coverage {p.state_coverage_ratio:.3f} eps {p.epsilon:.2f}"
+        use_cache,
+        lambda: run_explore(
+            cfg,
+            paths.variants,
+            paths.trajectories,
+            paths.metrics_file("explore"),
+            on_progress=lambda p: progress(
+                p.steps, p.total_steps, f"coverage {p.state_coverage_ratio:.3f} eps {p.epsilon:.2f}"
+            ),
         ),
     )
     _publish("exploration", "Phase 1: exploration", summary)
@@ -152,25 +179,21 @@ def track_phase(
     tracker.end(run_id)
 
 
-@task(name="train", retries=0)
+@task(name="train", retries=0, **NOT_PERSISTED)
 def train_task(
     params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, resume: bool
 ) -> dict[str, Any]:
     """Phase 2: PPO refinement with checkpoints; resumes from the last checkpoint when asked."""
-    from tasks.steps.train import run_train
+    from tasks.tracked import tracked_train
 
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "train")
-    sink = tracker.sink(run_id, prefix="train/")
     progress = Throttled("train update")
-    summary = run_train(
+    summary = tracked_train(
         cfg,
-        paths.variants,
-        paths.trajectories,
-        paths.checkpoints,
-        resume=resume,
-        sink=sink,
-        metrics_path=paths.metrics_file("train"),
+        tracker,
+        run_id,
+        resume,
         on_update=lambda update, total, m: progress(
             update,
             total,
@@ -179,16 +202,11 @@ def train_task(
             f"{m.get('time/sps', 0.0):.0f} steps/s",
         ),
     )
-    sink.flush()
-    tracker.log_metrics(run_id, _numeric(summary))
-    tracker.log_artifacts(run_id, paths.checkpoints / "plots", "plots")
-    tracker.log_artifacts(run_id, paths.checkpoints / "curve.json", "curves")
-    tracker.end(run_id)
     _publish("training", "Phase 2: PPO refinement", summary)
     return {**summary, "train_run_id": run_id}
 
 
-@task(name="stress", retries=1)
+@task(name="stress", retries=1, **NOT_PERSISTED)
 def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, Any]:
     """Phase 3: stress validation of the best checkpoint."""
     from tasks.steps.stress import run_stress
@@ -209,7 +227,7 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
     return summary
 
 
-@task(name="report", retries=1)
+@task(name="report", retries=1, **NOT_PERSISTED)
 def report_task(
     params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, train_run_id: str, stress_passed: bool
 ) -> dict[str, Any]:

@@ -6,14 +6,14 @@ import logging
 import os
 from pathlib import Path
 
-import yaml
-
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.registry import EnvRegistry
+from tasks.yaml_io import load_yaml_text
 
 
 def yaml_load(text: str) -> object:
-    return yaml.safe_load(text)
+    """The registry's injected parser: the limited loader of :mod:`tasks.yaml_io` (no alias bombs, no duplicates)."""
+    return load_yaml_text(text)
 
 
 def load_registry(cfg: AgentFlowConfig | None = None, config_dir: Path | None = None) -> EnvRegistry:

@@ -36,7 +36,7 @@ class LoadedPolicy:
 
 def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> str:
     """``expert``, or the checkpoint directory that ``checkpoint`` (default: the best one) points at."""
-    from agentflow_core.rl.checkpoint import STATE_FILE, best_checkpoint, latest_checkpoint
+    from agentflow_core.rl.checkpoint import BEST, STATE_FILE, load_intact
 
     if checkpoint is not None and str(checkpoint) == EXPERT:
         return EXPERT
@@ -44,9 +44,9 @@ def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> s
     for root in (path, path / "checkpoints"):  # a checkpoint, a checkpoint root, or a training output dir
         if (root / STATE_FILE).is_file():
             return str(root)
-        found = (best_checkpoint(root) or latest_checkpoint(root)) if root.is_dir() else None
+        found = load_intact(root, BEST) if root.is_dir() else None  # a damaged best falls back to the newest intact
         if found is not None:
-            return str(found)
+            return str(found.path)
     raise AgentFlowError(
         f"no checkpoint at {path} (no {STATE_FILE}, best.json or latest.json): train first, "
         f"or pass --checkpoint PATH, or --checkpoint {EXPERT} for the scripted expert"

@@ -32,6 +32,7 @@ def configure_services(cfg: AgentFlowConfig) -> dict[str, str]:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("PREFECT_RESULTS_DEFAULT_SERIALIZER", "json")  # a result is never cloudpickled
     if cfg.base.tracking.prefect_api_url and "PREFECT_API_URL" not in os.environ:
         os.environ["PREFECT_API_URL"] = cfg.base.tracking.prefect_api_url
     if "PREFECT_API_URL" not in os.environ:

@@ -1,11 +1,13 @@
 """MLflow at the edge: one parent run per cycle, nested runs per phase, metrics in batches.
 
 The core never imports MLflow; it records diagnostics into a sink with ``record(step, metrics)``.
-:class:`MlflowSink` is that sink: it buffers and flushes with ``log_batch`` (a single metric
-call on the sqlite store costs ~13 ms here, a batch of 1,000 ~80 ms), and it drops steps that
-the run already holds, so a resumed run continues its metric history without duplicates.
-Every call passes ``run_id`` explicitly: the fluent active run is thread-local and Prefect
-runs tasks on worker threads.
+:class:`MlflowSink` is that sink: each record (one PPO update's diagnostics) goes out as one
+``log_batch`` call (a single metric call on the sqlite store costs ~13 ms here, a batch of 1,000
+~80 ms), so a killed run loses at most the update in flight; it drops steps that the run already
+holds, so a resumed run continues its metric history without duplicates.
+Every run carries its process tags (:mod:`tasks.provenance`): the next start closes runs whose
+process died as KILLED. Every call passes ``run_id`` explicitly: the fluent active run is
+thread-local and Prefect runs tasks on worker threads.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from tasks.provenance import holder_alive, process_tags
+
 PARENT_TAG = "mlflow.parentRunId"
+KIND_TAG = "agentflow.kind"
+CHECKPOINTS_TAG = "agentflow.checkpoints"
+PARAMS_HASH_TAG = "agentflow.params_hash"
 MAX_BATCH = 900  # log_batch accepts up to 1,000 metrics per call
 
 
@@ -45,15 +52,47 @@ class MlflowTracker:
             else self.client.create_experiment(experiment, artifact_location=local_artifact_root(tracking_uri))
         )
 
-    def start_cycle(self, run_name: str, params: Mapping[str, str], tags: Mapping[str, str] | None = None) -> str:
-        """Create the parent run of one training cycle and log the flattened params once."""
+    def start_cycle(
+        self, run_name: str, params: Mapping[str, str], tags: Mapping[str, str] | None = None, kind: str = "cycle"
+    ) -> str:
+        """Create the top-level run of a cycle (or of a standalone phase) and log the flattened params once."""
         run = self.client.create_run(
-            self.experiment_id, run_name=run_name, tags={"agentflow.kind": "cycle", **(tags or {})}
+            self.experiment_id, run_name=run_name, tags={KIND_TAG: kind, **process_tags(), **(tags or {})}
         )
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(run.info.run_id, params=items[start : start + 100])
         return run.info.run_id
+
+    def close_orphans(self) -> list[str]:
+        """Close as KILLED the RUNNING runs whose process on this host is gone; returns their ids."""
+        closed = []
+        for run in self.client.search_runs([self.experiment_id], filter_string="attributes.status = 'RUNNING'"):
+            if not holder_alive(run.data.tags):
+                self.client.set_terminated(run.info.run_id, status="KILLED")
+                closed.append(run.info.run_id)
+        return closed
+
+    def resumable(self, kind: str, checkpoints: Path, params_hash: str) -> str | None:
+        """The newest unfinished top-level run of ``kind`` over the same checkpoints and params, if any.
+
+        ``--resume`` continues it (one run, one continuous metric history) instead of opening another.
+        """
+        found = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(
+                f"tags.`{KIND_TAG}` = '{kind}' and tags.`{CHECKPOINTS_TAG}` = '{checkpoints.resolve()}' "
+                f"and tags.`{PARAMS_HASH_TAG}` = '{params_hash}' and attributes.status != 'FINISHED'"
+            ),
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return found[0].info.run_id if found else None
+
+    def reopen(self, run_id: str) -> None:
+        """Mark a resumed run RUNNING again, held by this process."""
+        self.client.update_run(run_id, status="RUNNING")
+        self.set_tags(run_id, process_tags())
 
     def start_phase(self, parent_run_id: str, phase: str, params: Mapping[str, Any] | None = None) -> str:
         """Create (or reuse, on a rerun) the nested run of one phase under the cycle's run."""
@@ -64,10 +103,12 @@ class MlflowTracker:
         )
         if existing:
             run_id = existing[0].info.run_id
-            self.client.update_run(run_id, status="RUNNING")
+            self.reopen(run_id)
             return run_id
         run = self.client.create_run(
-            self.experiment_id, run_name=phase, tags={PARENT_TAG: parent_run_id, "agentflow.phase": phase}
+            self.experiment_id,
+            run_name=phase,
+            tags={PARENT_TAG: parent_run_id, "agentflow.phase": phase, **process_tags()},
         )
         if params:
             self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
@@ -81,6 +122,7 @@ class MlflowTracker:
             self.client.log_batch(run_id, metrics=batch[start : start + MAX_BATCH])
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        """Set several tags in one call."""
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_artifacts(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
@@ -91,40 +133,47 @@ class MlflowTracker:
             self.client.log_artifact(run_id, str(path), artifact_path)
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
+        """Close a run as FINISHED (or FAILED / KILLED)."""
         self.client.set_terminated(run_id, status=status)
 
-    def sink(self, run_id: str, prefix: str = "", flush_every: int = 50) -> MlflowSink:
-        return MlflowSink(self, run_id, prefix, flush_every)
+    def run_url(self, run_id: str) -> str:
+        """The run's page: on the tracking server, or on ``mlflow ui`` (port 5000) over a local store."""
+        base = self.tracking_uri if self.tracking_uri.startswith("http") else "http://127.0.0.1:5000"
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+
+    def sink(self, run_id: str, prefix: str = "") -> MlflowSink:
+        """A metrics sink for the core's ``record(step, metrics)`` calls into ``run_id``."""
+        return MlflowSink(self, run_id, prefix)
 
 
 class MlflowSink:
-    """A core-facing metrics sink: ``record(step, metrics)`` buffered into ``log_batch`` calls."""
+    """A core-facing metrics sink: each ``record(step, metrics)`` is one ``log_batch`` call."""
 
-    def __init__(self, tracker: MlflowTracker, run_id: str, prefix: str = "", flush_every: int = 50) -> None:
-        self.tracker, self.run_id, self.prefix, self.flush_every = tracker, run_id, prefix, flush_every
+    def __init__(self, tracker: MlflowTracker, run_id: str, prefix: str = "") -> None:
+        self.tracker, self.run_id, self.prefix = tracker, run_id, prefix
         self._buffer: list[Metric] = []
-        self._records = 0
-        self._last_step = self._last_logged_step()
+        self._last_step = self._last_logged_steps()
 
-    def _last_logged_step(self) -> int:
-        """The highest step already in the run (a resumed run must not log it again)."""
-        run = self.tracker.client.get_run(self.run_id)
-        steps = [-1]
-        for key in run.data.metrics:
-            history = self.tracker.client.get_metric_history(self.run_id, key)
-            steps.extend(m.step for m in history)
-        return max(steps)
+    def _last_logged_steps(self) -> dict[str, int]:
+        """The highest step of each metric already in the run (a resumed run must not log them again)."""
+        client = self.tracker.client
+        return {
+            key: max(m.step for m in client.get_metric_history(self.run_id, key))
+            for key in client.get_run(self.run_id).data.metrics
+        }
 
     def record(self, step: int, metrics: Mapping[str, float]) -> None:
-        if step <= self._last_step:
-            return
+        """Log one update's metrics now, minus those the run already holds at this step or later."""
         now = int(time.time() * 1000)
-        self._buffer.extend(Metric(self.prefix + k, float(v), now, step) for k, v in metrics.items())
-        self._records += 1
-        if self._records % self.flush_every == 0 or len(self._buffer) >= MAX_BATCH:
-            self.flush()
+        self._buffer.extend(
+            Metric(self.prefix + k, float(v), now, step)
+            for k, v in metrics.items()
+            if step > self._last_step.get(self.prefix + k, -1)
+        )
+        self.flush()
 
     def flush(self) -> None:
+        """Send what is buffered (a record larger than one batch goes out in several)."""
         while self._buffer:
             chunk, self._buffer = self._buffer[:MAX_BATCH], self._buffer[MAX_BATCH:]
             self.tracker.client.log_batch(self.run_id, metrics=chunk)

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -13,6 +19,30 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+
+TEST_ENTRY_POINTS = """\
+[agentflow.envs]
+toy = test_registry:ToyEnv
+
+[agentflow.adapters]
+toy = test_registry:ToyAdapter
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_entry_points(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Install the test modules' toy env and adapter as entry points, the way a user adds their own classes."""
+    import sys
+
+    site = tmp_path_factory.mktemp("site")
+    dist = site / "agentflow_test_envs-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: agentflow-test-envs\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(TEST_ENTRY_POINTS)
+    sys.path.append(str(site))
+    yield
+    sys.path.remove(str(site))
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +75,42 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``mlflow server`` on 127.0.0.1 with its own sqlite backend and artifact root (~10 s).
+
+    Its own session, job workers off (they would outlive it, STACK-NOTES); stopped with its group.
+    """
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "art")]
+    with (root / "server.log").open("w") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while not _healthy(url):
+        if server.poll() is not None or time.monotonic() > deadline:
+            os.killpg(server.pid, signal.SIGKILL)
+            raise AssertionError(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield url
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

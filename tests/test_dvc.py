@@ -1,10 +1,14 @@
-"""`dvc repro` in a temporary clone: reproduces the pipeline, is idempotent, re-runs only what changed,
-and pushes/pulls against the local remote."""
+"""`dvc repro` in a temporary clone, as the README writes it (`.venv/bin/dvc repro` in a shell whose PATH
+holds no virtualenv): the Prefect flow and the DVC stages give identical metrics and checkpoints,
+`agentflow reproduce` confirms the flow's run, a second repro runs nothing, a changed parameter re-runs
+only the stages that use it, push/pull go through the local remote, and dvc.lock records the md5s
+the MLflow run names."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,22 +16,29 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 from tasks.config_io import parse_config
+from tasks.stages import dvc_md5
 from tests.tiny import REPO, tiny_params
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
+DVC = ".venv/bin/dvc"  # as the README writes it, relative to the checkout
+PLAIN_PATH = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p).resolve() != BIN.resolve())
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+}
 
 
 def run(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        "DVC_NO_ANALYTICS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("MLFLOW_TRACKING_URI", None)
+    """A command in a fresh shell's environment: no virtualenv on PATH, no PYTHONPATH, no tracking URI."""
+    env = {**os.environ, **GIT_IDENTITY, "PATH": PLAIN_PATH, "DVC_NO_ANALYTICS": "1", "PYTHONUNBUFFERED": "1"}
+    for key in ("MLFLOW_TRACKING_URI", "PYTHONPATH", "VIRTUAL_ENV", "PREFECT_API_URL", "PREFECT_HOME"):
+        env.pop(key, None)
     proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -42,25 +53,72 @@ def stages_run(output: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A clone of the committed repository with a tiny params.yaml (paths relative to the clone)."""
+    """A clone of the repository at the code under test, committed (a clean tree), with a tiny params.yaml
+    and the virtualenv where `make install` puts it (.venv)."""
     root = tmp_path_factory.mktemp("dvc") / "repo"
     run(["git", "clone", "-q", str(REPO), str(root)], cwd=root.parent)
     params = tiny_params(root)
     params["base"].update({"state_dir": ".agentflow", "data_dir": "data", "env_config_dir": "configs/envs"})
     # the working tree's code (the clone holds the last commit; tests run against the code under test)
-    for folder in ("agentflow_core", "tasks", "flows", "configs"):
-        shutil.rmtree(root / folder)
+    for folder in ("agentflow_core", "tasks", "flows", "configs", "bin"):
+        shutil.rmtree(root / folder, ignore_errors=True)
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, root / name)
     # DVC reads the keys each stage names from the file itself, so write every section in full
     full = parse_config(params).model_dump(mode="json")
     (root / "params.yaml").write_text(yaml.safe_dump(full, sort_keys=False))
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-q", "--allow-empty", "-m", "code under test"], root)
+    (root / ".venv").symlink_to(BIN.parent)  # after the commit: a link is not matched by `.venv/` in .gitignore
     return root
 
 
-def test_repro_runs_every_stage_then_nothing(clone: Path) -> None:
-    first = run(["dvc", "repro"], clone)
+def checkpoint_hashes(root: Path) -> dict[str, str]:
+    """md5 of every checkpoint's tensors (weights, optimizer, generators) and of the final policy."""
+    data = root / "data" / "checkpoints"
+    files = sorted(data.glob("checkpoints/update_*/*.safetensors")) + [data / "policy.safetensors"]
+    return {str(f.relative_to(data)): dvc_md5(f) for f in files}
+
+
+def metrics(root: Path) -> dict[str, dict]:
+    return {f.stem: json.loads(f.read_text()) for f in sorted((root / "data" / "metrics").glob("*.json"))}
+
+
+def test_flow_reproduce_and_dvc_repro_agree(clone: Path) -> None:
+    flow = run(["bin/agentflow", "run", "--params", "params.yaml"], clone)
+    found = re.search(r"MLflow run ([0-9a-f]{32})", flow.stdout)
+    assert found, flow.stdout[-2000:]
+    run_id = found[1]
+    by_flow, flow_checkpoints = metrics(clone), checkpoint_hashes(clone)
+    assert set(by_flow) == {"calibrate", "variants", "explore", "train", "stress"}
+    tags = MlflowClient(f"sqlite:///{clone / '.agentflow' / 'mlflow.db'}").get_run(run_id).data.tags
+    assert tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], clone).stdout.strip()
+    assert tags["agentflow.git.dirty"] == "false"
+
+    again = run(["bin/agentflow", "reproduce", run_id, "--params", "params.yaml"], clone, check=False)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "values identical" in again.stdout and " NO " not in again.stdout
+    assert checkpoint_hashes(clone) == flow_checkpoints
+
+    first = run([DVC, "repro", "--force"], clone)
     assert stages_run(first.stdout) == {"calibrate", "variants", "explore", "train", "stress", "report"}
+    by_dvc = metrics(clone)
+    assert by_dvc == by_flow
+    assert checkpoint_hashes(clone) == flow_checkpoints
+    client = MlflowClient(f"sqlite:///{clone / '.agentflow' / 'mlflow.db'}")
+    trained = client.search_runs(
+        [client.get_experiment_by_name("agentflow").experiment_id], "tags.`agentflow.kind` = 'train'"
+    )
+    assert len(trained) == 1 and trained[0].info.status == "FINISHED"  # the DVC stage's `agentflow train` is tracked
+    assert trained[0].data.tags["agentflow.policy_hash"] == tags["agentflow.policy_hash"]
+    assert trained[0].data.metrics["heldout_success"] == by_flow["train"]["heldout_success"]
+    lock = yaml.safe_load((clone / "dvc.lock").read_text())
+    variants_out = next(o for o in lock["stages"]["variants"]["outs"] if o["path"] == "data/variants")
+    assert variants_out["md5"] == dvc_md5(clone / "data" / "variants")  # the hash MLflow tags use is DVC's
+
+
+def test_a_second_repro_runs_nothing(clone: Path) -> None:
     for out in (
         "calibration/report.json",
         "variants/catalogue.parquet",
@@ -70,18 +128,18 @@ def test_repro_runs_every_stage_then_nothing(clone: Path) -> None:
         "reports/report.html",
     ):
         assert (clone / "data" / out).exists(), out
-    assert run(["dvc", "status", "-q"], clone, check=False).returncode == 0
-    second = run(["dvc", "repro"], clone)
+    assert run([DVC, "status", "-q"], clone, check=False).returncode == 0
+    second = run([DVC, "repro"], clone)
     assert stages_run(second.stdout) == set()
     assert "didn't change, skipping" in second.stdout
 
 
 def test_metrics_and_plots_are_declared(clone: Path) -> None:
-    metrics = json.loads(run(["dvc", "metrics", "show", "--json"], clone).stdout)
+    metrics = json.loads(run([DVC, "metrics", "show", "--json"], clone).stdout)
     flat = json.dumps(metrics)
     for key in ("env_stability_score", "state_coverage_ratio", "heldout_success", "robustness_score"):
         assert key in flat
-    plots = run(["dvc", "plots", "show", "--json"], clone).stdout
+    plots = run([DVC, "plots", "show", "--json"], clone).stdout
     assert "heldout_curve.csv" in plots
 
 
@@ -89,17 +147,28 @@ def test_changed_parameter_reruns_only_dependent_stages(clone: Path) -> None:
     params = yaml.safe_load((clone / "params.yaml").read_text())
     params["stress"]["episodes"] = 16
     (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert run(["dvc", "status", "-q"], clone, check=False).returncode == 1
-    out = run(["dvc", "repro"], clone)
+    assert run([DVC, "status", "-q"], clone, check=False).returncode == 1
+    out = run([DVC, "repro"], clone)
     assert stages_run(out.stdout) == {"stress", "report"}
     assert json.loads((clone / "data" / "metrics" / "stress.json").read_text())["episodes"] == 16
 
 
 def test_push_and_pull_through_the_local_remote(clone: Path) -> None:
-    run(["dvc", "push"], clone)
+    run([DVC, "push"], clone)
     assert any((clone / ".agentflow" / "dvc-remote").rglob("*"))
     shutil.rmtree(clone / "data" / "variants")
     shutil.rmtree(clone / ".dvc" / "cache")
-    run(["dvc", "pull"], clone)
+    run([DVC, "pull"], clone)
     assert (clone / "data" / "variants" / "catalogue.parquet").exists()
-    assert run(["dvc", "status", "-q"], clone, check=False).returncode == 0
+    assert run([DVC, "status", "-q"], clone, check=False).returncode == 0
+
+
+def test_a_failed_stress_gate_fails_repro_after_the_report_as_in_the_flow(clone: Path) -> None:
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["stress"]["consistency_target"] = 1.0  # the tiny policy agrees with itself on ~87% of states
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    failed = run([DVC, "repro"], clone, check=False)
+    assert failed.returncode != 0
+    assert "stress gate failed" in failed.stdout + failed.stderr
+    report = json.loads((clone / "data" / "reports" / "report.json").read_text())
+    assert report["passed"] is False  # written first, as the flow writes it before raising GateFailed

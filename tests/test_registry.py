@@ -208,7 +208,11 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
         toy_config(class_path="agentflow_core.envs.no_such_family:Env"),
         "class_path: cannot import module",
     ),
-    "attribute_missing": (toy_config(class_path=f"{__name__}:NoSuchEnv"), "class_path: .*has no attribute 'NoSuchEnv'"),
+    "attribute_missing": (
+        toy_config(class_path="agentflow_core.envs.payment_api:NoSuchEnv"),
+        "class_path: .*has no attribute 'NoSuchEnv'",
+    ),
+    "not_an_entry_point": (toy_config(class_path=f"{__name__}:NoSuchEnv"), "class_path: .*is not allowed"),
     "not_a_class_path": (toy_config(class_path="ToyEnv"), "class_path: .*not of the form"),
     "unknown_adapter": (toy_config(adapter="ftp"), "adapter: .*unknown adapter 'ftp'"),
     "mapping_missing": (toy_config(mapping="nope.json"), "mapping: file 'nope.json' not found"),
@@ -292,7 +296,7 @@ def test_cli_check_fails_on_a_bad_config_and_a_bad_mapping(config_dir: Path) -> 
     (config_dir / "toy_v1.json").write_text(json.dumps(collapsing))
     result = CliRunner().invoke(envs_app, ["check", "--config-dir", str(config_dir)], env={"COLUMNS": "250"})
     assert result.exit_code == 1
-    assert "config error" in result.output and "has no attribute 'Nope'" in result.output
+    assert "config error" in result.output and "Nope' is not allowed" in result.output
     assert "collapsed_meaning: rule(s) SHOP, PAID" in result.output
     assert "wrong_token: rule(s) PAID" in result.output
 
@@ -399,5 +403,5 @@ def test_cli_from_openapi_rejects_a_bad_family_without_writing(tmp_path: Path) -
     result = CliRunner().invoke(
         envs_app, ["from-openapi", str(spec), "--family", "Shop-API", "--out-dir", str(tmp_path / "envs")]
     )
-    assert result.exit_code == 1 and "family" in result.output
+    assert result.exit_code == 2 and "family" in result.output
     assert not (tmp_path / "envs").exists()

@@ -68,10 +68,11 @@ def test_names_used_are_recorded() -> None:
         ("1 % cart_items", {}, "modulo by zero"),
         ("(0 - cart_items - 1) ** 0.5", {}, "fractional power"),
         ("cart_items ** -1", {}, "zero to a negative power"),
-        ("((1e9 * 1e9) ** 8) ** 8", {}, "exceeds"),
+        ("((1e9 * 1e9 + cart_items) ** 8) ** 8", {}, "exceeds"),
+        ("(1e-300 + cart_items) ** -8 > 0", {}, "overflows"),
         ("cart_items > 0", {"cart_items": float("nan")}, "non-finite"),
         ("cart_items > 0", {"cart_items": float("inf")}, "non-finite"),
-        (balanced("1e9", "*", 64) + " > 1", {}, "non-finite"),  # 1e576 overflows to inf
+        ("(cart_items + 1e9) ** 8" + " * 1e9 ** 8" * 4 + " > 1", {}, "non-finite"),  # 1e360 overflows to inf
     ],
 )
 def test_undefined_arithmetic_raises_in_value_and_is_false_as_condition(
@@ -81,6 +82,20 @@ def test_undefined_arithmetic_raises_in_value_and_is_false_as_condition(
     with pytest.raises(ExpressionEvalError, match=reason):
         condition.value(values(**env))
     assert condition(values(**env)) is False
+
+
+@pytest.mark.parametrize(
+    ("expr", "reason"),
+    [
+        ("1e-300 ** -8 > 0", "overflows"),  # float ** raises OverflowError instead of returning inf
+        ("1 / 0 > 0", "division by zero"),
+        ("cart_items > 0 and ((1e9 * 1e9) ** 8) ** 8 > 1", "exceeds"),
+        ("9" * 990 + " > 0", "digits outside"),  # float() of this int would raise OverflowError
+    ],
+)
+def test_constant_subexpressions_are_checked_at_compile_time(expr: str, reason: str) -> None:
+    with pytest.raises(UnsafeExpressionError, match=reason):
+        compile_condition(expr, NAMES)
 
 
 def test_short_circuit_guards_division() -> None:

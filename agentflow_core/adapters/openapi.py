@@ -17,7 +17,9 @@ mapping that a person would otherwise write by hand, then let the mapping audit 
   ...), scaled by ``1 / maximum`` where the spec documents a maximum;
   ``x-agentflow-feature: <feature>`` overrides.
 
-The spec arrives as a dict: YAML parsing happens at the CLI edge.
+The spec arrives as a dict: YAML parsing happens at the CLI edge. The spec never chooses code:
+the generated env is always the HTTP env of ``DEFAULT_CLASS_PATH``, and a spec whose
+``x-agentflow-class-path`` names anything else is rejected.
 """
 
 from __future__ import annotations
@@ -346,12 +348,21 @@ def generate_from_openapi(
         raise MappingError("<openapi>", "$", f"family: got {family!r}, expected ^[a-z][a-z0-9_]*$")
     if not str(spec.get("openapi", "")).startswith("3"):
         raise MappingError("<openapi>", "$.openapi", f"got {spec.get('openapi')!r}, expected an OpenAPI 3.x document")
+    declared = spec.get("x-agentflow-class-path", DEFAULT_CLASS_PATH)
+    if declared != DEFAULT_CLASS_PATH:
+        # A spec is data from elsewhere: it never chooses which code runs. Another env class is
+        # registered as an entry point (group ``agentflow.envs``) and named in the env config.
+        raise MappingError(
+            "<openapi>",
+            "$.x-agentflow-class-path",
+            f"got {str(declared)[:120]!r}; a spec never chooses code (generated envs use {DEFAULT_CLASS_PATH})",
+        )
     mapping = generate_mapping(spec, family, version)
     info = spec.get("info") or {}
     config = {
         "env_id": f"{family}_v{version}",
         "description": str(info.get("description") or info.get("title") or family).strip().splitlines()[0],
-        "class_path": str(spec.get("x-agentflow-class-path", DEFAULT_CLASS_PATH)),
+        "class_path": DEFAULT_CLASS_PATH,
         "adapter": "api",
         "mapping": f"{family}_v{version}.json",
         "params": Scenario().to_dict(),

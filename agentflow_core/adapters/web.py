@@ -4,7 +4,7 @@ Leaf conditions of a ``web`` mapping (exactly one kind per leaf, combined with a
 
 * ``{"page": "cart"}``                           -- the page name;
 * ``{"text_contains": "..."}``                   -- case-sensitive substring of the visible text;
-* ``{"text_regex": "..."}``                      -- ``re.search`` on the visible text (``(?i)`` for case);
+* ``{"text_regex": "..."}``                      -- regex search on the visible text (``(?i)`` for case);
 * ``{"selector": "#id"}``                        -- element present among buttons, links or form fields;
 * ``{"banner": "error"}``                        -- flash banner kind (``any`` / ``none`` also allowed);
 * ``{"field": "cart_count", "op": ">", "value": 0}`` -- a named value compared (see :meth:`WebAdapter.extract`).
@@ -14,19 +14,27 @@ load, into a closure over a precompiled regex and the page values it reads (page
 element lists -- each read once per step and shared by all leaves), so a step costs no schema
 checks, no regex compilation and no per-leaf dispatch on the condition's keys. :meth:`WebAdapter.match`
 interprets a leaf directly and is the reference the closures are tested against.
+
+A ``text_regex`` runs on the ``regex`` package, not ``re``: a thread stuck in a catastrophic
+backtrack cannot be stopped (it holds the GIL), so every search carries ``timeout=`` and a rule
+that exceeds :data:`REGEX_TIMEOUT_S` raises :class:`MappingError` naming the rule instead of
+hanging the step. ``regex`` also avoids the blow-up of patterns like ``(.*.*)*XQZ`` outright.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
+
+import regex
 
 from agentflow_core.adapters.base import COMPARISONS, BaseSemanticAdapter, Predicate, Reader, _json_path
 from agentflow_core.errors import MappingError
 
 _BANNER_KINDS = ("error", "warning", "success", "info", "any", "none")
+REGEX_TIMEOUT_S = 0.05
+MAX_REGEX_CHARS = 1000
 _NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 # What a page value reads as when the page lacks it (the same defaults ``match`` uses).
 _PAGE_DEFAULTS: dict[str, Any] = {"text": "", "buttons": (), "links": (), "forms": (), "fields": _NO_FIELDS}
@@ -69,6 +77,25 @@ class WebAdapter(BaseSemanticAdapter):
         default = _PAGE_DEFAULTS.get(key)
         return self.reader(key, lambda raw: raw.get(key, default))
 
+    def _bounded_search(self, pattern: str, path: list[Any]) -> Callable[[str], bool]:
+        """``pattern`` compiled once; each search stops after :data:`REGEX_TIMEOUT_S` with a MappingError."""
+        where = _json_path(path)
+        if len(pattern) > MAX_REGEX_CHARS:
+            raise MappingError(self.source, where, f"regex longer than {MAX_REGEX_CHARS} characters")
+        try:
+            compiled = regex.compile(pattern)
+        except (regex.error, OverflowError, RecursionError) as exc:
+            raise MappingError(self.source, where, f"invalid regex: {exc}") from None
+        source = self.source
+
+        def search(text: str) -> bool:
+            try:
+                return compiled.search(text, timeout=REGEX_TIMEOUT_S) is not None
+            except TimeoutError:
+                raise MappingError(source, where, f"regex {pattern[:80]!r} ran past {REGEX_TIMEOUT_S}s") from None
+
+        return search
+
     def compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
         """One leaf condition as a closure; a bad regex fails here with the rule's JSON path."""
         if "page" in when:
@@ -78,12 +105,9 @@ class WebAdapter(BaseSemanticAdapter):
             needle, i = when["text_contains"], self._value("text")
             return lambda values: needle in values[i]
         if "text_regex" in when:
-            try:
-                search = re.compile(when["text_regex"]).search
-            except re.error as exc:
-                raise MappingError(self.source, _json_path([*path, "text_regex"]), f"invalid regex: {exc}") from exc
+            search = self._bounded_search(when["text_regex"], [*path, "text_regex"])
             i = self._value("text")
-            return lambda values: search(values[i]) is not None
+            return lambda values: search(values[i])
         if "selector" in when:
             selector = when["selector"]
             name = selector[1:] if selector.startswith("#") else selector
@@ -142,10 +166,7 @@ class WebAdapter(BaseSemanticAdapter):
         if "text_contains" in when:
             return when["text_contains"] in raw.get("text", "")
         if "text_regex" in when:
-            try:
-                return re.search(when["text_regex"], raw.get("text", "")) is not None
-            except re.error as exc:
-                raise MappingError(self.source, _json_path(["<when>", "text_regex"]), f"invalid regex: {exc}") from exc
+            return self._bounded_search(when["text_regex"], ["<when>", "text_regex"])(raw.get("text", ""))
         if "selector" in when:
             selector = when["selector"]
             name = selector[1:] if selector.startswith("#") else selector

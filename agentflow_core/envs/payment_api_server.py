@@ -13,15 +13,28 @@ applied* and is answered with ``X-Sim-Outcome: dropped`` / ``deadline_exceeded``
 the client reads that as "no response" (a timeout). Business randomness (card declines) comes
 from a per-episode generator seeded by the client at episode creation. ``X-Step`` is the agent's
 logical clock: session and pending-order ages are counted in steps, as in the other channels.
+
+Hardening (the server is reachable by every local process): it binds loopback only; an episode
+id is a 128-bit random bearer token known only to the client that created it (replace and delete
+need it too), so a second local client cannot address another env's order; an episode unused for
+``episode_ttl_s`` expires and at most ``MAX_EPISODES`` live at once; bodies over
+``MAX_BODY_BYTES`` are refused unread; and every malformed request (bad header values, bad JSON,
+a fault status outside 500-599, unknown fields) gets a well-formed 4xx reply, never a dropped
+connection or an invalid status line.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import math
 import os
+import secrets
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,6 +49,10 @@ ORDER_EXPIRY_STEPS = 15
 CART_LIMIT = 10
 NEXT_PRODUCT_STOCK = 20
 IDEMPOTENCY_CACHE = 8
+MAX_BODY_BYTES = 64 * 1024
+MAX_EPISODES = 16_384
+EPISODE_TTL_S = 600.0
+MAX_STEP = 10**9
 
 Response = tuple[int, dict[str, Any] | None, dict[str, str]]
 
@@ -305,48 +322,100 @@ ROUTES: dict[tuple[str, str], tuple[Any, bool]] = {
 ORDER_PREFIX = "/order/"
 
 
-class PaymentAPIState:
-    """All episodes of one server, behind one lock (the handlers are short and CPU-bound)."""
+class BadRequest(ValueError):
+    """A malformed request: answered with a 4xx status and an error code, never a dropped connection."""
 
-    def __init__(self) -> None:
-        self.episodes: dict[str, _Episode] = {}
+    def __init__(self, code: str, status: int = 400) -> None:
+        self.code, self.status = code, status
+        super().__init__(code)
+
+
+def _number(headers: Any, name: str, default: str, low: float, high: float) -> float:
+    try:
+        value = float(headers.get(name, default))
+    except (TypeError, ValueError):
+        raise BadRequest(f"invalid_{name.lower().replace('-', '_')}") from None
+    if math.isnan(value) or not low <= value <= high:
+        raise BadRequest(f"invalid_{name.lower().replace('-', '_')}")
+    return value
+
+
+class PaymentAPIState:
+    """All episodes of one server, behind one lock (the handlers are short and CPU-bound).
+
+    ``episodes`` is ordered by last use, so expiry pops from the front in O(1) per episode.
+    """
+
+    def __init__(self, episode_ttl_s: float = EPISODE_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.episodes: OrderedDict[str, _Episode] = OrderedDict()
+        self._last_used: dict[str, float] = {}
+        self.episode_ttl_s, self.clock = episode_ttl_s, clock
         self.lock = threading.Lock()
-        self._next_id = 0
+
+    def _expire(self, now: float) -> None:
+        while self.episodes:
+            oldest = next(iter(self.episodes))
+            if now - self._last_used[oldest] < self.episode_ttl_s:
+                return
+            del self.episodes[oldest], self._last_used[oldest]
+
+    def _touch(self, episode_id: str) -> _Episode | None:
+        """The episode of a bearer id (expired ones first removed), marked as just used."""
+        now = self.clock()
+        self._expire(now)
+        ep = self.episodes.get(episode_id)
+        if ep is not None:
+            self.episodes.move_to_end(episode_id)
+            self._last_used[episode_id] = now
+        return ep
 
     def create(self, scenario: Scenario, seed: int, replace: str | None = None) -> str:
+        """A new episode under a fresh random id; ``replace`` (the caller's previous id) is deleted."""
         with self.lock:
-            if replace:
-                self.episodes.pop(replace, None)
-            self._next_id += 1
-            episode_id = f"ep-{self._next_id}"
+            if replace and self._touch(replace) is not None:
+                del self.episodes[replace], self._last_used[replace]
+            self._expire(self.clock())
+            if len(self.episodes) >= MAX_EPISODES:
+                raise BadRequest("too_many_episodes", 429)
+            episode_id = f"ep-{secrets.token_urlsafe(16)}"
             self.episodes[episode_id] = _new_episode(scenario, seed)
+            self._last_used[episode_id] = self.clock()
             return episode_id
 
     def delete(self, episode_id: str) -> bool:
         with self.lock:
-            return self.episodes.pop(episode_id, None) is not None
+            if self._touch(episode_id) is None:
+                return False
+            del self.episodes[episode_id], self._last_used[episode_id]
+            return True
 
     def handle(self, method: str, path: str, headers: Any, body: dict[str, Any]) -> Response:
         """Apply faults, then idempotency replay, then the business endpoint."""
         fault = headers.get("X-Fault", "none")
-        latency = float(headers.get("X-Fault-Latency", 0.0))
-        deadline = float(headers.get("X-Request-Timeout", "inf"))
+        latency = _number(headers, "X-Fault-Latency", "0", 0.0, 3600.0)
+        deadline = _number(headers, "X-Request-Timeout", "inf", 0.0, math.inf)
+        step = int(_number(headers, "X-Step", "0", 0, MAX_STEP))
         sim = {"X-Sim-Latency": f"{latency:.6f}"}
+        if fault not in ("none", "drop") and not fault.startswith("status="):
+            raise BadRequest("invalid_x_fault")
         if fault == "drop":
             return 200, None, {**sim, "X-Sim-Outcome": "dropped"}
         if latency > deadline:
             return 200, None, {**sim, "X-Sim-Outcome": "deadline_exceeded"}
         if fault.startswith("status="):
-            return int(fault.partition("=")[2]), {"error": {"code": "service_unavailable"}}, sim
+            code = fault.partition("=")[2]
+            if not (code.isdigit() and len(code) == 3 and 500 <= int(code) <= 599):
+                raise BadRequest("invalid_x_fault")  # status=0 must not become an invalid status line
+            return int(code), {"error": {"code": "service_unavailable"}}, sim
         with self.lock:
-            ep = self.episodes.get(headers.get("X-Episode-Id", ""))
+            ep = self._touch(headers.get("X-Episode-Id", ""))
             if ep is None:
                 return 404, {"error": {"code": "unknown_episode"}}, sim
             key = headers.get("Idempotency-Key")
             if key and key in ep.replies:
                 status, reply, extra = ep.replies[key]
                 return status, reply, {**extra, **sim, "Idempotent-Replayed": "true"}
-            status, reply, extra = self._route(ep, method, path, int(headers.get("X-Step", 0)), body)
+            status, reply, extra = self._route(ep, method, path, step, body)
             if key:
                 ep.replies[key] = (status, reply, extra)
                 while len(ep.replies) > IDEMPOTENCY_CACHE:
@@ -370,6 +439,7 @@ class PaymentAPIState:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one TCP connection serves many requests
+    default_request_version = "HTTP/1.1"  # stdlib's HTTP/0.9 default answers garbage with no status line
     disable_nagle_algorithm = True
     server: _Server
 
@@ -377,11 +447,24 @@ class _Handler(BaseHTTPRequestHandler):
         """The core prints nothing; access logs are off."""
 
     def _read_json(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
+        if "Transfer-Encoding" in self.headers:
+            raise BadRequest("length_required", 411)  # bodies are Content-Length framed, never chunked
+        raw = self.headers.get("Content-Length") or "0"
+        if not raw.strip().isdigit():
+            raise BadRequest("invalid_content_length")
+        length = int(raw)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the unread body must not be parsed as the next request
+            raise BadRequest("body_too_large", 413)
         if not length:
             return {}
-        data = json.loads(self.rfile.read(length))
-        return data if isinstance(data, dict) else {}
+        try:
+            data = json.loads(self.rfile.read(length))
+        except (ValueError, RecursionError):
+            raise BadRequest("invalid_json") from None
+        if not isinstance(data, dict):
+            raise BadRequest("invalid_json")
+        return data
 
     def _reply(self, status: int, body: dict[str, Any] | None, headers: dict[str, str]) -> None:
         payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
@@ -396,21 +479,30 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         try:
-            body = self._read_json()
-        except ValueError:
-            self._reply(400, {"error": {"code": "invalid_json"}}, {})
-            return
+            self._reply(*self._respond(method))
+        except BadRequest as exc:
+            self._reply(exc.status, {"error": {"code": exc.code}}, {})
+        except Exception:  # a bug must still answer: a dropped connection reads as a network fault
+            logger.exception("payment API: error handling %s %s", method, self.path[:200])
+            self._reply(500, {"error": {"code": "internal_error"}}, {})
+
+    def _respond(self, method: str) -> Response:
+        body = self._read_json()
         state = self.server.state
         path = self.path.split("?", 1)[0]
         if path == "/episodes" and method == "POST":
-            scenario = Scenario.from_dict(body.get("scenario", {}))
-            episode_id = state.create(scenario, int(body.get("seed", 0)), body.get("replace"))
-            self._reply(201, {"episode_id": episode_id}, {})
-        elif path.startswith("/episodes/") and method == "DELETE":
+            try:
+                scenario = Scenario.from_dict(body.get("scenario", {}))
+                seed = int(body.get("seed", 0))
+            except (TypeError, ValueError, OverflowError, AttributeError, KeyError):
+                raise BadRequest("invalid_scenario") from None
+            replace = body.get("replace")
+            episode_id = state.create(scenario, seed % 2**63, replace if isinstance(replace, str) else None)
+            return 201, {"episode_id": episode_id}, {}
+        if path.startswith("/episodes/") and method == "DELETE":
             found = state.delete(path[len("/episodes/") :])
-            self._reply(200 if found else 404, {"deleted": found}, {})
-        else:
-            self._reply(*state.handle(method, path, self.headers, body))
+            return 200 if found else 404, {"deleted": found}, {}
+        return state.handle(method, path, self.headers, body)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -431,10 +523,21 @@ class _Server(ThreadingHTTPServer):
         logger.debug("payment API: error serving %s", client_address, exc_info=True)
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # any other host name may resolve anywhere
+        return False
+
+
 class PaymentAPIServer:
     """One threaded HTTP server on 127.0.0.1 serving every episode of this process."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        if not _is_loopback(host):
+            raise ValueError(f"the payment API serves loopback only, got host {host!r}")
         self._httpd = _Server((host, port), _Handler)
         self._httpd.state = PaymentAPIState()
         self._thread: threading.Thread | None = None

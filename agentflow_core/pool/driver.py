@@ -10,8 +10,10 @@ Subclasses supply the transport (:meth:`PoolDriver._invoke`) and worker recovery
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,6 +71,8 @@ class PoolDriver(ABC):
         self.failures = np.zeros(len(self.variants), np.int64)
         self.quarantined: dict[int, str] = {}
         self.worker_restarts = 0
+        self._restart_times: deque[float] = deque()
+        self.clock: Callable[[], float] = time.monotonic
         self.counters: dict[str, int] = {
             "steps": 0,
             "episodes": 0,
@@ -89,20 +93,30 @@ class PoolDriver(ABC):
         """One call on one worker, for stats and bookkeeping (not on the hot path)."""
 
     def _worker_lost(self, worker: int, error: BaseException) -> None:
-        """Count a lost worker; past ``max_worker_restarts`` the pool stops with :class:`PoolError`."""
+        """Count a lost worker; past ``max_worker_restarts`` within ``restart_window_s`` the pool stops.
+
+        The budget is per window, not per life: a multi-day run that loses a worker now and then
+        keeps going, while a crash loop still stops it with :class:`PoolError`.
+        """
+        now, window = self.clock(), self.config.restart_window_s
         self.worker_restarts += 1
+        self._restart_times.append(now)
+        while self._restart_times and self._restart_times[0] <= now - window:
+            self._restart_times.popleft()
+        recent = len(self._restart_times)
         logger.error(
-            "pool: worker %d lost (%s: %s); restart %d of %d",
+            "pool: worker %d lost (%s: %s); restart %d of %d in the last %gs",
             worker,
             type(error).__name__,
             error,
-            self.worker_restarts,
+            recent,
             self.config.max_worker_restarts,
+            window,
         )
-        if self.worker_restarts > self.config.max_worker_restarts:
+        if recent > self.config.max_worker_restarts:
             raise PoolError(
                 f"worker {worker} lost again ({type(error).__name__}); the pool already restarted workers "
-                f"{self.worker_restarts - 1} times (max_worker_restarts={self.config.max_worker_restarts})"
+                f"{recent - 1} times in the last {window:g}s (max_worker_restarts={self.config.max_worker_restarts})"
             ) from error
 
     # ------------------------------------------------------------------ public API
@@ -200,7 +214,15 @@ class PoolDriver(ABC):
 
     def stats(self) -> dict[str, Any]:
         """Counters, quarantined variants (env_id -> reason), restarts and per-worker env counts."""
-        workers = [self._worker_call(w, "stats") for w in range(self.n_workers)]
+        try:
+            workers = [self._worker_call(w, "stats") for w in range(self.n_workers)]
+        except PoolError:
+            raise
+        except Exception as exc:  # a transport error (e.g. a Ray actor gone after the restart budget)
+            raise PoolError(
+                f"pool stats: a worker did not answer ({type(exc).__name__}: {str(exc)[:200]}); "
+                f"{self.worker_restarts} worker restart(s) so far"
+            ) from exc
         return {
             **self.counters,
             "num_envs": self.num_envs,

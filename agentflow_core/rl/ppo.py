@@ -38,6 +38,7 @@ import torch
 
 from agentflow_core.config import TrainConfig
 from agentflow_core.contracts import EnvPool, PoolBatch
+from agentflow_core.errors import NonFiniteError
 from agentflow_core.rl import numpy_kernel
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.flat_optim import FlatAdam
@@ -611,6 +612,7 @@ class PPO:
         rollout = self.collect_rollout()
         t1 = time.perf_counter()
         metrics = self.update_policy()
+        self.check_finite(metrics)
         t2 = time.perf_counter()
         self.update += 1
         metrics.update(rollout.metrics())
@@ -625,6 +627,30 @@ class PPO:
         )
         self.sink.record(self.global_step, metrics)
         return metrics
+
+    def check_finite(self, metrics: dict[str, float]) -> None:
+        """Raise :class:`NonFiniteError` at the first NaN/inf of this update, in pipeline order.
+
+        Rewards, then values, then the losses, then the last gradient, then each parameter: one
+        NaN reward turns every weight NaN within one update, and the first quantity is the cause.
+        """
+        update = self.update + 1
+        buf = self.buffer
+        for name, tensor in (("rewards", buf.rewards), ("value estimates", buf.values)):
+            bad = ~torch.isfinite(tensor)
+            if bool(bad.any()):
+                step, env = (int(i) for i in torch.nonzero(bad)[0])
+                raise NonFiniteError(
+                    update, name, f"first at rollout step {step}, env {env}: {float(tensor[step, env])}"
+                )
+        for key in STAT_KEYS[:4]:
+            if not np.isfinite(metrics[key]):
+                raise NonFiniteError(update, key.removeprefix("losses/"), f"mean over minibatches {metrics[key]}")
+        if not bool(torch.isfinite(self.optimizer.flat_grad).all()):
+            raise NonFiniteError(update, "gradients", "in the last minibatch step")
+        for name, param in self.policy.named_parameters():
+            if not bool(torch.isfinite(param).all()):
+                raise NonFiniteError(update, f"parameter {name}", f"{int((~torch.isfinite(param)).sum())} entries")
 
     # ---------------------------------------------------------------- state
     def state_json(self) -> dict[str, Any]:

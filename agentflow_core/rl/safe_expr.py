@@ -10,7 +10,9 @@ Grammar (everything else is rejected with :class:`UnsafeExpressionError`):
 
 * names from the declared set (token names read as 1.0/0.0, feature names as floats);
   names starting with ``_`` are never allowed, even if declared;
-* numeric and bool constants with ``|c| <= 1e9`` (no strings, bytes, None, complex);
+* numeric and bool constants with ``|c| <= 1e9`` (no strings, bytes, None, complex); a
+  subexpression without names is evaluated once at compile time and rejected when undefined
+  (``1e-300 ** -8``);
 * comparisons ``== != < <= > >=``, chained (``0 < cart_items <= 1``);
 * ``and`` / ``or`` / ``not`` and unary ``+``/``-``;
 * ``+ - * / %`` and ``**`` whose exponent is a numeric literal with ``|exp| <= 8``;
@@ -163,7 +165,7 @@ class _Compiler:
     """Recursive allow-list validator that emits closures; depth is capped before recursing."""
 
     def __init__(self, expr: str, names: frozenset[str]) -> None:
-        self.expr, self.allowed, self.nodes = expr, names, 0
+        self.expr, self.allowed, self.nodes, self.name_refs = expr, names, 0, 0
         self.used: set[str] = set()
 
     def reject(self, reason: str) -> UnsafeExpressionError:
@@ -178,12 +180,28 @@ class _Compiler:
         handler = getattr(self, f"_{type(node).__name__}", None)
         if handler is None:
             raise self.reject(f"{_describe(node)} is not allowed")
-        return handler(node, depth + 1)
+        refs_before = self.name_refs
+        fn: _Fn = handler(node, depth + 1)
+        if self.name_refs == refs_before and not isinstance(node, ast.Constant):
+            return self._fold(fn)
+        return fn
+
+    def _fold(self, fn: _Fn) -> _Fn:
+        """Evaluate a name-free subexpression now: ``1e-300 ** -8`` fails validation, not a training run."""
+        try:
+            c = _finite(fn({}))
+        except _Undefined as exc:
+            raise self.reject(f"undefined for constant operands: {exc}") from None
+        return lambda _v: c
 
     def _Constant(self, node: ast.Constant, depth: int) -> _Fn:
         value = node.value
         if isinstance(value, bool):
             c = 1.0 if value else 0.0
+        elif isinstance(value, int) and abs(value) > MAX_CONSTANT:  # before float(): 999 digits overflow it
+            raise self.reject(
+                f"constant with {len(str(abs(value)))} digits outside [-{MAX_CONSTANT:g}, {MAX_CONSTANT:g}]"
+            )
         elif isinstance(value, int | float):
             if not math.isfinite(value) or abs(value) > MAX_CONSTANT:
                 raise self.reject(f"constant {value!r} outside [-{MAX_CONSTANT:g}, {MAX_CONSTANT:g}]")
@@ -199,6 +217,7 @@ class _Compiler:
         if name not in self.allowed:
             raise self.reject(f"unknown name {name!r}; allowed names are declared tokens and features")
         self.used.add(name)
+        self.name_refs += 1
 
         def lookup(v: Values) -> float:
             return _finite(float(v[name]))
@@ -250,7 +269,10 @@ class _Compiler:
                 raise _Undefined("fractional power of a negative base")
             if b == 0.0 and exponent < 0:
                 raise _Undefined("zero to a negative power")
-            return _finite(b**exponent)
+            try:
+                return _finite(b**exponent)
+            except OverflowError:  # float ** raises instead of returning inf (1e-300 ** -8)
+                raise _Undefined(f"{b:g} ** {exponent:g} overflows") from None
 
         return power
 
@@ -284,6 +306,8 @@ def _literal_number(node: ast.expr) -> float | None:
         sign = -1.0 if isinstance(node.op, ast.USub) else 1.0
         node = node.operand
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        if isinstance(node.value, int) and abs(node.value) > MAX_CONSTANT:
+            return sign * math.inf  # rejected by the exponent bound, without float() of a huge int
         return sign * float(node.value) if math.isfinite(node.value) else None
     return None
 

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agentflow_core.errors import DATA_ERRORS, DataFileError
 from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM, VOCAB_VERSION
 
 SCHEMA_VERSION = 1
@@ -145,19 +146,37 @@ class TrajectoryWriter:
 
 
 def read_card(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / META_FILE).read_text())
+    """The dataset card; a damaged one is a :class:`DataFileError` naming it."""
+    file = Path(path) / META_FILE
+    try:
+        card = json.loads(file.read_text(encoding="utf-8"))
+    except DATA_ERRORS as exc:
+        raise DataFileError(file, f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(card, dict) or not isinstance(card.get("shards"), list):
+        raise DataFileError(file, "expected an object with a 'shards' list")
+    return card
 
 
 def read_steps(path: Path, verify: bool = True) -> pa.Table:
-    """All rows of a dataset directory, in shard order; checksums verified against the card."""
+    """All rows of a dataset directory, in shard order; checksums verified against the card.
+
+    Shard names come from the card and must name files inside ``path`` (a card is data).
+    """
     path = Path(path)
     card = read_card(path)
+    root = path.resolve()
     tables = []
     for shard in card["shards"]:
-        file = path / shard["file"]
-        if verify and _sha256(file) != shard["sha256"]:
-            raise ValueError(f"{file}: sha256 does not match {META_FILE}")
-        tables.append(pq.read_table(file, schema=SCHEMA))
+        name = shard.get("file") if isinstance(shard, dict) else None
+        file = path / str(name)
+        if not isinstance(name, str) or not file.resolve().is_relative_to(root) or not file.is_file():
+            raise DataFileError(path / META_FILE, f"shard {str(name)[:80]!r} is not a file inside {path}")
+        if verify and _sha256(file) != shard.get("sha256"):
+            raise DataFileError(file, f"sha256 does not match {META_FILE}")
+        try:
+            tables.append(pq.read_table(file, schema=SCHEMA))
+        except (*DATA_ERRORS, pa.ArrowException) as exc:
+            raise DataFileError(file, f"{type(exc).__name__}: {exc}") from None
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 

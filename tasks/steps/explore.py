@@ -28,9 +28,10 @@ from agentflow_core.rl.exploration import ExploreProgress, explore
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.trajectories import TrajectoryWriter
 from agentflow_core.semantics import VOCAB_VERSION
-from agentflow_core.variants import read_catalogue
+from agentflow_core.variants import read_catalogue, read_meta
 from tasks.compose import PoolFactory, build_pool, expert_policy_hash, reachable_tokens, reward_function
 from tasks.io import atomic_dir, write_json
+from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.registry_io import load_registry
 
 
@@ -72,6 +73,8 @@ def run_explore(
                     "phase": "explore",
                     "behaviour": cfg.explore.behaviour,
                     "catalogue": str(catalogue_path),
+                    "catalogue_sha256": read_meta(catalogue_path)["catalogue_sha256"],
+                    "git_commit": git_tags()[GIT_COMMIT_TAG],
                     "variants": len(variants),
                     "reward_mode": reward_cfg.mode,
                     "vocab_version": VOCAB_VERSION,

@@ -30,13 +30,7 @@ from safetensors.torch import save_file
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.checkpoint import (
-    CheckpointManager,
-    best_checkpoint,
-    latest_checkpoint,
-    load_checkpoint,
-    restore_ppo,
-)
+from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker, split_heldout
 from agentflow_core.rl.evaluate import evaluate_policy, expert_policy, exploration_policy, greedy_policy
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
@@ -130,9 +124,8 @@ def run_train(
     update_sps: list[float] = []  # this process's throughput per update (timing, so not in checkpoints)
     t_start = time.perf_counter()
     try:
-        latest = latest_checkpoint(ckpt_root) if resume else None
-        if latest is not None:
-            ckpt = load_checkpoint(latest)
+        ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes) if resume else None
+        if ckpt is not None:
             restore_ppo(ppo, ckpt)
             extra = ckpt.state["extra"]
             tracker.load_state_dict(extra["tracker"])
@@ -186,9 +179,9 @@ def run_train(
                     manager.mark_best(path)
             if on_update is not None:
                 on_update(ppo.update, num_updates, metrics)
-        best = best_checkpoint(ckpt_root) or latest_checkpoint(ckpt_root)
-        assert best is not None
-        best_ckpt = load_checkpoint(best)
+        best_ckpt = load_intact(ckpt_root, BEST, tc.hidden_sizes)
+        assert best_ckpt is not None
+        best = best_ckpt.path
         best_policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
         best_policy.load_state_dict(best_ckpt.model)
         n_eval = max(tc.eval_episodes, 128)
@@ -273,7 +266,12 @@ def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:
     """The initial (pre-BC, pre-PPO) weights: the exploration baseline is epsilon-greedy around them."""
     from safetensors.torch import load_file
 
-    return load_file(str(ckpt_root / "untrained.safetensors"))
+    from agentflow_core.rl.checkpoint import CheckpointError
+
+    try:
+        return load_file(str(ckpt_root / "untrained.safetensors"))
+    except Exception as exc:  # safetensors raises its own SafetensorError on damaged bytes
+        raise CheckpointError(ckpt_root / "untrained.safetensors", f"{type(exc).__name__}: {exc}") from None
 
 
 def read_summary(out_dir: Path) -> dict[str, Any]:

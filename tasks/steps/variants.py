@@ -27,12 +27,16 @@ def base_env_infos(cfg: AgentFlowConfig) -> list[BaseEnvInfo]:
     return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
 
 
-def run_variants(cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None = None) -> dict[str, Any]:
-    """Generate and write the catalogue; returns the summary (counts, path, sha256)."""
+def run_variants(
+    cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None = None, *, source: str = "params.yaml"
+) -> dict[str, Any]:
+    """Generate and write the catalogue; returns the summary. Errors name ``source``, the params file read."""
     started = time.perf_counter()
     v = cfg.variants
     bases = base_env_infos(cfg)
-    variants = generate_variants(bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed)
+    variants = generate_variants(
+        bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, source=source
+    )
     meta = {
         "generator": "agentflow_core.variants.generate_variants",
         "seed": cfg.base.seed,
@@ -59,10 +63,11 @@ def run_variants(cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None 
 def main(argv: list[str] | None = None) -> int:
     """DVC entry point: ``python -m tasks.steps.variants [params.yaml] [out_dir]``."""
     args = sys.argv[1:] if argv is None else argv
-    cfg = load_config(Path(args[0]) if args else Path("params.yaml"))
+    params = Path(args[0]) if args else Path("params.yaml")
+    cfg = load_config(params)
     paths = DataPaths.of(cfg)
     out = Path(args[1]) if len(args) > 1 else paths.variants
-    run_variants(cfg, out, paths.metrics_file("variants"))
+    run_variants(cfg, out, paths.metrics_file("variants"), source=str(params))
     return 0
 
 

@@ -1,0 +1,49 @@
+"""One place that makes a run reproducible, called by every entry point before any phase runs.
+
+The CLI commands (and so the DVC stages, which call them), the Prefect flow and each of its tasks
+(and so a deployment run) call :func:`make_deterministic` with ``base.seed``. Same commit and
+params on the same machine then give bit-identical checkpoints whichever path ran them.
+
+Torch runs on one intra-op thread: the policy is a small MLP, where more threads only add
+contention (STACK-NOTES), and a thread count that follows the core count changes the order of
+float reductions, so the result would depend on the machine's core count. What can still differ
+across machines: the BLAS/ATen CPU kernels torch picks for the instruction set it finds
+(AVX2 vs AVX-512 vs ARM), and the NumPy build's BLAS; both change float rounding, which PPO
+amplifies into different trajectories. Identical results are promised for one machine type.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+
+TORCH_THREADS = 1
+
+
+def make_deterministic(seed: int) -> None:
+    """Pin torch threads, seed the global generators and ask torch for deterministic kernels.
+
+    The phases draw their randomness from generators seeded from ``base.seed`` themselves; seeding
+    the global ones as well covers library code that falls back to them.
+    """
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+    torch.set_num_threads(TORCH_THREADS)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def determinism_tags() -> dict[str, str]:
+    """What a tracked run records about the numeric environment it ran in."""
+    import torch
+
+    return {
+        "agentflow.torch_threads": str(torch.get_num_threads()),
+        "agentflow.torch_version": torch.__version__,
+        "agentflow.cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+    }

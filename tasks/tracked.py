@@ -1,0 +1,56 @@
+"""Training with its MLflow record, the same for ``agentflow train`` (so the DVC stage) and the Prefect task.
+
+The train run gets one ``log_batch`` per PPO update (``train/*`` curves), then the summary metrics
+(the keys of ``data/metrics/train.json``), the policy hash, the curves and plots. An exception
+closes it as FAILED; a killed process leaves it RUNNING until the next start closes it as KILLED
+(:meth:`tasks.tracking.MlflowTracker.close_orphans`), and ``--resume`` reopens it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentflow_core.config import AgentFlowConfig
+from tasks.paths import DataPaths
+from tasks.tracking import MlflowTracker
+
+UpdateHook = Callable[[int, int, dict[str, float]], None]
+
+
+def tracked_train(
+    cfg: AgentFlowConfig,
+    tracker: MlflowTracker,
+    run_id: str,
+    resume: bool,
+    on_update: UpdateHook | None = None,
+    catalogue: Path | None = None,
+    trajectories: Path | None = None,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) PPO and record it into the MLflow run ``run_id``; paths default to ``base.data_dir``'s."""
+    from tasks.steps.train import METRIC_KEYS, run_train
+
+    paths = DataPaths.of(cfg)
+    out = out or paths.checkpoints
+    try:
+        summary = run_train(
+            cfg,
+            catalogue or paths.variants,
+            trajectories or paths.trajectories,
+            out,
+            resume=resume,
+            sink=tracker.sink(run_id, prefix="train/"),
+            metrics_path=paths.metrics_file("train"),
+            on_update=on_update,
+        )
+    except BaseException:
+        tracker.end(run_id, "FAILED")
+        raise
+    tracker.log_metrics(run_id, {k: float(summary[k]) for k in METRIC_KEYS})
+    tracker.set_tags(run_id, {"agentflow.policy_hash": str(summary["policy_hash"])})
+    tracker.log_artifacts(run_id, out / "plots", "plots")
+    tracker.log_artifacts(run_id, out / "curve.json", "curves")
+    tracker.end(run_id)
+    return summary

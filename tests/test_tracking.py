@@ -1,0 +1,67 @@
+"""The MLflow record at the edge: runs of dead processes are closed, every update is sent at once,
+a resumed run continues each metric's history, and the hashes a run names are DVC's."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tasks.provenance import HOST_TAG, PID_START_TAG, PID_TAG, git_tags, process_tags
+from tasks.stages import dvc_md5
+from tasks.tracking import MlflowTracker
+
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory: pytest.TempPathFactory) -> MlflowTracker:
+    return MlflowTracker(f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}", "tracking-test")
+
+
+def test_runs_whose_process_died_are_closed_as_killed(tracker: MlflowTracker) -> None:
+    mine = tracker.start_cycle("alive", {})
+    dead = tracker.start_cycle("dead", {}, {PID_TAG: "999999999"})  # no such pid on this host
+    reused = tracker.start_cycle("pid reused", {}, {PID_START_TAG: "1.00"})  # this pid, another start time
+    remote = tracker.start_cycle("other host", {}, {HOST_TAG: "elsewhere", PID_TAG: "999999999"})
+    assert set(tracker.close_orphans()) == {dead, reused}
+    status = {r: tracker.client.get_run(r).info.status for r in (mine, dead, reused, remote)}
+    assert status == {mine: "RUNNING", dead: "KILLED", reused: "KILLED", remote: "RUNNING"}
+    assert tracker.client.get_run(mine).data.tags[PID_TAG] == str(os.getpid()) == process_tags()[PID_TAG]
+
+
+def test_each_record_is_sent_at_once_and_a_resumed_run_skips_what_it_holds(tracker: MlflowTracker) -> None:
+    run_id = tracker.start_cycle("train", {})
+    sink = tracker.sink(run_id, prefix="train/")
+    sink.record(1, {"loss": 1.0})
+    sink.record(1, {"eval": 0.5})  # a second record at the same step (the held-out evaluation)
+    sink.record(2, {"loss": 0.9})
+    assert [m.step for m in tracker.client.get_metric_history(run_id, "train/loss")] == [1, 2]  # nothing buffered
+    resumed = tracker.sink(run_id, prefix="train/")  # a killed run replays updates after its checkpoint
+    resumed.record(1, {"loss": 1.0, "eval": 0.5})
+    resumed.record(2, {"loss": 0.9, "eval": 0.6})  # eval at step 2 never reached the store: logged now
+    resumed.record(3, {"loss": 0.8, "eval": 0.7})
+    assert [m.step for m in tracker.client.get_metric_history(run_id, "train/loss")] == [1, 2, 3]
+    assert [m.step for m in tracker.client.get_metric_history(run_id, "train/eval")] == [1, 2, 3]
+
+
+def test_dvc_md5_of_a_folder_is_the_hash_of_its_sorted_listing(tmp_path: Path) -> None:
+    import hashlib
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a.txt").write_bytes(b"a")
+    (tmp_path / "b" / "c.bin").write_bytes(b"c")
+    (tmp_path / "b" / "__pycache__").mkdir()
+    (tmp_path / "b" / "__pycache__" / "x.pyc").write_bytes(b"ignored, as .dvcignore says")
+    listing = [
+        {"md5": hashlib.md5(b"a").hexdigest(), "relpath": "a.txt"},
+        {"md5": hashlib.md5(b"c").hexdigest(), "relpath": "b/c.bin"},
+    ]
+    expected = hashlib.md5(json.dumps(listing, sort_keys=True).encode()).hexdigest() + ".dir"
+    assert dvc_md5(tmp_path) == expected
+    assert dvc_md5(tmp_path / "a.txt") == hashlib.md5(b"a").hexdigest()
+
+
+def test_git_tags_name_the_commit_of_this_checkout() -> None:
+    tags = git_tags()
+    assert len(tags["mlflow.source.git.commit"]) == 40 and tags["agentflow.git.dirty"] in {"true", "false"}
