@@ -31,7 +31,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check agentflow_core tasks flows tests
 	$(BIN)/ruff format --check agentflow_core tasks flows tests
-	$(BIN)/mypy agentflow_core
+	$(BIN)/mypy agentflow_core tasks flows
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

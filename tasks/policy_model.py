@@ -21,7 +21,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 from mlflow.models import ModelSignature
-from mlflow.types import ColSpec, Schema
+from mlflow.types import ColSpec, Schema, TensorSpec
 
 import agentflow_core
 from agentflow_core.semantics import ACTIONS, FEATURES, TOKENS
@@ -43,7 +43,8 @@ def policy_frame(obs: np.ndarray, mask: np.ndarray | None = None) -> pd.DataFram
 
 def policy_signature() -> ModelSignature:
     """Observation columns required, mask columns optional; one action id out."""
-    inputs = [ColSpec("float", c) for c in OBS_COLUMNS] + [ColSpec("float", c, required=False) for c in MASK_COLUMNS]
+    inputs: list[ColSpec | TensorSpec] = [ColSpec("float", c) for c in OBS_COLUMNS]
+    inputs += [ColSpec("float", c, required=False) for c in MASK_COLUMNS]
     return ModelSignature(inputs=Schema(inputs), outputs=Schema([ColSpec("long", "action")]))
 
 
