@@ -1,6 +1,6 @@
 """The training cycle as a Prefect flow, end to end at tiny scale, tracked by a real ``mlflow server``
 (REST: nested runs, per-update batches, proxied artifacts, registry and alias, search, model loading).
-The embedded sqlite store runs the failed-gate cycle here and whole cycles in test_dvc/test_kill_resume."""
+The embedded sqlite store runs the failed-gate cycle here and whole cycles in test_dvc.py."""
 
 from __future__ import annotations
 
