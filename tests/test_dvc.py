@@ -1,8 +1,10 @@
 """`dvc repro` in a temporary clone, as the README writes it (`.venv/bin/dvc repro` in a shell whose PATH
-holds no virtualenv): the Prefect flow and the DVC stages give identical metrics and checkpoints,
-`agentflow reproduce` confirms the flow's run, a second repro runs nothing, a changed parameter re-runs
-only the stages that use it, push/pull go through the local remote, and dvc.lock records the md5s
-the MLflow run names."""
+holds no virtualenv). One scenario first: `agentflow run` is SIGKILLed mid-training and continued with
+`--resume` (records survive: no RUNNING run, one continuous metric history, no orphaned Prefect
+server); `agentflow reproduce` on that run reports every metric identical; `dvc repro --force` gives
+the same metrics and checkpoints, and dvc.lock records the md5s the MLflow run names. Then: a second
+repro runs nothing, a changed parameter re-runs only the stages that use it, push/pull go through the
+local remote, and a failed stress gate fails the pipeline."""
 
 from __future__ import annotations
 
@@ -10,21 +12,26 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from tasks.config_io import parse_config
+from tasks.lifetime import SERVER_MARKER
 from tasks.stages import dvc_md5
 from tests.tiny import REPO, tiny_params
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 DVC = ".venv/bin/dvc"  # as the README writes it, relative to the checkout
+UPDATES = 4  # PPO updates of the clone's cycle: killed after the second
 PLAIN_PATH = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p).resolve() != BIN.resolve())
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "test",
@@ -34,12 +41,16 @@ GIT_IDENTITY = {
 }
 
 
-def run(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """A command in a fresh shell's environment: no virtualenv on PATH, no PYTHONPATH, no tracking URI."""
+def shell_env() -> dict[str, str]:
+    """A fresh shell's environment: no virtualenv on PATH, no PYTHONPATH, no tracking URI."""
     env = {**os.environ, **GIT_IDENTITY, "PATH": PLAIN_PATH, "DVC_NO_ANALYTICS": "1", "PYTHONUNBUFFERED": "1"}
     for key in ("MLFLOW_TRACKING_URI", "PYTHONPATH", "VIRTUAL_ENV", "PREFECT_API_URL", "PREFECT_HOME"):
         env.pop(key, None)
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    return env
+
+
+def run(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, cwd=cwd, env=shell_env(), capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -57,7 +68,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     and the virtualenv where `make install` puts it (.venv)."""
     root = tmp_path_factory.mktemp("dvc") / "repo"
     run(["git", "clone", "-q", str(REPO), str(root)], cwd=root.parent)
-    params = tiny_params(root)
+    params = tiny_params(root, train={"total_steps": 512 * UPDATES})
     params["base"].update({"state_dir": ".agentflow", "data_dir": "data", "env_config_dir": "configs/envs"})
     # the working tree's code (the clone holds the last commit; tests run against the code under test)
     for folder in ("agentflow_core", "tasks", "flows", "configs", "bin"):
@@ -85,14 +96,48 @@ def metrics(root: Path) -> dict[str, dict]:
     return {f.stem: json.loads(f.read_text()) for f in sorted((root / "data" / "metrics").glob("*.json"))}
 
 
-def test_flow_reproduce_and_dvc_repro_agree(clone: Path) -> None:
-    flow = run(["bin/agentflow", "run", "--params", "params.yaml"], clone)
+def kill_mid_training(clone: Path) -> list[psutil.Process]:
+    """Start `agentflow run`, SIGKILL it once two updates are checkpointed; returns its Prefect server(s)."""
+    first = subprocess.Popen(
+        ["bin/agentflow", "run", "--params", "params.yaml"],
+        cwd=clone,
+        env=shell_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    second_update = clone / "data" / "checkpoints" / "checkpoints" / "update_00000002"
+    deadline = time.monotonic() + 600
+    while not second_update.exists():
+        assert first.poll() is None and time.monotonic() < deadline, "the run ended before its second update"
+        time.sleep(0.2)
+    servers = [c for c in psutil.Process(first.pid).children() if SERVER_MARKER in " ".join(c.cmdline())]
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    return servers
+
+
+def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) -> None:
+    servers = kill_mid_training(clone)
+    assert servers, "the run had no Prefect temporary server to check"
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert not alive, "the killed run's Prefect server outlived it"
+    flow = run(["bin/agentflow", "run", "--params", "params.yaml", "--resume"], clone)
     found = re.search(r"MLflow run ([0-9a-f]{32})", flow.stdout)
     assert found, flow.stdout[-2000:]
     run_id = found[1]
+    client = MlflowClient(f"sqlite:///{clone / '.agentflow' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("agentflow").experiment_id])
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert [r.info.run_id for r in runs if r.data.tags.get("agentflow.kind") == "cycle"] == [run_id]  # continued
+    train = [r for r in runs if r.data.tags.get("agentflow.phase") == "train"]
+    assert len(train) == 1 and train[0].data.tags["mlflow.parentRunId"] == run_id
+    kl = client.get_metric_history(train[0].info.run_id, "train/losses/approx_kl")
+    assert [m.step for m in kl] == [512 * (u + 1) for u in range(UPDATES)]  # every update once, none lost
+
     by_flow, flow_checkpoints = metrics(clone), checkpoint_hashes(clone)
     assert set(by_flow) == {"calibrate", "variants", "explore", "train", "stress"}
-    tags = MlflowClient(f"sqlite:///{clone / '.agentflow' / 'mlflow.db'}").get_run(run_id).data.tags
+    tags = client.get_run(run_id).data.tags
     assert tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], clone).stdout.strip()
     assert tags["agentflow.git.dirty"] == "false"
 
@@ -106,7 +151,6 @@ def test_flow_reproduce_and_dvc_repro_agree(clone: Path) -> None:
     by_dvc = metrics(clone)
     assert by_dvc == by_flow
     assert checkpoint_hashes(clone) == flow_checkpoints
-    client = MlflowClient(f"sqlite:///{clone / '.agentflow' / 'mlflow.db'}")
     trained = client.search_runs(
         [client.get_experiment_by_name("agentflow").experiment_id], "tags.`agentflow.kind` = 'train'"
     )
