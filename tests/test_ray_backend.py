@@ -302,3 +302,22 @@ def test_an_unreachable_cluster_fails_fast_naming_it_and_writes_nothing(tmp_path
     assert proc.returncode != 0
     assert address in proc.stderr and "no Ray cluster reachable" in proc.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / ".agentflow").exists()
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a process's priority back to nice 0 needs root or RLIMIT_NICE")
+def test_ray_env_workers_run_at_normal_priority(tmp_path: Path) -> None:
+    from agentflow_core.config import AgentFlowConfig
+    from agentflow_core.variants import read_catalogue
+    from tasks.compose import build_pool
+    from tasks.paths import DataPaths
+    from tasks.steps.variants import run_variants
+
+    cfg = AgentFlowConfig.model_validate(tiny_params(tmp_path, pool={"num_workers": 2}))
+    run_variants(cfg, DataPaths.of(cfg).variants)
+    pool = build_pool(cfg, read_catalogue(DataPaths.of(cfg).variants), 4, seed=0, standby=False)
+    try:
+        pids = pool.worker_pids()  # type: ignore[attr-defined]
+        assert [psutil.Process(pid).nice() for pid in pids] == [0, 0]  # Ray itself starts workers at nice 15
+    finally:
+        pool.close()
