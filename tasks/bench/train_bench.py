@@ -63,19 +63,28 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_che
         while proc.poll() is None and not any(ckpts.glob("update_*")):
             time.sleep(0.1)
         killed_at_update = len(list(ckpts.glob("update_*")))
-        workers = [
-            p
-            for p in psutil.Process(proc.pid).children(recursive=True)
-            if "RayEnvWorker.step" in " ".join(p.cmdline()) or "RayEnvWorker.reset" in " ".join(p.cmdline())
-        ]
-        if workers:
-            os.kill(workers[0].pid, signal.SIGKILL)
+        victim = _busy_worker(proc.pid, deadline=time.monotonic() + 30)
+        if victim is not None:
+            os.kill(victim, signal.SIGKILL)
     output, _ = proc.communicate()
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-3000:]}")
     summary = json.loads((out / "train_summary.json").read_text(encoding="utf-8"))
     return {"wall_s": wall, "summary": summary, "sps": summary["update_sps"], "killed_at": killed_at_update}
+
+
+def _busy_worker(pid: int, deadline: float) -> int | None:
+    """The pid of an env worker in the middle of a step (Ray titles a busy actor ``ray::RayEnvWorker.step``)."""
+    while time.monotonic() < deadline:
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                if "RayEnvWorker.step" in " ".join(child.cmdline()):
+                    return int(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.005)
+    return None
 
 
 def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any]:
