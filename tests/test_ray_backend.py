@@ -276,9 +276,9 @@ def test_a_sigkilled_env_worker_is_replaced_and_training_completes(tmp_path: Pat
     try:
         ckpts = tmp_path / "data" / "checkpoints" / "checkpoints"
         _wait_for(lambda: any(ckpts.glob("update_*")) or train.poll() is not None, 180, "training to start")
-        from tasks.bench.train_bench import _busy_worker
+        from tasks.bench.train_bench import busy_env_worker
 
-        victim = _busy_worker(train.pid, deadline=time.monotonic() + 60)
+        victim = busy_env_worker(train.pid, deadline=time.monotonic() + 60)
         assert victim is not None, "no env worker of the training run was seen stepping"
         os.kill(victim, signal.SIGKILL)
         out, _ = train.communicate(timeout=300)

@@ -63,7 +63,7 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_che
         while proc.poll() is None and not any(ckpts.glob("update_*")):
             time.sleep(0.1)
         killed_at_update = len(list(ckpts.glob("update_*")))
-        victim = _busy_worker(proc.pid, deadline=time.monotonic() + 30)
+        victim = busy_env_worker(proc.pid, deadline=time.monotonic() + 30)
         if victim is not None:
             os.kill(victim, signal.SIGKILL)
     output, _ = proc.communicate()
@@ -74,7 +74,7 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_che
     return {"wall_s": wall, "summary": summary, "sps": summary["update_sps"], "killed_at": killed_at_update}
 
 
-def _busy_worker(pid: int, deadline: float) -> int | None:
+def busy_env_worker(pid: int, deadline: float) -> int | None:
     """The pid of an env worker in the middle of a step (Ray titles a busy actor ``ray::RayEnvWorker.step``)."""
     while time.monotonic() < deadline:
         for child in psutil.Process(pid).children(recursive=True):
