@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import os
 import socket
+import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ R = TypeVar("R")
 
 # How long the reachability probe of a cluster address waits (the whole error stays well under 30 s).
 PROBE_TIMEOUT_S = 5.0
+# Ray 2.60's switch for multi-node clusters (named for the platforms where it is off by default).
+RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 AUTH_HINT = (
     "Clusters started with `ray start` use token authentication by default: on a machine of the cluster the "
     "token is in ~/.ray/auth_token; export RAY_AUTH_TOKEN=<that token> (or RAY_AUTH_TOKEN_PATH=<file>) here."
@@ -113,6 +116,21 @@ def _enable_token_auth() -> None:
     refresh()
 
 
+def _loopback_only() -> None:
+    """Make a private local Ray listen on loopback only (Ray 2.60).
+
+    Ray resolves ``127.0.0.1`` to the machine's routable address for its node address
+    (``services.resolve_ip_for_localhost``) and then binds its gRPC servers (GCS, raylet, workers,
+    agents) on all interfaces, unless clusters are switched off, which makes the node address the
+    loopback one and every server bind it. Ray reads the switch into ``ray_constants`` at import and
+    its child processes read it from the environment, so both are set.
+    """
+    os.environ[RAY_CLUSTER_SWITCH] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
 def start_ray(cfg: AgentFlowConfig) -> Backend:
     """Start a private local Ray, or join the configured cluster; a no-op when Ray already runs here."""
     import ray
@@ -131,6 +149,7 @@ def start_ray(cfg: AgentFlowConfig) -> Backend:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise RayUnavailable(f"could not join the Ray cluster at {address}: {first}. {AUTH_HINT}") from None
         else:
+            _loopback_only()
             rc = cfg.base.ray
             ray.init(
                 address="local",
