@@ -128,7 +128,7 @@ def _loopback_only() -> None:
     os.environ[RAY_CLUSTER_SWITCH] = "0"
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+        setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010 (not in Ray's stubs)
 
 
 def start_ray(cfg: AgentFlowConfig) -> Backend:
