@@ -31,6 +31,8 @@ HIGHER_IS_BETTER = {"train_sps_ratio_ray_vs_inprocess": True, "kill_recovery_s":
 def _params_with(params: Path, work: Path, backend: str) -> Path:
     data = yaml.safe_load(params.read_text(encoding="utf-8"))
     data.setdefault("pool", {})["backend"] = backend
+    # the benchmark's metrics, MLflow runs and checkpoints stay in its own folder, never the project's
+    data.setdefault("base", {}).update(data_dir=str(work / "data"), state_dir=str(work / ".agentflow"))
     out = work / f"params-{backend}.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return out
