@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +102,9 @@ def test_config_default_backend_follows_num_workers(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------- CLI runs
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", **extra}
-    env.pop("RAY_ADDRESS", None)
-    env.update(extra)
-    return env
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)  # only the tests that name a cluster get one
+    return {**env, **extra}
 
 
 def _agentflow(*args: str, env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -130,6 +129,28 @@ def _train_params(root: Path, total_steps: int) -> Path:
             "bc_warm_start": False,
         },
     )
+
+
+def _train_disrupted(params: Path, env: dict[str, str], cwd: Path, disrupt: Callable[[subprocess.Popen], None]) -> str:
+    """``agentflow train`` in the background, ``disrupt`` once its first checkpoint exists; its output (exit 0 asserted)."""
+    train = subprocess.Popen(
+        [str(VENV_BIN / "agentflow"), "train", "--params", str(params)],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        ckpts = cwd / "data" / "checkpoints" / "checkpoints"
+        _wait_for(lambda: any(ckpts.glob("update_*")) or train.poll() is not None, 180, "training to start")
+        disrupt(train)
+        out, _ = train.communicate(timeout=300)
+    finally:
+        if train.poll() is None:
+            train.kill()
+    assert train.returncode == 0, out[-3000:]
+    return out
 
 
 def _free_port() -> int:
@@ -233,26 +254,14 @@ def test_explore_and_train_run_on_a_two_node_cluster_and_survive_losing_a_node(
     assert _agentflow("variants", "--params", str(params), env=env, cwd=tmp_path).returncode == 0
     explore = _agentflow("explore", "--params", str(params), env=env, cwd=tmp_path)
     assert explore.returncode == 0, explore.stderr[-2000:]
-    train = subprocess.Popen(
-        [str(VENV_BIN / "agentflow"), "train", "--params", str(params)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        ckpts = tmp_path / "data" / "checkpoints" / "checkpoints"
-        _wait_for(lambda: any(ckpts.glob("update_*")) or train.poll() is not None, 180, "training to start")
+
+    def lose_the_second_node(_train: subprocess.Popen) -> None:
         actors = _cluster_actors(address, cluster_env)
         alive_nodes = {a["node"] for a in actors if a["state"] == "ALIVE"}
         assert len(alive_nodes) == 2, actors  # the pool placed env workers on both nodes
         _stop(second)  # the second node and every process on it die mid-training
-        out, _ = train.communicate(timeout=300)
-    finally:
-        if train.poll() is None:
-            train.kill()
-    assert train.returncode == 0, out[-3000:]
+
+    out = _train_disrupted(params, env, tmp_path, lose_the_second_node)
     assert f"ray ({address})" in out and "2 workers" in out
     summary = json.loads((tmp_path / "data" / "checkpoints" / "train_summary.json").read_text())
     assert summary["global_step"] >= 24 * 512
@@ -265,27 +274,15 @@ def test_a_sigkilled_env_worker_is_replaced_and_training_completes(tmp_path: Pat
     params = _train_params(tmp_path, total_steps=24 * 512)
     env = _env()
     assert _agentflow("variants", "--params", str(params), env=env, cwd=tmp_path).returncode == 0
-    train = subprocess.Popen(
-        [str(VENV_BIN / "agentflow"), "train", "--params", str(params)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        ckpts = tmp_path / "data" / "checkpoints" / "checkpoints"
-        _wait_for(lambda: any(ckpts.glob("update_*")) or train.poll() is not None, 180, "training to start")
+
+    def kill_a_stepping_worker(train: subprocess.Popen) -> None:
         from tasks.bench.train_bench import busy_env_worker
 
         victim = busy_env_worker(train.pid, deadline=time.monotonic() + 60)
         assert victim is not None, "no env worker of the training run was seen stepping"
         os.kill(victim, signal.SIGKILL)
-        out, _ = train.communicate(timeout=300)
-    finally:
-        if train.poll() is None:
-            train.kill()
-    assert train.returncode == 0, out[-3000:]
+
+    out = _train_disrupted(params, env, tmp_path, kill_a_stepping_worker)
     assert "ray (local), 2 workers x 4 envs" in out
     summary = json.loads((tmp_path / "data" / "checkpoints" / "train_summary.json").read_text())
     assert summary["pool"]["worker_restarts"] >= 1

@@ -89,16 +89,10 @@ class RayEnvWorker(EnvWorker):
 
     _saved_priority: dict[int, int] | None = None
 
-    def __init__(
-        self,
-        factory: EnvFactory,
-        variants: Mapping[int, VariantLike],
-        max_live: int,
-        step_timeout_s: float,
-        worker_index: int = 0,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """:class:`EnvWorker`'s constructor, after leaving the low priority Ray started the process at."""
         _normal_priority()
-        super().__init__(factory, variants, max_live, step_timeout_s, worker_index)
+        super().__init__(*args, **kwargs)
 
     def prewarm_standby(self, variants: Mapping[int, VariantLike], seed: int = 0) -> int:
         """:meth:`prewarm` at idle CPU priority (``SCHED_IDLE``), so a standby warms up on spare CPU.
