@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -213,7 +214,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subprocess.Po
     """A two-node Ray cluster on this machine, made as a user would: ``ray start --head`` + ``ray start --address``."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    env = _env(RAY_AUTH_MODE="token")  # `ray start` clusters use token auth; the token is in ~/.ray/auth_token
+    # `ray start` clusters use token auth. A machine that never ran a local Ray has no ~/.ray/auth_token (and
+    # `ray start --head` does not make one), so the cluster gets its own token, as an operator would hand out.
+    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     head = _ray_start("--head", f"--port={port}", "--include-dashboard=false", env=env)
     second: subprocess.Popen | None = None
     try:
