@@ -76,6 +76,22 @@ def test_same_step_autoreset_semantics() -> None:
     pool.close()
 
 
+def test_paused_slots_keep_their_episode_and_cost_no_steps() -> None:
+    pool = round_robin_pool(5, 3)
+    start = pool.reset(seed=1)
+    pool.step(np.full(3, LOGIN))
+    before = pool.stats()["steps"]
+    paused = pool.step(np.full(3, VIEW), active=np.array([True, False, True]))
+    assert pool.stats()["steps"] == before + 2
+    assert [i["step_id"] for i in paused.infos] == [2, 1, 2]
+    assert paused.reward[1] == 0.0 and not paused.done[1] and paused.infos[1]["env_id"] == start.infos[1]["env_id"]
+    assert paused.obs[1, TOKEN_INDEX["LOGGED_IN"]] == 1.0 and paused.action_mask[1].any()
+    pool.step(np.array([PAY, VIEW, PAY]), active=np.array([False, True, False]))  # slot 1 catches up
+    done = pool.step(np.full(3, PAY))
+    assert done.terminated.all() and [i["episode_length"] for i in done.infos] == [3, 3, 3]
+    pool.close()
+
+
 def test_truncation_keeps_final_obs_and_reason() -> None:
     pool = InProcessPool(
         tiny_variants(2),

@@ -137,6 +137,7 @@ class KeyChainPool:
         from types import SimpleNamespace
 
         masks = np.stack([e.action_masks() for e in self.envs])
+        self._last_obs = obs
         return SimpleNamespace(
             obs=np.stack(obs),
             action_mask=masks,
@@ -153,13 +154,18 @@ class KeyChainPool:
         z = np.zeros(self.num_envs)
         return self._batch(obs, z, z.astype(bool), z.astype(bool), np.stack(obs), [{} for _ in self.envs])
 
-    def step(self, actions: np.ndarray) -> Any:
+    def step(self, actions: np.ndarray, active: np.ndarray | None = None) -> Any:
         obs, infos = [], []
         reward = np.zeros(self.num_envs)
         term = np.zeros(self.num_envs, dtype=bool)
         trunc = np.zeros(self.num_envs, dtype=bool)
         final_obs = np.zeros((self.num_envs, OBS_DIM), dtype=np.float32)
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
+            if active is not None and not active[i]:  # paused: the episode waits
+                obs.append(self._last_obs[i])
+                final_obs[i] = self._last_obs[i]
+                infos.append({"variant_index": i % len(self.variants)})
+                continue
             assert env.action_masks()[action], "the learner sent an illegal action"
             o, r, te, tr, info = env.step(action)
             reward[i], term[i], trunc[i], final_obs[i] = r, te, tr, o

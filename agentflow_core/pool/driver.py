@@ -22,7 +22,7 @@ from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import POOL_FAILURES, WORKER_LOST, PoolBatch, PoolError, VariantLike, as_variant_list
 from agentflow_core.pool.scheduler import EpisodeStats
 from agentflow_core.pool.worker import WorkerBatch
-from agentflow_core.semantics import GOAL_TOKEN, N_TOKENS, OBS_DIM, TOKEN_INDEX, TOKENS
+from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, N_TOKENS, OBS_DIM, TOKEN_INDEX, TOKENS
 from agentflow_core.variants import stable_worker
 
 logger = logging.getLogger("agentflow.pool")
@@ -62,6 +62,7 @@ class PoolDriver(ABC):
         self._slot_variant = np.full(n, -1, np.int64)
         self._slot_live = np.zeros(n, bool)
         self._obs = np.zeros((n, OBS_DIM), np.float32)
+        self._mask = np.ones((n, N_ACTIONS), bool)
         self._ep_return = np.zeros(n, np.float64)
         self._ep_length = np.zeros(n, np.int64)
         self._step_id = np.zeros(n, np.int64)
@@ -146,23 +147,32 @@ class PoolDriver(ABC):
             )
             for key in ("next_env_id", "next_variant_index", "next_variant_hash", "next_episode_seed"):
                 info.pop(key, None)
-        self._obs = rows.obs
+        self._obs, self._mask = rows.obs, rows.action_mask
         zeros = np.zeros(self.num_envs, bool)
         return PoolBatch(
             rows.obs, rows.action_mask, np.zeros(self.num_envs, np.float32), zeros, zeros.copy(), rows.obs.copy(), infos
         )
 
-    def step(self, actions: np.ndarray) -> PoolBatch:
-        """Advance every slot by its action; ended episodes autoreset in the same step."""
+    def step(self, actions: np.ndarray, active: np.ndarray | None = None) -> PoolBatch:
+        """Advance every slot by its action; ended episodes autoreset in the same step.
+
+        ``active`` (a boolean mask) steps only those slots: the others are paused, their episode
+        kept as it is, and their row repeats the current observation with no reward and no end
+        (an evaluation that has its episodes from a slot stops paying for its steps).
+        """
         actions = np.asarray(actions).reshape(self.num_envs)
         if not self._slot_live.all():
             raise PoolError("step() before reset(): every slot needs a live episode")
-        rows = WorkerBatch.empty(np.arange(self.num_envs))
-        hosts = self.worker_of[self._slot_variant]
-        calls = {
-            w: ("step", (slots, actions[slots]))
-            for w, slots in self._by_worker(np.arange(self.num_envs), hosts).items()
-        }
+        stepping = np.arange(self.num_envs)
+        rows = WorkerBatch.empty(stepping)
+        if active is not None:
+            active = np.asarray(active, dtype=bool).reshape(self.num_envs)
+            stepping = np.flatnonzero(active)
+            paused = np.flatnonzero(~active)
+            rows.obs[paused], rows.action_mask[paused] = self._obs[paused], self._mask[paused]
+            rows.step_id[paused] = self._step_id[paused]
+        hosts = self.worker_of[self._slot_variant[stepping]]
+        calls = {w: ("step", (slots, actions[slots])) for w, slots in self._by_worker(stepping, hosts).items()}
         lost = np.zeros(self.num_envs, bool)
         for w, res in self._invoke(calls).items():
             if res is None:
@@ -179,16 +189,17 @@ class PoolDriver(ABC):
         rows.step_id[failed] = self._step_id[failed] + 1
         self._ep_return += rows.reward
         self._ep_tokens |= rows.obs[:, :N_TOKENS] > 0.5
-        self._ep_length += ~lost
+        stepped = ~lost if active is None else active & ~lost
+        self._ep_length += stepped
         self._step_id = rows.step_id.copy()
-        self.counters["steps"] += self.num_envs
+        self.counters["steps"] += len(stepping)
         infos = self._infos(rows)
         done = rows.terminated | rows.truncated
         final_obs = rows.obs.copy()
         ended = np.flatnonzero(done).tolist()
         self._finish_episodes(ended, rows, infos)
         self._autoreset(ended, rows, infos, final_obs)
-        self._obs = rows.obs
+        self._obs, self._mask = rows.obs, rows.action_mask
         return PoolBatch(rows.obs, rows.action_mask, rows.reward, rows.terminated, rows.truncated, final_obs, infos)
 
     def slot_variants(self) -> np.ndarray:

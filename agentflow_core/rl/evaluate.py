@@ -65,7 +65,8 @@ def _evaluate(pool: EnvPool, act: PolicyFn, n_episodes: int, seed: int, max_pool
     for _ in range(max_pool_steps):
         if (counts >= per_slot).all():
             break
-        batch = pool.step(np.asarray(act(batch.obs, batch.action_mask), dtype=np.int64))
+        # a slot that has its episodes pauses: its steps would be thrown away
+        batch = pool.step(np.asarray(act(batch.obs, batch.action_mask), dtype=np.int64), active=counts < per_slot)
         for i in np.flatnonzero(batch.terminated | batch.truncated):
             if counts[i] >= per_slot:
                 continue

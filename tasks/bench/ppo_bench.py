@@ -119,6 +119,7 @@ class GymVectorPool:
         self.scheduler = _FixedScheduler()
         self._return = np.zeros(num_envs)
         self._length = np.zeros(num_envs, dtype=np.int64)
+        self._obs = np.zeros((num_envs, OBS_DIM), np.float32)
 
     def slot_variants(self) -> np.ndarray:
         return np.zeros(self.num_envs, np.int64)
@@ -142,6 +143,7 @@ class GymVectorPool:
 
     def reset(self, seed: int) -> PoolBatch:
         obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
+        self._obs = obs
         self._return[:], self._length[:] = 0.0, 0
         zeros = np.zeros(self.num_envs, dtype=bool)
         return PoolBatch(
@@ -154,15 +156,17 @@ class GymVectorPool:
             [{} for _ in range(self.num_envs)],
         )
 
-    def step(self, actions: np.ndarray) -> PoolBatch:
+    def step(self, actions: np.ndarray, active: np.ndarray | None = None) -> PoolBatch:
         n = self.num_envs
-        obs = np.empty((n, OBS_DIM), np.float32)
-        final_obs = np.empty((n, OBS_DIM), np.float32)
-        reward = np.empty(n, np.float32)
-        terminated = np.empty(n, bool)
-        truncated = np.empty(n, bool)
+        obs = self._obs.copy()
+        final_obs = self._obs.copy()
+        reward = np.zeros(n, np.float32)
+        terminated = np.zeros(n, bool)
+        truncated = np.zeros(n, bool)
         infos: list[dict[str, Any]] = [{} for _ in range(n)]
         for i, (env, action) in enumerate(zip(self.envs, actions.tolist(), strict=True)):
+            if active is not None and not active[i]:  # paused: the episode waits
+                continue
             o, r, te, tr, _ = env.step(action)
             final_obs[i], reward[i], terminated[i], truncated[i] = o, r, te, tr
             self._return[i] += r
@@ -177,6 +181,7 @@ class GymVectorPool:
                 self._return[i], self._length[i] = 0.0, 0
                 o, _ = env.reset()
             obs[i] = o
+        self._obs = obs
         return PoolBatch(obs, self._masks(), reward, terminated, truncated, final_obs, infos)
 
     def close(self) -> None:
