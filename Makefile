@@ -26,7 +26,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not timing"
+
+# wall-clock assertions (timeouts really fire on time, hot paths stay cheap): on a quiet machine
+test-timing: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m timing
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentflow_core tasks flows tests

