@@ -61,12 +61,6 @@ class EnvCrashError(EnvError):
     failure_reason = "env_crash"
 
 
-class EnvTimeoutError(EnvError):
-    """The environment did not answer within the step timeout."""
-
-    failure_reason = "env_timeout"
-
-
 class EnvInvalidError(EnvError):
     """The environment returned NaN/inf or a value outside its declared space."""
 

@@ -16,7 +16,6 @@ parameters as a run that was never interrupted (see ``agentflow_core.rl.ppo`` fo
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -272,11 +271,6 @@ def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:
         return load_file(str(ckpt_root / "untrained.safetensors"))
     except Exception as exc:  # safetensors raises its own SafetensorError on damaged bytes
         raise CheckpointError(ckpt_root / "untrained.safetensors", f"{type(exc).__name__}: {exc}") from None
-
-
-def read_summary(out_dir: Path) -> dict[str, Any]:
-    """The last run's summary (for reports)."""
-    return json.loads((Path(out_dir) / "train_summary.json").read_text())
 
 
 def _ratio(a: float, b: float) -> float:
