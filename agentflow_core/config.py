@@ -258,6 +258,11 @@ class RewardConfig(_Section):
 
     mode: Literal["scalar", "token_table", "model"] = "token_table"
     token_rewards: dict[str, float] = {"PAYMENT_SUCCESS": 10.0}
+    # the env's business reward (escalation, cancellation, step costs) added to a token/model base
+    env_reward_weight: Annotated[float, Field(ge=0.0, le=1e3)] = 0.0
+    # SafetyWrapper-style risk term in training: each step with risk > risk_threshold costs risk_penalty
+    risk_penalty: Annotated[float, Field(ge=0.0, le=1e3)] = 0.0
+    risk_threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.3
     shaping: list[ShapingTerm] = []
     model_url: str | None = None
     model_timeout_s: TimeoutS = 0.5

@@ -86,6 +86,54 @@ def test_scalar_mode_is_the_env_reward() -> None:
     np.testing.assert_allclose(comps.base, [10.0, -0.05], rtol=1e-6)
 
 
+def test_env_business_reward_and_risk_penalty_join_the_token_reward() -> None:
+    cfg = RewardConfig(
+        mode="token_table",
+        token_rewards={"PAYMENT_SUCCESS": 10.0},
+        env_reward_weight=1.0,
+        risk_penalty=2.0,
+        risk_threshold=0.3,
+    )
+    rf = RewardFunction(cfg, num_envs=3)
+    rf.reset(np.stack([enc(["PAYMENT_PAGE"]), enc(["LOGGED_IN"]), enc(["ORDER_PENDING"])]))
+    step = batch(
+        [(["PAYMENT_SUCCESS"], S()), (["ESCALATED"], S()), (["ORDER_CANCELLED"], S())],
+        env_reward=[10.0, 1.0, -2.0],
+        terminated=[True, True, True],
+    )
+    step.infos[2]["risk"] = 0.5  # cancelling an order: a risky step
+    step.infos[0]["risk"] = 0.1  # submitting a payment: below the threshold
+    parts = rf.step(step)
+    np.testing.assert_allclose(parts.base, [10.0, 0.0, 0.0])
+    np.testing.assert_allclose(parts.env, [10.0, 1.0, -2.0])  # escalating a blocked user is learned
+    np.testing.assert_allclose(parts.risk, [0.0, 0.0, 2.0])
+    np.testing.assert_allclose(parts.total, [20.0, 1.0, -4.0])
+
+
+def test_scalar_mode_does_not_count_the_env_reward_twice() -> None:
+    rf = RewardFunction(RewardConfig(mode="scalar", env_reward_weight=1.0), num_envs=1)
+    rf.reset(np.stack([enc(["PAYMENT_PAGE"])]))
+    parts = rf.step(batch([(["PAYMENT_SUCCESS"], S())], env_reward=[10.0], terminated=[True]))
+    assert float(parts.total[0]) == pytest.approx(10.0) and float(parts.env[0]) == 0.0
+
+
+def test_training_reward_logs_each_component_per_env_step() -> None:
+    from agentflow_core.rl.ppo import TrainingReward
+
+    cfg = RewardConfig(mode="token_table", env_reward_weight=1.0, risk_penalty=1.0)
+    reward = TrainingReward(RewardFunction(cfg, num_envs=2), None, key_of=lambda info: "x")
+    reward.reset(batch([(["PAYMENT_PAGE"], S()), (["LOGGED_OUT"], S())]))
+    first = batch(
+        [(["PAYMENT_SUCCESS"], S()), (["LOGGED_IN"], S())], env_reward=[10.0, -0.01], terminated=[True, False]
+    )
+    first.infos[1]["risk"] = 0.9
+    np.testing.assert_allclose(reward(first), [20.0, -1.01], rtol=1e-6)
+    m = reward.metrics()
+    assert m["reward/base"] == pytest.approx(5.0) and m["reward/env"] == pytest.approx((10.0 - 0.01) / 2)
+    assert m["reward/risk"] == pytest.approx(0.5) and m["reward/total"] == pytest.approx((20.0 - 1.01) / 2)
+    assert reward.metrics() == {}  # read once per rollout
+
+
 def test_shaping_once_per_episode_per_term_with_components() -> None:
     cfg = RewardConfig(
         mode="token_table",

@@ -43,6 +43,7 @@ from agentflow_core.rl import numpy_kernel
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.flat_optim import FlatAdam
 from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic
+from agentflow_core.rl.reward import COMPONENTS
 
 
 @runtime_checkable
@@ -85,6 +86,8 @@ class RewardTransform(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def metrics(self) -> dict[str, float]: ...
+
 
 class TrainingReward:
     """Reward function (``agentflow_core.rl.reward.RewardFunction``) + per-env scale normalisation.
@@ -106,15 +109,22 @@ class TrainingReward:
     ) -> None:
         self.reward_fn, self.normalizer, self.key_of = reward_fn, normalizer, key_of
         self.min_count, self.eps = min_count, eps
+        self._sums: dict[str, float] = {}
+        self._steps = 0
 
     def reset(self, batch: PoolBatch) -> None:
         if self.reward_fn is not None:
             self.reward_fn.reset(batch.obs)
 
     def __call__(self, batch: PoolBatch) -> np.ndarray:
-        reward = np.asarray(
-            batch.reward if self.reward_fn is None else self.reward_fn.step(batch).total, dtype=np.float32
-        )
+        if self.reward_fn is None:
+            reward = np.asarray(batch.reward, dtype=np.float32)
+        else:
+            parts = self.reward_fn.step(batch)
+            reward = parts.total
+            for name in (*COMPONENTS, "total"):
+                self._sums[name] = self._sums.get(name, 0.0) + float(getattr(parts, name).sum())
+        self._steps += len(reward)
         if self.normalizer is None:
             return reward
         keys = [self.key_of(info) for info in batch.infos]
@@ -122,6 +132,12 @@ class TrainingReward:
         stats = [self.normalizer.stats[k] for k in keys]
         scale = np.array([s.std + self.eps if s.count >= self.min_count else 1.0 for s in stats], dtype=np.float32)
         return reward / scale
+
+    def metrics(self) -> dict[str, float]:
+        """Mean per env step of each reward component since the last call (before normalisation)."""
+        out = {f"reward/{name}": total / max(self._steps, 1) for name, total in self._sums.items()}
+        self._sums, self._steps = {}, 0
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"normalizer": None if self.normalizer is None else self.normalizer.state_dict()}
@@ -616,6 +632,8 @@ class PPO:
         t2 = time.perf_counter()
         self.update += 1
         metrics.update(rollout.metrics())
+        if self.reward_transform is not None:
+            metrics.update(self.reward_transform.metrics())
         metrics.update(
             {
                 "time/rollout_s": t1 - t0,

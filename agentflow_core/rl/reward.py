@@ -16,6 +16,12 @@ Base reward modes (``RewardConfig.mode``):
   step; on any service failure the batch falls back to the ``token_table`` reward and the
   client's failure counter increases.
 
+The env's business reward is added with ``env_reward_weight`` in the token and model modes
+(in ``scalar`` mode it is the base already), so escalating for a blocked user, cancelling and
+per-step costs are learned, not only the goal token. The risk term (a SafetyWrapper in training,
+the same rule the stress phase applies to the evaluated return) costs ``risk_penalty`` on each
+step whose ``info["risk"]`` exceeds ``risk_threshold``.
+
 Shaping: ``shaped = base + Σ_i weight_i · reward_i · [condition_i(s_{t+1}) first holds in this
 episode]`` -- **once per episode per term**. A condition that holds on many steps pays only on
 the first, so the shaping total of an episode is bounded by ``Σ_i |weight_i · reward_i|`` and
@@ -23,14 +29,15 @@ cannot be farmed by oscillating around the condition. Conditions are compiled by
 :mod:`agentflow_core.rl.safe_expr` over ``CONDITION_NAMES`` (tokens read 1.0/0.0, features as
 floats); an undefined condition (e.g. division by zero) does not hold.
 
-Every step returns :class:`RewardComponents` -- env (business) reward, base, shaping, total and
-which terms fired -- so reward-hacking analysis can compare shaped return with business outcome.
+Every step returns :class:`RewardComponents` -- env (business) reward, base, the weighted env term,
+shaping, risk penalty, total and which terms fired -- so each part can be logged separately and
+reward-hacking analysis can compare shaped return with business outcome.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,15 +57,21 @@ class StepBatch(Protocol):
     terminated: np.ndarray
     truncated: np.ndarray
     final_obs: np.ndarray
+    infos: list[dict[str, Any]]
+
+
+COMPONENTS = ("base", "env", "shaping", "risk")
 
 
 @dataclass(frozen=True)
 class RewardComponents:
-    """Per-env reward parts of one pool step; ``total = base + shaping``."""
+    """Per-env reward parts of one pool step; ``total = base + env + shaping - risk``."""
 
     env_reward: np.ndarray  # [N] float32, the env's business reward
     base: np.ndarray  # [N] float32, the mode's reward
+    env: np.ndarray  # [N] float32, env_reward_weight x env_reward (0 in scalar mode: it is the base)
     shaping: np.ndarray  # [N] float32, Σ weight·reward over terms that fired this step
+    risk: np.ndarray  # [N] float32, the risk penalty charged this step (>= 0)
     total: np.ndarray  # [N] float32, what the learner optimises (before normalisation)
     fired: np.ndarray  # [N, n_terms] bool
     model_ok: bool = True  # False when the model mode fell back to the token table
@@ -114,7 +127,14 @@ class RewardFunction:
         self._paid_tokens[done] = False
         self._fired[done] = False
         model_ok = self.model.last_ok if self.model is not None and self.cfg.mode == "model" else True
-        return RewardComponents(env_reward, base, shaping, (base + shaping).astype(np.float32), fired, model_ok)
+        weight = 0.0 if self.cfg.mode == "scalar" else self.cfg.env_reward_weight
+        env = (weight * env_reward).astype(np.float32)
+        risk = np.zeros(self.num_envs, np.float32)
+        if self.cfg.risk_penalty > 0.0:
+            step_risk = np.array([float(info.get("risk", 0.0)) for info in batch.infos], dtype=np.float32)
+            risk[step_risk > self.cfg.risk_threshold] = self.cfg.risk_penalty
+        total = (base + env + shaping - risk).astype(np.float32)
+        return RewardComponents(env_reward, base, env, shaping, risk, total, fired, model_ok)
 
     def _token_table(self, next_tokens: np.ndarray) -> np.ndarray:
         appeared = next_tokens & ~self._prev_tokens

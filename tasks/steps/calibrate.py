@@ -2,8 +2,8 @@
 
 Called by ``agentflow calibrate`` (and so by the DVC stage) and by the Prefect task; neither
 starts the other. Outputs (atomically, under ``data/calibration/``): ``report.json`` (one row
-per variant), ``reward_stats.json`` (per env_id and per base env step-reward mean/std, the
-normalisation statistics used in training) and ``audit.json`` (the mapping audit). The exit
+per variant), ``reward_stats.json`` (per env_id and per base env step-reward mean/std of the
+scripted expert, for the report) and ``audit.json`` (the mapping audit). The exit
 metric ``env_stability_score`` also goes to ``data/metrics/calibrate.json``.
 """
 
