@@ -20,7 +20,7 @@ CITATION = re.compile(
 )
 HEADING = re.compile(r"^#{1,6}\s+(?P<text>.+?)\s*$", re.MULTILINE)
 # Citations of documents a reader of the repository does not have.
-OLD_STYLE = re.compile(r"\bseed (?:§|0\d\d\b)|\bthe seed's\b|STACK-NOTES|\bissue #?\d+", re.IGNORECASE)
+OLD_STYLE = re.compile(r"\bseed (?:§|0\d\d\b)|\bthe seed's\b|(?-i:STACK-NOTES)|\bissue #?\d+", re.IGNORECASE)
 
 
 def headings(path: Path) -> list[str]:
