@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from tasks.cli_common import config_or_exit
 from tasks.io import write_json
 
 bench_app = typer.Typer(
@@ -186,7 +187,9 @@ def ppo(
 @bench_app.command("train")
 def train(
     params: Path = PARAMS_OPTION,
-    total_steps: int = typer.Option(51_200, "--total-steps", min=1024, help="PPO steps per side."),
+    total_steps: int | None = typer.Option(
+        None, "--total-steps", min=1024, help="PPO steps per side [default: the params' train.total_steps]."
+    ),
     repeat: int = REPEAT_OPTION,
 ) -> None:
     """`agentflow train` end to end with pool.backend ray vs inprocess (shipped params), plus a worker SIGKILL."""
@@ -195,8 +198,9 @@ def train(
     from tasks.bench.train_bench import TARGETS, run_train_bench
     from tasks.bench_runs import run_repeated
 
+    steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-train-") as tmp:
-        result = run_repeated(lambda i: run_train_bench(params, Path(tmp) / f"run{i}", total_steps), repeat, TARGETS)
+        result = run_repeated(lambda i: run_train_bench(params, Path(tmp) / f"run{i}", steps), repeat, TARGETS)
     write_json(BENCH_DIR / "train.json", result)
     write_benchmarks_md()
     typer.echo(render_benchmarks().split("## ")[1])
@@ -206,6 +210,6 @@ def train(
 def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
     scheduler(n_variants=1000, draws=100_000, seed=0)
-    train(params, total_steps=51_200, repeat=repeat)
+    train(params, total_steps=None, repeat=repeat)
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
