@@ -4,9 +4,11 @@ The CLI commands (and so the DVC stages, which call them), the Prefect flow and 
 (and so a deployment run) call :func:`make_deterministic` with ``base.seed``. Same commit and
 params on the same machine then give bit-identical checkpoints whichever path ran them.
 
-Torch runs on one intra-op thread: the policy is a small MLP, where more threads only add
-contention (STACK-NOTES), and a thread count that follows the core count changes the order of
-float reductions, so the result would depend on the machine's core count. What can still differ
+Torch and NumPy's BLAS run on one thread each: the policy is a small MLP, where more threads only
+add contention (STACK-NOTES), and a thread count that follows the core count changes the order of
+float reductions, so the result would depend on the machine's core count. OpenBLAS's default (one
+spinning thread per core) is the costly one: next to busy env workers, a 512x64 matmul measured
+20x slower with 2 BLAS threads than with 1 on this 2-core machine. What can still differ
 across machines: the BLAS/ATen CPU kernels torch picks for the instruction set it finds
 (AVX2 vs AVX-512 vs ARM), and the NumPy build's BLAS; both change float rounding, which PPO
 amplifies into different trajectories. Identical results are promised for one machine type.
@@ -29,9 +31,11 @@ def make_deterministic(seed: int) -> None:
     the global ones as well covers library code that falls back to them.
     """
     import torch
+    from threadpoolctl import threadpool_limits
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
     torch.set_num_threads(TORCH_THREADS)
+    threadpool_limits(limits=TORCH_THREADS)  # NumPy's BLAS: kept for the process, not a context
     torch.use_deterministic_algorithms(True, warn_only=True)
     random.seed(seed)
     np.random.seed(seed)
@@ -41,9 +45,11 @@ def make_deterministic(seed: int) -> None:
 def determinism_tags() -> dict[str, str]:
     """What a tracked run records about the numeric environment it ran in."""
     import torch
+    from threadpoolctl import threadpool_info
 
     return {
         "agentflow.torch_threads": str(torch.get_num_threads()),
+        "agentflow.blas_threads": ",".join(str(pool["num_threads"]) for pool in threadpool_info()),
         "agentflow.torch_version": torch.__version__,
         "agentflow.cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
     }

@@ -98,7 +98,7 @@ def test_parent_run_names_its_code_data_params_and_prefect_run(cycle: tuple[Path
     tags = MlflowClient(mlflow_server).get_run(results["mlflow_run_id"]).data.tags
     assert len(tags[GIT_COMMIT_TAG]) == 40 and tags[GIT_DIRTY_TAG] in {"true", "false"}
     assert tags["agentflow.params_hash"] == params_hash(load_config(root / "params.yaml"))
-    assert tags["agentflow.torch_threads"] == "1"
+    assert tags["agentflow.torch_threads"] == "1" and set(tags["agentflow.blas_threads"].split(",")) == {"1"}
     for name in ("calibration", "variants", "trajectories", "checkpoints", "stress"):
         assert tags[f"agentflow.data.{name}.md5"] == dvc_md5(root / "data" / name), name
     assert tags["agentflow.policy_hash"] == results["train"]["policy_hash"]

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from threadpoolctl import threadpool_limits
 
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike
@@ -92,6 +93,7 @@ class RayEnvWorker(EnvWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """:class:`EnvWorker`'s constructor, after leaving the low priority Ray started the process at."""
         _normal_priority()
+        threadpool_limits(limits=1)  # BLAS threads spinning beside the other workers only cost CPU
         super().__init__(*args, **kwargs)
 
     def prewarm_standby(self, variants: Mapping[int, VariantLike], seed: int = 0) -> int:
