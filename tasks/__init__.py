@@ -2,5 +2,4 @@
 
 The core returns records; the modules here read configs, write artefacts and log them, so the same
 step runs from the CLI, a DVC stage or the Prefect flow.
-
 """

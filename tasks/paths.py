@@ -61,7 +61,7 @@ class DataPaths:
 
     @property
     def plots(self) -> Path:
-        """A folder for figures beside the phase outputs (each phase writes its own plots in its output)."""
+        """``data/plots``: a place for figures that belong to no single phase's output."""
         return self.root / "plots"
 
     @property

@@ -2,5 +2,4 @@
 
 ``base`` holds their contract and ``semantic_env`` turns any of them, through an adapter, into the
 Gymnasium env with the shared token observation that the pool and the policy see.
-
 """

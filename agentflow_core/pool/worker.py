@@ -240,7 +240,7 @@ class EnvWorker:
 
     @property
     def live_count(self) -> int:
-        """Envs this worker holds, in an episode or idle in the cache (the memory that counts)."""
+        """Envs held, in an episode or idle in the cache: the count ``max_live`` bounds by evicting idle ones."""
         return len(self._active) + self._n_idle
 
     def stats(self) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class MLPRewardModel:
         return cls((w,), (np.zeros(1),))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able weights, so a model file can be read without pickle."""
+        """The plain-data form :meth:`save` writes for a ``.json`` path (no pickle on load)."""
         return {
             "layers": [
                 {"weight": w.tolist(), "bias": b.tolist()} for w, b in zip(self.weights, self.biases, strict=True)
@@ -185,7 +185,7 @@ class RewardModelServer:
         return f"http://{host!s}:{port}" if isinstance(host, str) else f"http://{host.decode()}:{port}"
 
     def start(self) -> RewardModelServer:
-        """Serve in a daemon thread; returns self so ``with RewardModelServer(...).start()`` reads."""
+        """Serve in a daemon thread (entering ``with`` calls it); returns self for chaining."""
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="reward-model", daemon=True
         )
