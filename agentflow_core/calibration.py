@@ -52,6 +52,7 @@ class VariantCalibration:
     reason: str | None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for the calibration report and metrics."""
         return asdict(self)
 
 
@@ -150,13 +151,16 @@ class CalibrationReport:
 
     @property
     def failed(self) -> list[VariantCalibration]:
+        """The unstable variants, in catalogue order."""
         return [v for v in self.variants if not v.stable]
 
     @property
     def passed(self) -> bool:
+        """The gate: at most ``max_failed_fraction`` of the variants may be unstable."""
         return len(self.failed) <= self.max_failed_fraction * len(self.variants)
 
     def summary(self) -> str:
+        """The score and the first ten failures with their reasons, for the gate's error message."""
         head = (
             f"env_stability_score={self.env_stability_score:.3f} ({len(self.variants) - len(self.failed)}/"
             f"{len(self.variants)} stable, gate allows {self.max_failed_fraction:.0%} failed)"

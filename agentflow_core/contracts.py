@@ -30,19 +30,24 @@ class VariantLike(Protocol):
     """What a pool needs of a variant spec (``agentflow_core.variants.VariantSpec`` satisfies it)."""
 
     @property
-    def env_id(self) -> str: ...
+    def env_id(self) -> str:
+        """Unique id of the variant (``<family>_v<version>...``); the key of per-env statistics."""
 
     @property
-    def base_env_id(self) -> str: ...
+    def base_env_id(self) -> str:
+        """The registry entry the variant perturbs: variants of one base env can share an idle env."""
 
     @property
-    def family(self) -> str: ...
+    def family(self) -> str:
+        """The business family (channel) the variant belongs to; reports and PLR group by it."""
 
     @property
-    def params(self) -> Mapping[str, Any]: ...
+    def params(self) -> Mapping[str, Any]:
+        """The scenario overrides that make this variant; the base entry's scenario is built from them."""
 
     @property
-    def content_hash(self) -> str: ...
+    def content_hash(self) -> str:
+        """Hash of the variant's definition: an episode record names the exact variant it played."""
 
 
 @dataclass
@@ -68,15 +73,18 @@ class PoolBatch:
 
     @property
     def done(self) -> np.ndarray:
+        """Slots whose episode ended this step, by termination or truncation."""
         return self.terminated | self.truncated
 
 
 class StatefulScheduler(Protocol):
     """The part of a pool's scheduler that checkpoints see (bit-identical resume)."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able scheduler state; loading it back makes the next draws bit-identical."""
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` taken from a scheduler of the same strategy and catalogue."""
 
 
 class EnvPool(Protocol):
@@ -91,25 +99,35 @@ class EnvPool(Protocol):
     num_envs: int
 
     @property
-    def variants(self) -> Sequence[VariantLike]: ...
+    def variants(self) -> Sequence[VariantLike]:
+        """The catalogue the pool schedules from, indexed by ``info["variant_index"]``."""
 
     @property
-    def scheduler(self) -> StatefulScheduler: ...
+    def scheduler(self) -> StatefulScheduler:
+        """The scheduler picking each slot's next variant; checkpoints save its state."""
 
-    def reset(self, seed: int) -> PoolBatch: ...
+    def reset(self, seed: int) -> PoolBatch:
+        """Start an episode in every slot; the same ``seed`` replays the same variants and episode seeds."""
 
-    def step(self, actions: np.ndarray, active: np.ndarray | None = None) -> PoolBatch: ...
+    def step(self, actions: np.ndarray, active: np.ndarray | None = None) -> PoolBatch:
+        """Step the slots where ``active`` is true (all by default); the others repeat their observation, unrewarded."""
 
-    def slot_variants(self) -> np.ndarray: ...
+    def slot_variants(self) -> np.ndarray:
+        """The catalogue index each slot is playing now (the episode in ``obs``)."""
 
     def set_value_loss(
         self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray
-    ) -> None: ...
+    ) -> None:
+        """Feed the learner's value loss per variant to the scheduler (PLR's learning-potential score)."""
 
-    def feedback_state(self) -> list[float | None]: ...
+    def feedback_state(self) -> list[float | None]:
+        """Feedback received but not yet applied, per variant, so a checkpoint can carry it."""
 
-    def load_feedback_state(self, state: Sequence[float | None]) -> None: ...
+    def load_feedback_state(self, state: Sequence[float | None]) -> None:
+        """Restore pending feedback saved by :meth:`feedback_state`."""
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> dict[str, Any]:
+        """Counters for logs and tests: steps, episodes, failures by reason, worker restarts, quarantined variants."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the envs and the workers that host them."""

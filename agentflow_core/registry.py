@@ -147,9 +147,8 @@ def load_mapping(path: Path, load: Loader | None = None) -> dict[str, Any]:
     return document
 
 
-def entry_from_config(config: Any, source_file: Path, load: Loader | None = None) -> EnvEntry:
-    """Validate one env config document and return its entry; every error names ``source_file``."""
-    src = str(source_file)
+def _checked_sections(config: Any, src: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The document's shape (known keys, required strings), before anything is imported; its params and kwargs."""
     if not isinstance(config, Mapping):
         raise RegistryError(src, f"expected a mapping at the top level, got {type(config).__name__}")
     unknown = sorted(set(config) - REQUIRED_KEYS - OPTIONAL_KEYS)
@@ -167,6 +166,13 @@ def entry_from_config(config: Any, source_file: Path, load: Loader | None = None
     for key, value in (("params", params), ("kwargs", kwargs)):
         if not isinstance(value, Mapping):
             raise RegistryError(src, f"{key}: got {value!r}, expected a mapping")
+    return params, kwargs
+
+
+def entry_from_config(config: Any, source_file: Path, load: Loader | None = None) -> EnvEntry:
+    """Validate one env config document and return its entry; every error names ``source_file``."""
+    src = str(source_file)
+    params, kwargs = _checked_sections(config, src)
     try:
         Scenario.from_dict(params)
     except (TypeError, ValueError) as exc:
@@ -273,6 +279,7 @@ class EnvRegistry:
         return [self._entries[k] for k in sorted(self._entries)]
 
     def env_ids(self) -> list[str]:
+        """Registered env ids, sorted, without rescanning the config directory."""
         return sorted(self._entries)
 
     def get(self, env_id: str) -> EnvEntry:

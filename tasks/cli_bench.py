@@ -140,6 +140,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
 
 
 def write_benchmarks_md(bench_dir: Path = BENCH_DIR, target: Path = BENCHMARKS_MD) -> None:
+    """Re-render BENCHMARKS.md after a benchmark, so the committed table follows the JSON results."""
     target.write_text(render_benchmarks(bench_dir), encoding="utf-8")
 
 

@@ -101,6 +101,7 @@ class EnvCheck:
 
     @property
     def ok(self) -> bool:
+        """No load or check errors and no error-level audit finding (warnings do not fail a check)."""
         return not self.errors and not any(f.severity == "error" for f in self.findings)
 
 

@@ -187,7 +187,8 @@ class PoolFactory(Protocol):
         seed: int,
         scheduler: str | None = None,
         standby: bool = True,
-    ) -> EnvPool: ...
+    ) -> EnvPool:
+        """A pool of ``num_envs`` slots over ``variants``, as :func:`build_pool` builds it."""
 
 
 def build_pool(

@@ -26,12 +26,14 @@ class PolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined,misc]
     """Greedy semantic action ids from observation columns (and optional mask columns)."""
 
     def load_context(self, context: Any) -> None:
+        """Load the checkpoint artifact into an eval-mode actor-critic, once per loaded model."""
         ckpt = load_checkpoint(Path(context.artifacts["checkpoint"]))
         self.policy = ActorCritic(hidden_sizes=ckpt.state["hidden_sizes"])
         self.policy.load_state_dict(ckpt.model)
         self.policy.eval()
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
+        """Greedy action ids; mask columns, when all are present, restrict the choice to legal actions."""
         obs = np.array(model_input[OBS_COLUMNS], dtype=np.float32)  # a copy: pandas hands out read-only views
         mask = None
         if all(c in model_input.columns for c in MASK_COLUMNS):

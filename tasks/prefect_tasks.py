@@ -74,6 +74,7 @@ class Throttled:
         self.logger = get_run_logger()
 
     def __call__(self, done: float, total: float, status: str = "") -> None:
+        """Log ``done``/``total`` when another ``fraction`` of the work is done, and at the end."""
         share = done / total if total else 1.0
         if share >= self.next or done >= total:
             self.logger.info("%s %d/%d (%.0f%%) %s", self.phase, done, total, 100 * share, status)

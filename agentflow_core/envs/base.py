@@ -77,6 +77,7 @@ class Scenario:
         return cls(**dict(params))
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain-data form, so a scenario can be logged and compared and rebuilt with :meth:`from_dict`."""
         return asdict(self)
 
     @property
@@ -108,9 +109,11 @@ class StepResult:
 
     @property
     def done(self) -> bool:
+        """The episode is over, by the env's own ending or by truncation."""
         return self.terminated or self.truncated
 
     def as_dict(self) -> dict[str, Any]:
+        """The plain step dict (obs, reward, done, terminated, truncated, info), for callers that take dicts."""
         return {
             "obs": self.obs,
             "reward": self.reward,

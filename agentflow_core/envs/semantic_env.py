@@ -75,6 +75,7 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Gymnasium reset; the physical env is seeded from this env's generator, so ``reset(seed)`` replays."""
         super().reset(seed=seed)
         # The physical env draws from its own generator, seeded from ours so reset(seed) is reproducible.
         child_seed = int(self.np_random.integers(0, 2**31 - 1))
@@ -89,6 +90,7 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         return step.vec, self._info(info, step, risk=0.0)
 
     def step(self, action: np.int64 | int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Gymnasium step on a semantic action; a crash of the physical env becomes an :class:`EnvCrashError`."""
         action = int(action)
         self.step_id += 1
         native = self.adapter.adapt_action(action)
@@ -130,5 +132,6 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         return self._mask.copy()
 
     def close(self) -> None:
+        """Close the physical env too (it may hold a database connection or an HTTP client)."""
         self.physical.close()
         super().close()

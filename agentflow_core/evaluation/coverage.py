@@ -34,6 +34,7 @@ class CoverageTable:
     group_dimension: str
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for the stress analysis (frequencies rounded to 5 places)."""
         return {
             "group_dimension": self.group_dimension,
             "rows": self.rows,

@@ -27,6 +27,7 @@ class HackingReport:
     examples: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for the stress analysis."""
         return {
             "threshold": self.threshold,
             "flagged": self.flagged,

@@ -34,9 +34,11 @@ class RiskReport:
 
     @property
     def rate(self) -> float:
+        """Share of steps above the risk threshold (0 with no steps)."""
         return self.risky_steps / self.steps if self.steps else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for the stress analysis."""
         return {
             "threshold": self.threshold,
             "penalty": self.penalty,
@@ -60,6 +62,7 @@ def _table(risky: Counter[str], total: Counter[str]) -> dict[str, dict[str, floa
 
 
 def action_name(action: int) -> str:
+    """The semantic action's name for a report, or the raw number when it is out of range."""
     return ACTIONS[action] if 0 <= action < len(ACTIONS) else str(action)
 
 

@@ -62,6 +62,7 @@ class StressAnalysis:
     target: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON document the stress summary and the report are built from."""
         return {
             "metrics": self.metrics,
             "passed": self.passed,

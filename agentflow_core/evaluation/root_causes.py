@@ -102,6 +102,7 @@ class RootCause:
         return text
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for the report, with the one-line summary and its recommendation."""
         head = self.headline
         return {
             "cause": self.cause,

@@ -55,13 +55,17 @@ class PoolEnv(Protocol):
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]: ...
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Gymnasium reset: the first observation and info of a new episode, reproducible from ``seed``."""
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]: ...
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Gymnasium step on a semantic action id: ``(obs, reward, terminated, truncated, info)``."""
 
-    def action_masks(self) -> np.ndarray: ...
+    def action_masks(self) -> np.ndarray:
+        """Legal actions in the current state; the pool hands them to the policy with the observation."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the env holds; the pool calls it when it evicts or discards the env."""
 
 
 class EnvFactory(Protocol):
@@ -72,7 +76,8 @@ class EnvFactory(Protocol):
     building new ones.
     """
 
-    def __call__(self, variant: VariantLike) -> PoolEnv: ...
+    def __call__(self, variant: VariantLike) -> PoolEnv:
+        """A fresh env of ``variant``, not yet reset."""
 
 
 @runtime_checkable
@@ -98,6 +103,7 @@ class RegistryEnvFactory:
     _lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def __call__(self, variant: VariantLike) -> PoolEnv:
+        """The variant's physical env wrapped in a SemanticEnv, with the adapter shared across its base env."""
         from agentflow_core.adapters import load_object
         from agentflow_core.envs.semantic_env import SemanticEnv
 

@@ -36,6 +36,7 @@ class EnvProfile:
     py_heap_per_env_kb: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-able form for the profile table and the benchmark records."""
         return asdict(self)
 
 

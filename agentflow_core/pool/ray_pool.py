@@ -107,6 +107,7 @@ class RayEnvWorker(EnvWorker):
         return self.prewarm(variants, seed)
 
     def adopt(self, variants: Mapping[int, VariantLike], worker_index: int) -> int:
+        """:meth:`EnvWorker.adopt`, back at normal CPU priority if the standby warmed up at idle priority."""
         if self._saved_priority is not None:
             _restore_priority(self._saved_priority)
             self._saved_priority = None

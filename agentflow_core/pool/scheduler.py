@@ -120,9 +120,11 @@ class HeatTracker:
         self.stamped[idx] = self.round
 
     def state_dict(self) -> dict[str, Any]:
+        """The round and every variant's current heat, enough to continue the decay exactly."""
         return {"round": self.round, "heat": self.values().tolist()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; every variant's heat is stamped at the saved round."""
         self.round = int(state["round"])
         self.heat_at = np.asarray(state["heat"], dtype=np.float64)
         self.stamped = np.full(len(self.heat_at), self.round, dtype=np.int64)
@@ -181,6 +183,11 @@ class BaseScheduler:
 
     # --- the interface --------------------------------------------------------------------------
     def probabilities(self) -> np.ndarray:
+        """Each variant's chance of the next draw: the strategy's weights over active variants.
+
+        Falls back to uniform over active variants when the weights are all zero or not finite, and
+        raises once every variant is quarantined.
+        """
         if not self.active.any():
             raise AgentFlowError("every variant is quarantined; nothing left to schedule")
         w = np.where(self.active, np.maximum(self.weights(), 0.0), 0.0)
@@ -191,6 +198,7 @@ class BaseScheduler:
         return w / total
 
     def sample(self, n: int) -> np.ndarray:
+        """``n`` variant indices for slots that start an episode; closes one heat round (``n`` may be 0)."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         indices = self._draw(n) if n else np.empty(0, dtype=np.int64)
@@ -202,6 +210,7 @@ class BaseScheduler:
         return indices
 
     def update(self, index: int, stats: EpisodeStats) -> None:
+        """Count the episode's success or failure reason and let the strategy learn from it."""
         if not 0 <= index < self.n_variants:
             raise IndexError(f"variant index {index} out of range [0, {self.n_variants})")
         self.episodes[index] += 1
@@ -212,6 +221,7 @@ class BaseScheduler:
         self._observe(index, stats)
 
     def quarantine(self, index: int, reason: str) -> None:
+        """Never draw variant ``index`` again (its env keeps failing); ``reason`` is kept for reports."""
         if not 0 <= index < self.n_variants:
             raise IndexError(f"variant index {index} out of range [0, {self.n_variants})")
         self.active[index] = False
@@ -219,9 +229,11 @@ class BaseScheduler:
 
     @property
     def quarantined(self) -> dict[int, str]:
+        """Quarantined variant indices and why, for the pool's stats."""
         return dict(self._quarantined)
 
     def stats_table(self) -> list[dict[str, Any]]:
+        """One row per variant: episodes, successes, failures by reason, heat, samples, probability, quarantine."""
         heat = self.heat.values()
         p = self.probabilities()
         by_variant: dict[int, dict[str, int]] = {}
@@ -245,6 +257,7 @@ class BaseScheduler:
         ]
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything the next draws depend on, the generator's state included (bit-identical resume)."""
         return {
             "strategy": self.name,
             "n_variants": self.n_variants,
@@ -262,6 +275,7 @@ class BaseScheduler:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; refuses one saved by another strategy or over another catalogue."""
         if state["strategy"] != self.name or int(state["n_variants"]) != self.n_variants:
             raise AgentFlowError(
                 f"scheduler state is for {state['strategy']} over {state['n_variants']} variants, "
@@ -340,6 +354,7 @@ class HeatScheduler(BaseScheduler):
         self.cold_weight = cold_weight
 
     def weights(self) -> np.ndarray:
+        """``cold_weight`` for a cold variant, 1 for a warm one."""
         h = self.heat.values()
         return np.where(h < self.heat.threshold, self.cold_weight, 1.0)
 
@@ -448,6 +463,7 @@ class PLRCoverageScheduler(BaseScheduler):
         return bonus / total if total > 0 else np.zeros(self.n_variants)
 
     def weights(self) -> np.ndarray:
+        """PLR's mix of score and staleness distributions plus the token-coverage bonus, floored."""
         p_t = self.token_probabilities()
         kappa = self.token_coef if p_t.any() else 0.0
         mixed = (

@@ -123,6 +123,7 @@ class BatchWatchdog:
         return results
 
     def close(self) -> None:
+        """Stop the helper thread once it finishes its current job (an abandoned one is left to end alone)."""
         if self._queue is not None:
             self._queue.put(None)
             self._queue = None
@@ -144,6 +145,7 @@ class WorkerBatch:
 
     @classmethod
     def empty(cls, slots: np.ndarray) -> WorkerBatch:
+        """Rows for ``slots`` before anything ran: zero observations and rewards, every action legal."""
         k = len(slots)
         return cls(
             slots=np.asarray(slots, dtype=np.int64),
@@ -233,10 +235,12 @@ class EnvWorker:
         return os.getpid()
 
     def ping(self) -> int:
+        """Cheap round trip for the driver's liveness poll; answers with the worker index."""
         return self.worker_index
 
     @property
     def live_count(self) -> int:
+        """Envs held, in an episode or idle in the cache: the count ``max_live`` bounds by evicting idle ones."""
         return len(self._active) + self._n_idle
 
     def stats(self) -> dict[str, Any]:

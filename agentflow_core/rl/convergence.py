@@ -77,14 +77,17 @@ class ConvergenceTracker:
 
     @property
     def converged(self) -> bool:
+        """The flag of :func:`policy_convergence_flag` over the evaluations so far."""
         return policy_convergence_flag(self.history, self.window, self.min_rel_improvement, self.max_variance)
 
     def state_dict(self) -> dict[str, Any]:
+        """JSON-able state for a checkpoint; ``-inf`` best values are stored as None."""
         state = asdict(self)
         for key in ("best_metric", "best_tiebreak"):  # JSON has no -inf
             state[key] = None if state[key] == float("-inf") else state[key]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`, turning stored None best values back into ``-inf``."""
         for key, value in state.items():
             setattr(self, key, float("-inf") if value is None and key.startswith("best_") else value)

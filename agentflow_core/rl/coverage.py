@@ -97,10 +97,12 @@ class CoverageTracker:
 
     @property
     def token_coverage(self) -> float:
+        """Share of reachable tokens seen at least once."""
         return float(((self.token_visits > 0) & self.reachable).sum() / self.reachable.sum())
 
     @property
     def edge_coverage(self) -> float:
+        """Explored transition edges over explored plus reference edges (0 when there are none)."""
         explored = self.edge_counts > 0
         universe = (explored | self.reference).sum()
         return float(explored.sum() / universe) if universe else 0.0

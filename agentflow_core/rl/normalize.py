@@ -30,10 +30,12 @@ class RunningStat:
 
     @property
     def var(self) -> float:
+        """Population variance (0 before any sample), as the normaliser divides by it."""
         return self.m2 / self.count if self.count else 0.0
 
     @property
     def std(self) -> float:
+        """Population standard deviation."""
         return math.sqrt(self.var)
 
     def merge(self, count: int, mean: float, m2: float) -> None:
@@ -95,6 +97,7 @@ class PerEnvRewardNormalizer:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; refuses another state version."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"normalizer state version {state.get('version')!r}, expected {STATE_VERSION}")
         self.epsilon, self.clip = float(state["epsilon"]), state["clip"]

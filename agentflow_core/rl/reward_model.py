@@ -70,6 +70,7 @@ class MLPRewardModel:
         return cls((w,), (np.zeros(1),))
 
     def to_dict(self) -> dict[str, Any]:
+        """The plain-data form :meth:`save` writes for a ``.json`` path (no pickle on load)."""
         return {
             "layers": [
                 {"weight": w.tolist(), "bias": b.tolist()} for w, b in zip(self.weights, self.biases, strict=True)
@@ -78,6 +79,7 @@ class MLPRewardModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MLPRewardModel:
+        """Rebuild a model from :meth:`to_dict` output."""
         layers = data["layers"]
         return cls(
             tuple(np.asarray(layer["weight"], dtype=np.float64) for layer in layers),
@@ -178,10 +180,12 @@ class RewardModelServer:
 
     @property
     def url(self) -> str:
+        """Base URL of the bound socket (the real port when constructed with port 0)."""
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}" if isinstance(host, str) else f"http://{host.decode()}:{port}"
 
     def start(self) -> RewardModelServer:
+        """Serve in a daemon thread (entering ``with`` calls it); returns self for chaining."""
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="reward-model", daemon=True
         )
@@ -243,7 +247,9 @@ class RewardModelClient:
 
     @property
     def failure_rate(self) -> float:
+        """Share of requests that fell back (NaN before the first request)."""
         return self.failures / self.requests if self.requests else math.nan
 
     def close(self) -> None:
+        """Close the HTTP connection pool."""
         self._http.close()

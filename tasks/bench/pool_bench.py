@@ -59,10 +59,12 @@ class ReplaySchedule:
         self.episodes: list[list[tuple[int, int]]] = [[] for _ in range(num_envs)]
 
     def record_reset(self, batch: PoolBatch) -> None:
+        """Record each slot's first episode after a pool reset."""
         for slot, info in enumerate(batch.infos):
             self.episodes[slot].append((int(info["variant_index"]), int(info["episode_seed"])))
 
     def record_step(self, batch: PoolBatch) -> None:
+        """Record the next episode of every slot whose episode ended this step."""
         for slot in np.flatnonzero(batch.done).tolist():
             info = batch.infos[slot]
             self.episodes[slot].append((int(info["next_variant_index"]), int(info["next_episode_seed"])))
@@ -160,6 +162,7 @@ class ReplayRawEnv(_ReplayEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start the slot's next recorded episode on the bare physical env; the observation is constant."""
         episode_seed = self._start()
         super().reset(seed=episode_seed)
         self.physical, adapter = self.env.physical, self.env.adapter
@@ -171,6 +174,7 @@ class ReplayRawEnv(_ReplayEnv):
         return self._obs, {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Step the physical env with the native action the adapter maps ``action`` to, looked up in a table."""
         result = self.physical.step(self._actions[int(action)])
         return self._obs, float(result.reward), bool(result.terminated), bool(result.truncated), {}
 
@@ -181,11 +185,13 @@ class ReplaySemanticEnv(_ReplayEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start the slot's next recorded episode through the SemanticEnv."""
         episode_seed = self._start()
         obs, _ = self.env.reset(seed=episode_seed)
         return obs, {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Step the SemanticEnv; its info is dropped, as a vector env over it would not batch it."""
         obs, reward, terminated, truncated, _ = self.env.step(action)
         return obs, float(reward), terminated, truncated, {}
 

@@ -103,6 +103,7 @@ class RecordingPolicy:
         self.obs: list[np.ndarray] = []
 
     def __call__(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Record a copy of ``obs`` and answer with the wrapped policy's actions."""
         self.obs.append(np.array(obs, copy=True))
         return self.act(obs, mask)
 
