@@ -59,16 +59,6 @@ class DataPaths:
         """One small JSON per phase, declared as DVC metrics (kept out of the cache)."""
         return self.root / "metrics"
 
-    @property
-    def plots(self) -> Path:
-        """``data/plots``: a place for figures that belong to no single phase's output."""
-        return self.root / "plots"
-
-    @property
-    def bench(self) -> Path:
-        """Benchmark results (``data/bench/<name>.json``), from which BENCHMARKS.md is rendered."""
-        return self.root / "bench"
-
     def metrics_file(self, phase: str) -> Path:
         """Where ``phase`` writes its DVC metrics (``dvc metrics show`` reads them)."""
         return self.metrics / f"{phase}.json"
