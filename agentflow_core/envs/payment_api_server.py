@@ -30,12 +30,14 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -437,6 +439,47 @@ class PaymentAPIState:
         return refused or handler(ep, step, body)
 
 
+_HTTP_VERSION = re.compile(r"HTTP/(\d{1,10})\.(\d{1,10})")
+_HEADER_LINE = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*")
+MAX_HEADER_LINE = 65536  # the stdlib's limits (http.client._MAXLINE, _MAXHEADERS)
+MAX_HEADERS = 100
+
+
+class _Headers(dict[str, str]):
+    """Request headers by lower-cased name (the first of repeated ones), looked up case-insensitively."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.lower())
+
+
+class _BadHeaders(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        self.status, self.message = status, message
+        super().__init__(message)
+
+
+def _read_headers(rfile: Any) -> _Headers:
+    """The header block of one request (RFC 9112 §5), up to the empty line."""
+    headers = _Headers()
+    lines = 0
+    while True:
+        line = rfile.readline(MAX_HEADER_LINE + 1)
+        if len(line) > MAX_HEADER_LINE:
+            raise _BadHeaders(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Line too long")
+        if line in (b"\r\n", b"\n", b""):
+            return headers
+        lines += 1
+        if lines > MAX_HEADERS:
+            raise _BadHeaders(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers")
+        match = _HEADER_LINE.fullmatch(line.decode("iso-8859-1").rstrip("\r\n"))
+        if match is None:  # no colon, a space before it, or an obsolete folded line (RFC 9112 §5.2)
+            raise _BadHeaders(HTTPStatus.BAD_REQUEST, "Bad header line")
+        headers.setdefault(match.group(1).lower(), match.group(2))
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one TCP connection serves many requests
     default_request_version = "HTTP/1.1"  # stdlib's HTTP/0.9 default answers garbage with no status line
@@ -446,9 +489,46 @@ class _Handler(BaseHTTPRequestHandler):
     # client thread, and in one process every wake-up is a GIL hand-off.
     wbufsize = 64 * 1024
     server: _Server
+    raw_requestline: bytes  # set by handle_one_request before parse_request
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         """The core prints nothing; access logs are off."""
+
+    def parse_request(self) -> bool:
+        """Request line and headers of one HTTP/1.x request; False (error sent) when malformed.
+
+        Why not the stdlib's: it parses every header block with the ``email`` package's feed
+        parser, about a third of this server's CPU per request. The checks are the stdlib's, minus
+        HTTP/0.9 (a two-word request line is a 400 here) and folded header lines (a 400, RFC 9112 §5.2).
+        """
+        self.command, self.close_connection = "", True  # no command yet (send_error reads it)
+        self.request_version = self.default_request_version
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if not words:
+            return False
+        version = _HTTP_VERSION.fullmatch(words[-1])
+        if len(words) != 3 or version is None:
+            self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request syntax ({self.requestline[:100]!r})")
+            return False
+        if int(version.group(1)) >= 2:
+            self.send_error(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"Invalid HTTP version ({words[-1]})")
+            return False
+        self.command, self.path, self.request_version = words
+        if self.path.startswith("//"):
+            self.path = "/" + self.path.lstrip("/")  # as the stdlib: never a scheme-relative URL
+        try:
+            self.headers = _read_headers(self.rfile)  # type: ignore[assignment]
+        except _BadHeaders as exc:
+            self.send_error(exc.status, exc.message)
+            return False
+        connection = self.headers.get("Connection", "").lower()
+        self.close_connection = connection == "close" or (
+            (int(version.group(1)), int(version.group(2))) < (1, 1) and connection != "keep-alive"
+        )
+        if self.headers.get("Expect", "").lower() == "100-continue" and self.request_version >= "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
 
     def _read_json(self) -> dict[str, Any]:
         if "Transfer-Encoding" in self.headers:

@@ -107,6 +107,13 @@ def test_episodes_expire_and_are_capped(monkeypatch: pytest.MonkeyPatch) -> None
         (post("/episodes", b'{"seed": "x"}'), 400, b"invalid_scenario"),
         (b"GARBAGE\r\n\r\n", 400, b""),
         (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414, b""),
+        (b"GET /cart\r\n\r\n", 400, b""),  # HTTP/0.9
+        (b"GET /cart HTTP/2.0\r\n\r\n", 505, b""),
+        (b"GET /cart HTTP/1.x\r\n\r\n", 400, b""),
+        (b"GET /cart HTTP/1.1\r\nHost: x\r\n folded: value\r\n\r\n", 400, b""),
+        (b"GET /cart HTTP/1.1\r\nno colon here\r\n\r\n", 400, b""),
+        (b"GET /cart HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431, b""),
+        (b"GET /cart HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 101 + b"\r\n", 431, b""),
     ],
 )
 def test_every_malformed_request_gets_a_well_formed_4xx(
