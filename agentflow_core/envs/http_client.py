@@ -42,6 +42,11 @@ class Outcome(StrEnum):
     CONNECTION_ERROR = "connection_error"  # refused / reset
     CIRCUIT_OPEN = "circuit_open"  # not sent: the breaker is open
 
+    @classmethod
+    def of_status(cls, status: int) -> Outcome:
+        """The outcome of a reply that came in time."""
+        return cls.OK if status < 400 else cls.CLIENT_ERROR if status < 500 else cls.SERVER_ERROR
+
     @property
     def is_failure(self) -> bool:
         """Does this outcome count against the circuit breaker (and allow a retry)?"""
@@ -482,8 +487,7 @@ class ResilientClient:
             body = {"raw": data.decode("utf-8", "replace")}
         if body is not None and not isinstance(body, dict):
             body = {"value": body}
-        outcome = Outcome.OK if status < 400 else Outcome.CLIENT_ERROR if status < 500 else Outcome.SERVER_ERROR
-        return _Attempt(outcome, status, body, reply_headers, latency)
+        return _Attempt(Outcome.of_status(status), status, body, reply_headers, latency)
 
     def close(self) -> None:
         """Release this client's share of the connection pool (idempotent)."""

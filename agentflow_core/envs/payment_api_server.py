@@ -580,9 +580,19 @@ class _Handler(BaseHTTPRequestHandler):
                 seed = int(body.get("seed", 0))
             except (TypeError, ValueError, OverflowError, AttributeError, KeyError):
                 raise BadRequest("invalid_scenario") from None
+            first = body.get("first")
+            if first is not None and (
+                not isinstance(first, dict) or first.get("method") != "GET" or not isinstance(first.get("path"), str)
+            ):
+                raise BadRequest("invalid_first")
             replace = body.get("replace")
             episode_id = state.create(scenario, seed % 2**63, replace if isinstance(replace, str) else None)
-            return 201, {"episode_id": episode_id}, {}
+            if first is None:
+                return 201, {"episode_id": episode_id}, {}
+            # The client's first look at the new episode, answered with it (one round trip, not two):
+            # the same route, at step 0 and without faults, as a separate GET would take.
+            status, reply, _ = state.handle("GET", first["path"], {"X-Episode-Id": episode_id, "X-Step": "0"}, {})
+            return 201, {"episode_id": episode_id, "first": {"status": status, "body": reply}}, {}
         if path.startswith("/episodes/") and method == "DELETE":
             found = state.delete(path[len("/episodes/") :])
             return 200 if found else 404, {"deleted": found}, {}
