@@ -445,6 +445,9 @@ MAX_HEADER_LINE = 65536  # the stdlib's limits (http.client._MAXLINE, _MAXHEADER
 MAX_HEADERS = 100
 
 
+_DATE_CACHE: list[Any] = [None, ""]  # [second, its Date header value]; one list, swapped whole
+
+
 class _Headers(dict[str, str]):
     """Request headers by lower-cased name (the first of repeated ones), looked up case-insensitively."""
 
@@ -493,6 +496,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         """The core prints nothing; access logs are off."""
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The ``Date`` header (RFC 9110 §6.6.1) has one-second resolution: format it once per second."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        second = int(time.time())
+        cached = _DATE_CACHE
+        if cached[0] != second:
+            cached[:] = [second, super().date_time_string(second)]
+        return str(cached[1])
 
     def parse_request(self) -> bool:
         """Request line and headers of one HTTP/1.x request; False (error sent) when malformed.
