@@ -1,6 +1,7 @@
 """The SQL-database channel: the online order run as parameterised SQL against a real database.
 
-The channel is a shop backend reached through SQLAlchemy Core. Business rules live where a real
+The channel is a shop backend whose statements are written in SQLAlchemy Core (compiled once
+per dialect and run on the DBAPI cursor, see :class:`_Driver`). Business rules live where a real
 backend keeps them -- in the schema: ``CHECK (stock >= 0)`` refuses to sell what is not there,
 a partial ``UNIQUE`` index allows one pending order per user, ``CHECK (total > 0)`` refuses an
 empty checkout, foreign keys tie rows together. A violated rule is an ``IntegrityError``, a held

@@ -4,6 +4,9 @@ A real server on ``127.0.0.1`` (port 0 = a free port): ``http.server.ThreadingHT
 daemon thread. One server per process is shared by every env (:func:`acquire_shared_server` /
 :func:`release_shared_server`, refcounted), each env holding one *episode* on it, addressed by the
 ``X-Episode-Id`` header. The business process is the table of ``docs/ARCHITECTURE.md``.
+``POST /episodes`` may carry ``"first": {"method": "GET", "path": ...}``: the client's first look
+at the new episode, answered in the same reply (``"first": {"status", "body"}``) exactly as a
+separate GET at step 0 without faults would be -- a reset then costs one round trip, not two.
 
 Network faults are carried in the request, drawn by the client from its seeded generator, so a
 seed fixes them: ``X-Fault: drop | status=<5xx> | none`` and ``X-Fault-Latency: <seconds>``. The
