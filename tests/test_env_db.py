@@ -483,3 +483,29 @@ def test_leaf_predicates(adapter: DBAdapter) -> None:
     assert not adapter.match({"column": "order.status", "op": ">", "value": 0}, raw)
     assert adapter.extract("cart.items", raw) == 2.0 and adapter.extract("flag", raw) == 1.0
     assert adapter.extract("order.status", raw) is None and adapter.extract("nope.x", raw) is None
+
+
+@pytest.mark.parametrize("dialect_name", ["sqlite", "postgresql"])
+def test_statements_compile_once_ahead_for_each_dialect(dialect_name: str) -> None:
+    """The hot path runs SQL compiled ahead, without parameter values: every statement must compile so,
+    bind every placeholder it renders, and (INSERT) report its new key the dialect's way."""
+    import re
+
+    from sqlalchemy.dialects import postgresql, sqlite
+    from sqlalchemy.sql.expression import ClauseElement
+
+    from agentflow_core.envs import order_db
+
+    dialect = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}[dialect_name]
+    statements = {name: v for name, v in vars(order_db).items() if name.isupper() and isinstance(v, ClauseElement)}
+    assert len(statements) > 25
+    for name, statement in statements.items():
+        compiled = order_db._compile(statement, dialect)
+        assert "POSTCOMPILE" not in compiled.sql, name
+        if dialect_name == "postgresql":
+            assert compiled.names is None and set(re.findall(r"%\((\w+)\)s", compiled.sql)) <= compiled.defaults.keys()
+            assert compiled.returns_id == compiled.sql.startswith("INSERT"), name  # RETURNING the new key
+        else:
+            assert compiled.names is not None and len(compiled.names) == compiled.sql.count("?"), name
+            assert set(compiled.names) <= compiled.defaults.keys() and not compiled.returns_id  # lastrowid
+    assert order_db._ObsRow._fields == tuple(order_db._READ_OBS.selected_columns.keys())

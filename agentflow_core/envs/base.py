@@ -30,6 +30,11 @@ BLOCKED_ESCALATION_REWARD = 1.0  # escalating for a blocked user: the right outc
 WRONG_ESCALATION_REWARD = -1.0  # escalating when the order could have gone through
 CANCEL_REWARD = -2.0
 
+# Built once: a Scenario is validated at every env build and every payment-API episode.
+_ONE_OF_NETWORKS, _ONE_OF_TIERS, _ONE_OF_STAGES = (
+    f"one of {values}" for values in (NETWORK_CONDITIONS, USER_TIERS, START_STAGES)
+)
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -52,9 +57,9 @@ class Scenario:
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
-            ("network", self.network in NETWORK_CONDITIONS, f"one of {NETWORK_CONDITIONS}"),
-            ("user_tier", self.user_tier in USER_TIERS, f"one of {USER_TIERS}"),
-            ("start_stage", self.start_stage in START_STAGES, f"one of {START_STAGES}"),
+            ("network", self.network in NETWORK_CONDITIONS, _ONE_OF_NETWORKS),
+            ("user_tier", self.user_tier in USER_TIERS, _ONE_OF_TIERS),
+            ("start_stage", self.start_stage in START_STAGES, _ONE_OF_STAGES),
             ("price_factor", 0.0 < self.price_factor <= 10.0, "a float in (0, 10]"),
             ("inventory", 0 <= self.inventory <= 10_000, "an int in [0, 10000]"),
             ("balance", 0.0 <= self.balance <= 1e7, "a float in [0, 1e7]"),

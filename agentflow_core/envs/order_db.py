@@ -1,6 +1,7 @@
 """The SQL-database channel: the online order run as parameterised SQL against a real database.
 
-The channel is a shop backend reached through SQLAlchemy Core. Business rules live where a real
+The channel is a shop backend whose statements are written in SQLAlchemy Core (compiled once
+per dialect and run on the DBAPI cursor, see :class:`_Driver`). Business rules live where a real
 backend keeps them -- in the schema: ``CHECK (stock >= 0)`` refuses to sell what is not there,
 a partial ``UNIQUE`` index allows one pending order per user, ``CHECK (total > 0)`` refuses an
 empty checkout, foreign keys tie rows together. A violated rule is an ``IntegrityError``, a held
@@ -24,9 +25,10 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import (
@@ -50,12 +52,14 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.pool import StaticPool
-from sqlalchemy.sql.expression import BindParameter
+from sqlalchemy.sql.elements import ReleaseSavepointClause, RollbackToSavepointClause, SavepointClause
+from sqlalchemy.sql.expression import BindParameter, ClauseElement
 
 from agentflow_core.envs.base import (
     BLOCKED_ESCALATION_REWARD,
@@ -231,7 +235,7 @@ _CONSTRAINT_NAMES = tuple(
 ) + tuple(i.name for t in metadata.sorted_tables for i in t.indexes if isinstance(i.name, str))
 
 # ------------------------------------------------------------------------ compiled statements
-# Built once; SQLAlchemy caches their compiled form, so a step only binds parameters.
+# Built once as SQLAlchemy Core, compiled once per dialect by :class:`_Driver`, so a step only binds parameters.
 _b_user: BindParameter[Any] = bindparam("b_user")
 _b_cart: BindParameter[Any] = bindparam("b_cart")
 _b_session: BindParameter[Any] = bindparam("b_session")
@@ -265,6 +269,29 @@ _READ_OBS = select(
     _scalar(topups.c.amount, topups.c.payment_id == _b_payment).label("topup_amount"),
     _scalar(tickets.c.reason, tickets.c.id == _b_ticket).label("ticket_reason"),
 )
+
+
+class _ObsRow(NamedTuple):
+    """One row of ``_READ_OBS``, field for column (``test_env_db`` checks the two agree)."""
+
+    session_status: Any
+    user_tier: Any
+    user_status: Any
+    user_balance: Any
+    cart_items: Any
+    product_stock: Any
+    product_price: Any
+    catalog_price: Any
+    order_status: Any
+    order_total: Any
+    payment_status: Any
+    payment_code: Any
+    payment_card: Any
+    payment_attempts: Any
+    topup_amount: Any
+    ticket_reason: Any
+
+
 _SESSION_STATUS = select(sessions.c.status).where(sessions.c.id == bindparam("b_session"))
 _USER_STATUS = select(users.c.status).where(users.c.id == bindparam("b_user"))
 _INSERT_SESSION = insert(sessions).values(
@@ -305,9 +332,11 @@ _SET_ORDER_STATUS = (
     .where(and_(orders.c.id == bindparam("b_order"), orders.c.status == bindparam("b_from")))
     .values(status=bindparam("b_to"))
 )
+# ``status = a OR status = b`` rather than ``IN (a, b)``: an IN list is an "expanding" parameter that
+# SQLAlchemy renders only at execution time, so it could not be compiled once ahead of it.
 _CANCEL_ORDER = (
     update(orders)
-    .where(and_(orders.c.id == bindparam("b_order"), orders.c.status.in_(("pending", "expired"))))
+    .where(and_(orders.c.id == bindparam("b_order"), or_(orders.c.status == "pending", orders.c.status == "expired")))
     .values(status="cancelled")
 )
 _INSERT_PAYMENT = insert(payments).values(
@@ -330,6 +359,8 @@ _DEBIT = (
     .where(and_(users.c.id == bindparam("b_user"), users.c.balance >= bindparam("b_amount")))
     .values(balance=users.c.balance - bindparam("b_amount"))
 )
+_USER_BALANCE = select(users.c.balance).where(users.c.id == bindparam("b_user"))
+_VIEWED_STOCK = select(inventory.c.stock).where(inventory.c.product_id == bindparam("b_product"))
 _CREDIT = update(users).where(users.c.id == bindparam("b_user")).values(balance=users.c.balance + bindparam("b_amount"))
 _INSERT_TOPUP = insert(topups).values(
     user_id=bindparam("b_user"), payment_id=bindparam("b_payment"), amount=bindparam("b_amount")
@@ -366,6 +397,104 @@ def make_engine(url: str | None, creator: Callable[[], sqlite3.Connection] | Non
         event.listen(engine, "connect", _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin)
     return engine
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """One statement as its dialect's SQL text: bind names in order (positional paramstyles) and the
+    literal values Core compiled into it (``status="active"`` is a bound value too)."""
+
+    sql: str
+    names: tuple[str, ...] | None  # None: a named paramstyle (PostgreSQL's ``%(name)s``), pass a mapping
+    defaults: Mapping[str, Any]
+    returns_id: bool  # the dialect returns the new primary key as a row (RETURNING), else ``lastrowid``
+
+    def bind(self, params: Mapping[str, Any]) -> Sequence[Any] | Mapping[str, Any]:
+        values = {**self.defaults, **params}
+        return values if self.names is None else tuple(values[name] for name in self.names)
+
+
+def _compile(statement: ClauseElement, dialect: Dialect) -> _Compiled:
+    compiled = dialect.statement_compiler(dialect, statement)  # what ``statement.compile(dialect=...)`` builds
+    names = tuple(compiled.positiontup) if dialect.positional and compiled.positiontup is not None else None
+    defaults = dict(compiled.construct_params(_check=False))  # unbound names map to None until bound
+    return _Compiled(compiled.string, names, defaults, bool(compiled.effective_returning))
+
+
+_COMPILED: dict[Hashable, dict[int, _Compiled]] = {}  # dialect -> id(statement) -> its compiled form
+_SAVEPOINT = "agentflow_op"
+
+
+class _Driver:
+    """The env's hot path: its Core statements, compiled once per dialect, run on the DBAPI cursor.
+
+    Why not ``Connection.execute``: per statement, SQLAlchemy Core spent several times SQLite's own
+    execute time in cache-key generation, compiled-cache lookup, execution-context setup and events
+    (py-spy on a pool of order_db envs: ~60% of env time in Core's Python layers, ~10% in
+    ``sqlite3.Cursor.execute``). The SQL text is exactly what Core compiles for this engine's dialect
+    (PostgreSQL gets ``%(name)s`` binds and RETURNING), run on the same DBAPI connection, inside the
+    transaction ``reset`` opened; errors are PEP 249's exception classes of the dialect's driver, so
+    the rules the schema enforces are still the database's. Seeding and the shared-database lookups,
+    which run once per env, stay on Core.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        dialect = connection.dialect
+        key = (dialect.name, dialect.driver, dialect.paramstyle, dialect.server_version_info)
+        self._compiled = _COMPILED.setdefault(key, {})
+        self._dialect = dialect
+        self.dbapi: Any = dialect.loaded_dbapi  # the driver module: IntegrityError, OperationalError, Error
+        self._cursor: Any = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        self._savepoint, self._release, self._rollback_to = (
+            clause(_SAVEPOINT).compile(dialect=dialect).string
+            for clause in (SavepointClause, ReleaseSavepointClause, RollbackToSavepointClause)
+        )
+
+    def _statement(self, statement: ClauseElement) -> _Compiled:
+        compiled = self._compiled.get(id(statement))
+        if compiled is None:  # statements are module constants: id() is stable for the process
+            compiled = self._compiled[id(statement)] = _compile(statement, self._dialect)
+        return compiled
+
+    def execute(self, statement: ClauseElement, params: Mapping[str, Any]) -> Any:
+        """Run one statement; returns the DBAPI cursor (``rowcount``, ``fetchone``, ``fetchall``)."""
+        compiled = self._statement(statement)
+        self._cursor.execute(compiled.sql, compiled.bind(params))
+        return self._cursor
+
+    def executemany(self, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
+        """One statement over many parameter sets (one driver call instead of one per row)."""
+        compiled = self._statement(statement)
+        self._cursor.executemany(compiled.sql, [compiled.bind(row) for row in rows])
+
+    def scalar(self, statement: ClauseElement, params: Mapping[str, Any]) -> Any:
+        """The first column of the first row, None when there is no row."""
+        row = self.execute(statement, params).fetchone()
+        return None if row is None else row[0]
+
+    def insert(self, statement: ClauseElement, params: Mapping[str, Any]) -> int:
+        """Run an INSERT; returns the new row's primary key."""
+        compiled = self._statement(statement)
+        self._cursor.execute(compiled.sql, compiled.bind(params))
+        key = self._cursor.fetchone()[0] if compiled.returns_id else self._cursor.lastrowid
+        if key is None:
+            raise RuntimeError("INSERT returned no primary key")
+        return int(key)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """SAVEPOINT around a block: an exception rolls back to it (and re-raises), else it is released."""
+        self._cursor.execute(self._savepoint)
+        try:
+            yield
+        except BaseException:
+            self._cursor.execute(self._rollback_to)
+            self._cursor.execute(self._release)
+            raise
+        self._cursor.execute(self._release)
+
+    def close(self) -> None:
+        self._cursor.close()
 
 
 @dataclass(frozen=True)
@@ -425,11 +554,12 @@ def _new_id(result: CursorResult[Any]) -> int:
     return int(key[0])
 
 
-def _constraint_name(exc: IntegrityError) -> str:
-    diag = getattr(getattr(exc.orig, "diag", None), "constraint_name", None)  # PostgreSQL names it directly
+def _constraint_name(exc: Exception) -> str:
+    """The schema rule a DBAPI ``IntegrityError`` reports."""
+    diag = getattr(getattr(exc, "diag", None), "constraint_name", None)  # PostgreSQL names it directly
     if diag:
         return str(diag)
-    message = str(exc.orig)
+    message = str(exc)
     for name in _CONSTRAINT_NAMES:
         if name in message:
             return name
@@ -463,28 +593,38 @@ def _insert_seed_rows(conn: Connection, scenario: Scenario, env_id: str) -> tupl
     return user_id, cart_id, product_ids
 
 
+_ALIGN_USER = (
+    update(users)
+    .where(users.c.id == bindparam("b_user"))
+    .values(
+        name=bindparam("b_name"), tier=bindparam("b_tier"), status=bindparam("b_status"), balance=bindparam("b_balance")
+    )
+)
 _ALIGN_PRODUCT = (
     update(products).where(products.c.id == bindparam("pid")).values(sku=bindparam("sku"), price=bindparam("price"))
 )
 _ALIGN_STOCK = update(inventory).where(inventory.c.product_id == bindparam("pid")).values(stock=bindparam("stock"))
 
 
-def _align_seed_rows(
-    conn: Connection, scenario: Scenario, env_id: str, user_id: int, product_ids: Sequence[int]
-) -> None:
+def _align_seed_rows(db: _Driver, scenario: Scenario, env_id: str, user_id: int, product_ids: Sequence[int]) -> None:
     """Set existing seed rows (by id) to ``env_id``'s keys and the scenario's values."""
     tier, status, price, stocks = _seed_values(scenario)
-    conn.execute(
-        update(users)
-        .where(users.c.id == user_id)
-        .values(name=f"customer@{env_id}", tier=tier, status=status, balance=scenario.balance)
+    db.execute(
+        _ALIGN_USER,
+        {
+            "b_user": user_id,
+            "b_name": f"customer@{env_id}",
+            "b_tier": tier,
+            "b_status": status,
+            "b_balance": scenario.balance,
+        },
     )
     # executemany: one round trip per table instead of one per product
-    conn.execute(
+    db.executemany(
         _ALIGN_PRODUCT,
         [{"pid": pid, "sku": f"{env_id}/sku-{i}", "price": price} for i, pid in enumerate(product_ids)],
     )
-    conn.execute(_ALIGN_STOCK, [{"pid": pid, "stock": stock} for pid, stock in zip(product_ids, stocks, strict=True)])
+    db.executemany(_ALIGN_STOCK, [{"pid": pid, "stock": stock} for pid, stock in zip(product_ids, stocks, strict=True)])
 
 
 @dataclass(frozen=True)
@@ -551,6 +691,7 @@ class OrderDBEnv:
         if not self._private:
             metadata.create_all(self.engine)
         self._conn: Connection | None = self.engine.connect()
+        self._driver = _Driver(self._conn)
         self._txn: Any = None
         self._configure()
 
@@ -599,7 +740,7 @@ class OrderDBEnv:
             int(conn.execute(select(products.c.id).where(products.c.sku == f"{self.env_id}/sku-{i}")).scalar_one())
             for i in range(N_PRODUCTS)
         ]
-        _align_seed_rows(conn, self.scenario, self.env_id, int(user_id), product_ids)
+        _align_seed_rows(self.db, self.scenario, self.env_id, int(user_id), product_ids)
         cart_id = conn.execute(select(carts.c.id).where(carts.c.user_id == user_id)).scalar_one()
         return int(user_id), int(cart_id), product_ids
 
@@ -620,7 +761,7 @@ class OrderDBEnv:
             self._txn.rollback()
         self._txn = self._conn.begin()
         if self._private:
-            _align_seed_rows(self._conn, self.scenario, self.env_id, self._user_id, self._product_ids)
+            _align_seed_rows(self._driver, self.scenario, self.env_id, self._user_id, self._product_ids)
         self._rng = np.random.default_rng(seed)
         self._new_episode_state()
         error = self._setup(self.scenario.start_stage)
@@ -647,7 +788,7 @@ class OrderDBEnv:
         if self._c.product_idx is None:
             return None
         pid = self._product_ids[self._c.product_idx]
-        return self.conn.execute(select(inventory.c.stock).where(inventory.c.product_id == pid)).scalar()
+        return self.db.scalar(_VIEWED_STOCK, {"b_product": pid})  # type: ignore[no-any-return]
 
     def step(self, native_action: Mapping[str, Any]) -> StepResult:
         """Send one op over the simulated link, apply it in a SAVEPOINT, read the rows back."""
@@ -683,6 +824,7 @@ class OrderDBEnv:
         if self._txn is not None:
             self._txn.rollback()
             self._txn = None
+        self._driver.close()
         self._conn.close()
         self._conn = None
         self.engine.dispose()
@@ -725,20 +867,21 @@ class OrderDBEnv:
 
     def _guarded(self, handler: Callable[[], _Outcome]) -> tuple[_Outcome, dict[str, Any] | None]:
         snapshot = replace(self._c)  # a rolled-back savepoint must not leave dangling row ids behind
+        dbapi = self.db.dbapi
         try:
-            with self.conn.begin_nested():
+            with self.db.savepoint():
                 return handler(), None
-        except IntegrityError as exc:  # a schema rule refused the op: the action did not apply
+        except dbapi.IntegrityError as exc:  # a schema rule refused the op: the action did not apply
             self._c = snapshot
-            return _NOT_APPLIED, _error_row("constraint", str(exc.orig), _constraint_name(exc))
-        except OperationalError as exc:  # "database is locked", lock timeouts: transient, RETRY helps
+            return _NOT_APPLIED, _error_row("constraint", str(exc), _constraint_name(exc))
+        except dbapi.OperationalError as exc:  # "database is locked", lock timeouts: transient, RETRY helps
             self._c = snapshot
-            message = str(exc.orig)
+            message = str(exc)
             kind = "lock_timeout" if any(w in message.lower() for w in ("lock", "busy")) else "db_error"
             return _Outcome(applied=False), _error_row(kind, message)
-        except DBAPIError as exc:
+        except dbapi.Error as exc:
             self._c = snapshot
-            return _Outcome(applied=False), _error_row("db_error", str(exc.orig))
+            return _Outcome(applied=False), _error_row("db_error", str(exc))
 
     def _expire_due(self) -> dict[str, Any] | None:
         """Server-side timers: expire an old session and an old pending order (only when due)."""
@@ -750,9 +893,9 @@ class OrderDBEnv:
 
         def expire() -> _Outcome:
             if session_due:
-                self.conn.execute(_EXPIRE_SESSION, {"b_session": c.session_id})
+                self.db.execute(_EXPIRE_SESSION, {"b_session": c.session_id})
             if order_due:
-                self.conn.execute(_SET_ORDER_STATUS, {"b_order": c.order_id, "b_from": "pending", "b_to": "expired"})
+                self.db.execute(_SET_ORDER_STATUS, {"b_order": c.order_id, "b_from": "pending", "b_to": "expired"})
             return _APPLIED
 
         return self._guarded(expire)[1]
@@ -764,10 +907,17 @@ class OrderDBEnv:
             raise RuntimeError(f"env {self.env_id}: used after close")
         return self._conn
 
+    @property
+    def db(self) -> _Driver:
+        """The compiled statements on this env's connection (the hot path of every op)."""
+        if self._conn is None:
+            raise RuntimeError(f"env {self.env_id}: used after close")
+        return self._driver
+
     def _session_active(self) -> bool:
         if self._c.session_id is None:
             return False
-        return self.conn.execute(_SESSION_STATUS, {"b_session": self._c.session_id}).scalar() == "active"
+        return bool(self.db.scalar(_SESSION_STATUS, {"b_session": self._c.session_id}) == "active")
 
     # ------------------------------------------------------------------------------- ops
     def _op_refresh(self) -> _Outcome:
@@ -777,15 +927,15 @@ class OrderDBEnv:
         return _NOT_APPLIED
 
     def _op_login(self) -> _Outcome:
-        conn = self.conn
+        db = self.db
         self._c.user_seen = True
         if self._session_active():
             return _NOT_APPLIED
-        if conn.execute(_USER_STATUS, {"b_user": self._user_id}).scalar_one() == "blocked":
+        if db.scalar(_USER_STATUS, {"b_user": self._user_id}) == "blocked":
             return _APPLIED  # authentication answered "blocked"; no session row
         token = self._rng.bytes(12).hex()
-        self._c.session_id = _new_id(
-            conn.execute(_INSERT_SESSION, {"b_user": self._user_id, "b_token": token, "b_step": self._step})
+        self._c.session_id = db.insert(
+            _INSERT_SESSION, {"b_user": self._user_id, "b_token": token, "b_step": self._step}
         )
         self._c.session_step = self._step
         return _APPLIED
@@ -797,35 +947,34 @@ class OrderDBEnv:
         return _APPLIED
 
     def _op_add_cart_item(self) -> _Outcome:
-        conn = self.conn
+        db = self.db
         if not self._session_active() or self._c.product_idx is None:
             return _NOT_APPLIED
         params = {"b_cart": self._cart_id, "b_product": self._product_ids[self._c.product_idx]}
-        conn.execute(_RESERVE_STOCK, params)  # CHECK (stock >= 0) refuses a sold-out product
-        if conn.execute(_ADD_QTY, params).rowcount == 0:
-            conn.execute(_INSERT_ITEM, params)
+        db.execute(_RESERVE_STOCK, params)  # CHECK (stock >= 0) refuses a sold-out product
+        if db.execute(_ADD_QTY, params).rowcount == 0:
+            db.insert(_INSERT_ITEM, params)
         return _APPLIED
 
     def _op_remove_cart_items(self) -> _Outcome:
-        conn = self.conn
+        db = self.db
         if not self._session_active():
             return _NOT_APPLIED
-        lines = conn.execute(_CART_LINES, {"b_cart": self._cart_id}).all()
+        lines = db.execute(_CART_LINES, {"b_cart": self._cart_id}).fetchall()
         if not lines:
             return _NOT_APPLIED
-        conn.execute(_RELEASE_STOCK, [{"b_product": pid, "b_qty": qty} for pid, qty in lines])
-        conn.execute(_EMPTY_CART, {"b_cart": self._cart_id})
+        db.executemany(_RELEASE_STOCK, [{"b_product": pid, "b_qty": qty} for pid, qty in lines])
+        db.execute(_EMPTY_CART, {"b_cart": self._cart_id})
         return _APPLIED
 
     def _op_create_order(self) -> _Outcome:
-        conn = self.conn
+        db = self.db
         if not self._session_active():
             return _NOT_APPLIED
-        subtotal = float(conn.execute(_CART_SUBTOTAL, {"b_cart": self._cart_id}).scalar_one())
+        subtotal = float(db.scalar(_CART_SUBTOTAL, {"b_cart": self._cart_id}))
         total = round(subtotal * self._discount, 2)
         # CHECK (total > 0) refuses an empty cart; the partial unique index a second pending order.
-        result = conn.execute(_INSERT_ORDER, {"b_user": self._user_id, "b_total": total, "b_step": self._step})
-        self._c.order_id = _new_id(result)
+        self._c.order_id = db.insert(_INSERT_ORDER, {"b_user": self._user_id, "b_total": total, "b_step": self._step})
         self._c.order_step = self._step
         self._c.payment_id = None
         return _APPLIED
@@ -834,20 +983,19 @@ class OrderDBEnv:
         """The total of the current order if it is still pending (None otherwise)."""
         if self._c.order_id is None:
             return None
-        row = self.conn.execute(_ORDER_ROW, {"b_order": self._c.order_id}).one()
-        return float(row.total) if row.status == "pending" else None
+        status, total = self.db.execute(_ORDER_ROW, {"b_order": self._c.order_id}).fetchone()
+        return float(total) if status == "pending" else None
 
     def _payment(self) -> tuple[str, float] | None:
         if self._c.payment_id is None:
             return None
-        row = self.conn.execute(_PAYMENT_ROW, {"b_payment": self._c.payment_id}).one()
-        return row.status, float(row.amount)
+        status, amount = self.db.execute(_PAYMENT_ROW, {"b_payment": self._c.payment_id}).fetchone()
+        return status, float(amount)
 
     def _new_attempt(self, total: float) -> int:
-        result = self.conn.execute(
+        self._c.payment_id = self.db.insert(
             _INSERT_PAYMENT, {"b_order": self._c.order_id, "b_card": self._c.card, "b_amount": total}
         )
-        self._c.payment_id = _new_id(result)
         return self._c.payment_id
 
     def _op_open_payment(self) -> _Outcome:
@@ -859,7 +1007,7 @@ class OrderDBEnv:
         return _APPLIED
 
     def _op_charge(self) -> _Outcome:
-        conn = self.conn
+        db = self.db
         total, payment = self._pending_total(), self._payment()
         if not self._session_active() or total is None or payment is None or payment[0] != "initiated":
             return _NOT_APPLIED
@@ -870,27 +1018,27 @@ class OrderDBEnv:
             status, code = "declined", CODE_DECLINED
         elif malfunction:
             status, code = "error", CODE_MALFUNCTION
-        elif conn.execute(_DEBIT, {"b_user": self._user_id, "b_amount": amount}).rowcount == 0:
+        elif db.execute(_DEBIT, {"b_user": self._user_id, "b_amount": amount}).rowcount == 0:
             status, code = "insufficient_funds", CODE_NSF
         else:
             status, code = "captured", CODE_APPROVED
-        conn.execute(_SET_PAYMENT, {"b_payment": self._c.payment_id, "b_status": status, "b_code": code})
+        db.execute(_SET_PAYMENT, {"b_payment": self._c.payment_id, "b_status": status, "b_code": code})
         if status != "captured":
             return _APPLIED
-        conn.execute(_SET_ORDER_STATUS, {"b_order": self._c.order_id, "b_from": "pending", "b_to": "paid"})
-        conn.execute(_EMPTY_CART, {"b_cart": self._cart_id})
+        db.execute(_SET_ORDER_STATUS, {"b_order": self._c.order_id, "b_from": "pending", "b_to": "paid"})
+        db.execute(_EMPTY_CART, {"b_cart": self._cart_id})
         return _Outcome(applied=True, reward=SUCCESS_REWARD, terminated=True)
 
     def _op_top_up(self) -> _Outcome:
-        conn = self.conn
+        db = self.db
         total, payment = self._pending_total(), self._payment()
         if total is None or payment is None or payment[0] != "insufficient_funds":
             return _NOT_APPLIED
-        balance = float(conn.execute(select(users.c.balance).where(users.c.id == self._user_id)).scalar_one())
+        balance = float(db.scalar(_USER_BALANCE, {"b_user": self._user_id}))
         amount = float(max(50.0, 50.0 * math.ceil((total - balance) / 50.0)))  # the shortfall, in 50s
-        conn.execute(_CREDIT, {"b_user": self._user_id, "b_amount": amount})
+        db.execute(_CREDIT, {"b_user": self._user_id, "b_amount": amount})
         payment_id = self._new_attempt(total)
-        conn.execute(_INSERT_TOPUP, {"b_user": self._user_id, "b_payment": payment_id, "b_amount": amount})
+        db.insert(_INSERT_TOPUP, {"b_user": self._user_id, "b_payment": payment_id, "b_amount": amount})
         return _APPLIED
 
     def _op_switch_card(self) -> _Outcome:
@@ -904,16 +1052,16 @@ class OrderDBEnv:
     def _op_cancel_order(self) -> _Outcome:
         if self._c.order_id is None:
             return _NOT_APPLIED
-        if self.conn.execute(_CANCEL_ORDER, {"b_order": self._c.order_id}).rowcount == 0:
+        if self.db.execute(_CANCEL_ORDER, {"b_order": self._c.order_id}).rowcount == 0:
             return _NOT_APPLIED
         return _Outcome(applied=True, reward=CANCEL_REWARD, terminated=True, failure_reason="order_cancelled")
 
     def _op_escalate(self) -> _Outcome:
-        conn = self.conn
-        blocked = self._c.user_seen and conn.execute(_USER_STATUS, {"b_user": self._user_id}).scalar_one() == "blocked"
+        db = self.db
+        blocked = self._c.user_seen and db.scalar(_USER_STATUS, {"b_user": self._user_id}) == "blocked"
         reason = "user_blocked" if blocked else "manual"
-        self._c.ticket_id = _new_id(
-            conn.execute(_INSERT_TICKET, {"b_user": self._user_id, "b_reason": reason, "b_step": self._step})
+        self._c.ticket_id = db.insert(
+            _INSERT_TICKET, {"b_user": self._user_id, "b_reason": reason, "b_step": self._step}
         )
         if blocked:
             return _Outcome(
@@ -925,7 +1073,7 @@ class OrderDBEnv:
     def _read(self, error: dict[str, Any] | None) -> dict[str, Any]:
         """One SELECT of scalar subqueries: the rows this client can see."""
         product_id = None if self._c.product_idx is None else self._product_ids[self._c.product_idx]
-        row = self.conn.execute(
+        row = self.db.execute(
             _READ_OBS,
             {
                 "b_user": self._user_id,
@@ -937,7 +1085,8 @@ class OrderDBEnv:
                 "b_payment": self._c.payment_id,
                 "b_ticket": self._c.ticket_id,
             },
-        ).one()
+        ).fetchone()
+        row = _ObsRow._make(row)
         seen = self._c.user_seen
         balance = float(row.user_balance) if seen else None
         attempts = int(row.payment_attempts) if self._c.order_id is not None else 0

@@ -83,6 +83,7 @@ class PaymentAPIEnv:
         self, scenario: Scenario, env_id: str, server_url: str | None = None, client_config: ClientConfig | None = None
     ) -> None:
         self.scenario, self.env_id = scenario, env_id
+        self._scenario_fields = scenario.to_dict()  # the frozen scenario as sent with every new episode
         self._server: PaymentAPIServer | None = None
         if server_url is None:
             self._server = acquire_shared_server()
@@ -107,6 +108,7 @@ class PaymentAPIEnv:
         if self._closed:
             raise RuntimeError(f"env {self.env_id}: reconfigure after close")
         self.scenario, self.env_id = scenario, env_id
+        self._scenario_fields = scenario.to_dict()
         self.np_random = np.random.default_rng()
         self.step_id = 0
         self.order_id = None
@@ -133,13 +135,21 @@ class PaymentAPIEnv:
         server_seed = int(self.np_random.integers(0, 2**31 - 1))
         self.clock.t = 0.0
         self.client.breaker = CircuitBreaker(self.client.config.breaker, self.clock)
+        method, path = START_REQUEST[self.scenario.start_stage]
+        # The first exchange (step 0, no faults) comes back with the new episode: one round trip per reset.
         created = self.client.request(
             "POST",
             "/episodes",
-            {"scenario": self.scenario.to_dict(), "seed": server_seed, "replace": self.episode_id},
+            {
+                "scenario": self._scenario_fields,
+                "seed": server_seed,
+                "replace": self.episode_id,
+                "first": {"method": method, "path": path},
+            },
             faults=False,
         )
-        if created.json is None or "episode_id" not in created.json:
+        first = (created.json or {}).get("first")
+        if created.json is None or "episode_id" not in created.json or not isinstance(first, dict):
             raise ConnectionError(
                 f"payment API at {self.server_url} did not create an episode: {created.outcome.value} {created.status_code}"
             )
@@ -147,8 +157,11 @@ class PaymentAPIEnv:
         self.client.default_headers["X-Episode-Id"] = self.episode_id
         self.step_id, self.order_id, self._last_failed = 0, None, False
         self.clock.t = 0.0
-        method, path = START_REQUEST[self.scenario.start_stage]
-        result = self.client.request(method, path, None, {"X-Step": "0"}, faults=False)
+        status = int(first["status"])
+        result = HttpResult(
+            Outcome.of_status(status), status, first["body"], {}, 0.0, 0.0, 1, 0, self.client.breaker.state
+        )
+        self.client.breaker.record(result.outcome.is_failure)
         self._last_request = (method, path, None, None)
         self._last_raw = self._raw(result, path)
         return self._last_raw, self._info(None)

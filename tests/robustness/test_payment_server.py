@@ -107,6 +107,13 @@ def test_episodes_expire_and_are_capped(monkeypatch: pytest.MonkeyPatch) -> None
         (post("/episodes", b'{"seed": "x"}'), 400, b"invalid_scenario"),
         (b"GARBAGE\r\n\r\n", 400, b""),
         (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414, b""),
+        (b"GET /cart\r\n\r\n", 400, b""),  # HTTP/0.9
+        (b"GET /cart HTTP/2.0\r\n\r\n", 505, b""),
+        (b"GET /cart HTTP/1.x\r\n\r\n", 400, b""),
+        (b"GET /cart HTTP/1.1\r\nHost: x\r\n folded: value\r\n\r\n", 400, b""),
+        (b"GET /cart HTTP/1.1\r\nno colon here\r\n\r\n", 400, b""),
+        (b"GET /cart HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431, b""),
+        (b"GET /cart HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 101 + b"\r\n", 431, b""),
     ],
 )
 def test_every_malformed_request_gets_a_well_formed_4xx(
@@ -125,3 +132,25 @@ def test_a_large_body_is_refused_unread(api: PaymentAPIServer) -> None:
 def test_the_server_binds_loopback_only(host: str) -> None:
     with pytest.raises(ValueError, match="loopback only"):
         PaymentAPIServer(host=host)
+
+
+@pytest.mark.parametrize(
+    "first", [b'"GET /cart"', b'{"method": "POST", "path": "/cart"}', b'{"method": "GET", "path": 3}', b"[]"]
+)
+def test_a_malformed_first_request_is_refused_before_any_episode_is_made(api: PaymentAPIServer, first: bytes) -> None:
+    before = len(api.state.episodes)
+    got, body = raw(api, post("/episodes", b'{"seed": 1, "first": ' + first + b"}"))
+    assert got == 400 and b"invalid_first" in body and len(api.state.episodes) == before
+
+
+def test_the_first_exchange_comes_back_with_the_new_episode(api: PaymentAPIServer) -> None:
+    """``first`` is answered exactly as a separate GET at step 0 on the new episode would be."""
+    got, body = raw(api, post("/episodes", b'{"seed": 1, "first": {"method": "GET", "path": "/cart"}}'))
+    reply = json.loads(body)
+    assert got == 201 and reply["first"] == {
+        "status": 401,
+        "body": {"session": {"status": "none", "logged_in": False}, "error": {"code": "unauthenticated"}},
+    }
+    headers = f"X-Episode-Id: {reply['episode_id']}\r\nX-Step: 0\r\nHost: x\r\n"
+    got, body = raw(api, f"GET /cart HTTP/1.1\r\n{headers}\r\n".encode())
+    assert got == reply["first"]["status"] and json.loads(body) == reply["first"]["body"]
