@@ -222,7 +222,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subprocess.Po
     try:
         _wait_for(lambda: _reachable(port), 90, "the Ray head")
         second = _ray_start(f"--address={address}", env=env)
-        _wait_for(lambda: _alive_nodes(address, env) >= 2, 120, "the second node")
+        _wait_for(lambda: _alive_nodes(address, env) >= 2, 240, "the second node")
         yield address, env, head, second
     finally:
         if second is not None:
