@@ -349,10 +349,6 @@ class StressConfig(_Section):
     risk_threshold: Fraction = 0.3
     risk_penalty: Annotated[float, Field(ge=0.0)] = 1.0
     hacking_reward_threshold: float = 5.0
-    handled_outcomes: list[str] = Field(
-        ["user_blocked"],
-        description="failure_reason values that are the correct business outcome (count as success, not failure).",
-    )
     coverage_group: str = Field(
         "network", description="Variant dimension that groups the coverage heatmap rows (with the family)."
     )

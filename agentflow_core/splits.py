@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.errors import DATA_ERRORS, DataFileError
-from agentflow_core.variants import VariantSpec, catalogue_counts, read_catalogue
+from agentflow_core.variants import VariantSpec, catalogue_counts, read_catalogue, write_catalogue
 
 SPLITS = ("train", "validation", "test")
 SPLIT_FILE = "splits.json"
@@ -88,6 +88,28 @@ def split_card(
 def splits_json(splits: Mapping[str, Sequence[str]], meta: Mapping[str, Any]) -> str:
     """The text of ``splits.json``: the hashes per split and how they were drawn."""
     return json.dumps({**dict(meta), "splits": {name: list(splits[name]) for name in SPLITS}}, sort_keys=True) + "\n"
+
+
+def write_split_catalogue(
+    variants: Sequence[VariantSpec],
+    out_dir: Path | str,
+    meta: Mapping[str, Any],
+    *,
+    validation: float,
+    test: float,
+    seed: int,
+    dimensions: Sequence[str] | None = None,
+) -> tuple[Path, dict[str, list[str]]]:
+    """Split ``variants`` and write the catalogue with its ``splits.json`` (one atomic directory).
+
+    ``dimensions`` defaults to every parameter the variants set; the card's ``split`` entry holds
+    the fractions, seed and per-split counts. Returns the parquet path and the split.
+    """
+    dims = sorted(dimensions if dimensions is not None else {k for v in variants for k in v.params})
+    splits = assign_splits(variants, validation, test, dims, seed)
+    drawn = {"seed": seed, "validation": validation, "test": test, "dimensions": dims}
+    card = {**dict(meta), "split": {**drawn, "file": SPLIT_FILE, "counts": split_card(variants, splits, dims)}}
+    return write_catalogue(variants, out_dir, card, {SPLIT_FILE: splits_json(splits, drawn)}), splits
 
 
 def read_splits(catalogue: Path | str) -> dict[str, list[VariantSpec]]:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.splits import SPLIT_FILE, assign_splits, split_card, splits_json
-from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta, write_catalogue
+from agentflow_core.splits import write_split_catalogue
+from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta
 from tasks.config_io import load_config
 from tasks.io import write_json
 from tasks.paths import DataPaths
@@ -39,19 +39,23 @@ def run_variants(
     variants = generate_variants(
         bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, source=source
     )
-    dimensions = sorted(v.dimensions)
-    split_meta = {"seed": cfg.base.seed, "validation": v.split.validation, "test": v.split.test}
-    splits = assign_splits(variants, v.split.validation, v.split.test, dimensions, cfg.base.seed)
     meta = {
         "generator": "agentflow_core.variants.generate_variants",
-        "split": {**split_meta, "file": SPLIT_FILE, "counts": split_card(variants, splits, dimensions)},
         "seed": cfg.base.seed,
         "base_envs": [{"base_env_id": b.base_env_id, "family": b.family, "version": b.version} for b in bases],
         "dimensions": v.dimensions,
         "perturbations": {name: spec.model_dump(exclude_none=True) for name, spec in v.perturbations.items()},
         "samples_per_combination": v.samples_per_combination,
     }
-    path = write_catalogue(variants, out_dir, meta, {SPLIT_FILE: splits_json(splits, split_meta)})
+    path, splits = write_split_catalogue(
+        variants,
+        out_dir,
+        meta,
+        validation=v.split.validation,
+        test=v.split.test,
+        seed=cfg.base.seed,
+        dimensions=sorted(v.dimensions),
+    )
     card = read_meta(out_dir)
     summary = {
         "catalogue": str(path),
