@@ -85,7 +85,8 @@ def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict], mlflow_ser
         declared = json.loads((root / "data" / "metrics" / f"{phase}.json").read_text())
         for key, value in declared.items():
             assert parent.data.metrics[key] == pytest.approx(float(value)), key
-    assert {"heldout_success", "robustness_score", "env_stability_score"} <= set(parent.data.metrics)
+    assert {"test_process_success", "robustness_score", "env_stability_score"} <= set(parent.data.metrics)
+    assert "test/process_success/user_tier/standard" in parent.data.metrics  # per dimension value, in MLflow
     champion = client.get_model_version_by_alias("agentflow-policy", "champion")
     assert champion.run_id == train.info.run_id
     assert champion.tags["promotion"] == "True" and "no champion yet" in champion.tags["reason"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
@@ -145,6 +146,7 @@ def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_pat
     from tasks.steps.variants import run_variants
     from tests.tiny import write_tiny_params
 
+    torch.set_num_threads(1)  # BC and PPO on a shared 2-core machine: one thread avoids oversubscription
     cfg = load_config(write_tiny_params(tmp_path, train={"total_steps": 512}))
     run_variants(cfg, tmp_path / "variants")
     splits = {name: {v.content_hash for v in vs} for name, vs in read_splits(tmp_path / "variants").items()}
