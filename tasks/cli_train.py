@@ -98,7 +98,7 @@ def train_command(
         f"exploration {summary['test_process_success_exploration']:.3f} "
         f"(x{summary['test_process_success_vs_exploration']:.1f}) and expert "
         f"{summary['test_process_success_expert']:.3f} ({summary['test_process_success_vs_expert']:.0%}); "
-        f"by family {summary['test_process_success_by_family']}; "
+        f"by family {', '.join(f'{k} {v:.3f}' for k, v in summary['test_process_success_by_family'].items())}; "
         f"converged={summary['policy_convergence_flag']} -> {out}"
     )
     lost = summary["pool"]
