@@ -98,14 +98,14 @@ def write_split_catalogue(
     validation: float,
     test: float,
     seed: int,
-    dimensions: Sequence[str] | None = None,
+    dimensions: Sequence[str],
 ) -> tuple[Path, dict[str, list[str]]]:
-    """Split ``variants`` and write the catalogue with its ``splits.json`` (one atomic directory).
+    """Split ``variants`` over ``dimensions`` and write the catalogue with its ``splits.json`` (one atomic directory).
 
-    ``dimensions`` defaults to every parameter the variants set; the card's ``split`` entry holds
-    the fractions, seed and per-split counts. Returns the parquet path and the split.
+    The card's ``split`` entry holds the fractions, seed, dimensions and per-split counts. Returns
+    the parquet path and the split.
     """
-    dims = sorted(dimensions if dimensions is not None else {k for v in variants for k in v.params})
+    dims = sorted(dimensions)
     splits = assign_splits(variants, validation, test, dims, seed)
     drawn = {"seed": seed, "validation": validation, "test": test, "dimensions": dims}
     card = {**dict(meta), "split": {**drawn, "file": SPLIT_FILE, "counts": split_card(variants, splits, dims)}}

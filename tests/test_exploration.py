@@ -175,7 +175,7 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
     from tasks.steps.explore import run_explore
 
     write_split_catalogue(
-        tiny_variants(4), tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0
+        tiny_variants(4), tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0, dimensions=[]
     )
     cfg = AgentFlowConfig.model_validate(
         {
@@ -220,7 +220,9 @@ def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
         for stage, tier in [("login", "vip"), ("payment", "standard"), ("checkout", "blocked")]:
             params = {"start_stage": stage, "user_tier": tier, "network": "packet_loss_5%", "inventory": 0}
             specs.append(VariantSpec(f"{base}_{stage}_{tier}", base, family, params, content_hash(base, params)))
-    write_split_catalogue(specs, tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0)
+    write_split_catalogue(
+        specs, tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0, dimensions=["user_tier"]
+    )
     specs = read_splits(tmp_path / "variants")["train"]
     cfg = AgentFlowConfig.model_validate(
         {

@@ -52,7 +52,9 @@ def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bases = [BaseEnvInfo(b, b.rsplit("_v", 1)[0], int(b.rsplit("_v", 1)[1])) for b in cfg.variants.base_envs]
     variants = generate_variants(bases, cfg.variants.dimensions, cfg.variants.perturbations, 3, seed=0)
     out = tmp_path_factory.mktemp("variants")
-    return write_split_catalogue(variants, out, {"seed": 0}, validation=0.1, test=0.1, seed=0)[0]
+    return write_split_catalogue(
+        variants, out, {"seed": 0}, validation=0.1, test=0.1, seed=0, dimensions=sorted(cfg.variants.dimensions)
+    )[0]
 
 
 @pytest.mark.slow

@@ -54,7 +54,9 @@ def test_splits_are_disjoint_complete_deterministic_and_stratified() -> None:
 
 def test_split_catalogue_round_trips_and_a_damaged_split_file_is_one_clear_error(tmp_path: Path) -> None:
     variants = catalogue(samples=1)
-    write_split_catalogue(variants, tmp_path / "v", {"seed": 0}, validation=0.2, test=0.2, seed=0)
+    write_split_catalogue(
+        variants, tmp_path / "v", {"seed": 0}, validation=0.2, test=0.2, seed=0, dimensions=sorted(DIMENSIONS)
+    )
     read = read_splits(tmp_path / "v")
     assert sorted(v.content_hash for name in SPLITS for v in read[name]) == sorted(v.content_hash for v in variants)
     card = json.loads((tmp_path / "v" / "_meta.json").read_text())

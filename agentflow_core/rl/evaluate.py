@@ -115,6 +115,8 @@ def _evaluate(
     pool: EnvPool, act: PolicyFn, n_episodes: int, seed: int, dimensions: Sequence[str], max_pool_steps: int
 ) -> EvalResult:
     variants = pool.variants
+    # A variant the pool quarantines is not played again: with one episode per variant (the
+    # training evaluations) its failed episode is already counted; ``max_pool_steps`` bounds the rest.
     per_variant = -(-n_episodes // max(len(variants), 1))
     counts = np.zeros(len(variants), dtype=np.int64)
     returns: list[float] = []
