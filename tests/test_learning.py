@@ -1,8 +1,8 @@
 """It really learns: PPO on the real semantic envs beats the exploration policy and nears the experts.
 
 Small scale (324 variants over the three channel families, in-process pool, ~30k steps) so it
-fits CI on two cores; the held-out variants are never trained on. Thresholds are the issue's:
-held-out PAYMENT_SUCCESS rate >= 2x the exploration policy's (epsilon=0.95 around the untrained
+fits CI on two cores; the test-split variants are never trained on. Thresholds are the issue's:
+test-split PAYMENT_SUCCESS rate >= 2x the exploration policy's (epsilon=0.95 around the untrained
 policy) and >= 80% of the scripted experts'.
 """
 
@@ -58,13 +58,15 @@ def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_ppo_learns_on_heldout_variants(repo_root: Path, catalogue: Path, tmp_path: Path) -> None:
+def test_ppo_learns_on_test_variants(repo_root: Path, catalogue: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     summary = run_train(_cfg(repo_root), catalogue, None, tmp_path, resume=False)
     assert summary["test_variants"] > 30 and summary["train_variants"] > 200
-    assert summary["test_process_success_vs_exploration"] >= 2.0, summary
-    assert summary["test_process_success_vs_expert"] >= 0.8, summary
+    # the token_table reward pays PAYMENT_SUCCESS only (and BC is off here): payment success is what is learnt
+    assert summary["test_payment_success_vs_exploration"] >= 2.0, summary
+    assert summary["test_payment_success_vs_expert"] >= 0.8, summary
     assert set(summary["test_process_success_by_family"]) == {"web_checkout", "order_db", "payment_api"}
+    assert summary["test_process_success"] >= summary["test_payment_success"]
     assert (tmp_path / "policy.safetensors").exists() and (tmp_path / "plots" / "train_curves.png").exists()
     assert summary["evaluations"] == 3
 
