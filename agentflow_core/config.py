@@ -100,6 +100,19 @@ class RangeSpec(_Section):
         return self
 
 
+class SplitConfig(_Section):
+    """Shares of the catalogue held out for validation (checkpoint choice) and test (reporting only)."""
+
+    validation: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
+    test: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
+
+    @model_validator(mode="after")
+    def _train_left(self) -> SplitConfig:
+        if self.validation + self.test >= 1.0:
+            raise ValueError(f"validation + test ({self.validation} + {self.test}) must leave a train share (< 1)")
+        return self
+
+
 class VariantsConfig(_Section):
     base_envs: list[str] = ["web_checkout_v2", "order_db_v1", "payment_api_v1"]
     dimensions: dict[str, list[Any]] = {
@@ -112,6 +125,7 @@ class VariantsConfig(_Section):
         "inventory": RangeSpec(kind="int", low=0, high=100),
     }
     samples_per_combination: Annotated[int, Field(gt=0, le=100_000)] = 67
+    split: SplitConfig = SplitConfig()
 
     @field_validator("dimensions")
     @classmethod
@@ -313,7 +327,6 @@ class TrainConfig(_Section):
     checkpoint_every_minutes: Annotated[float, Field(gt=0.0, le=7 * 24 * 60.0)] = 120.0
     eval_every_updates: PositiveInt = 10
     eval_episodes: Count = 64
-    heldout_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
     bc_warm_start: bool = True
     reward: RewardConfig = RewardConfig()
 
@@ -341,10 +354,6 @@ class StressConfig(_Section):
     risk_threshold: Fraction = 0.3
     risk_penalty: Annotated[float, Field(ge=0.0)] = 1.0
     hacking_reward_threshold: float = 5.0
-    handled_outcomes: list[str] = Field(
-        ["user_blocked"],
-        description="failure_reason values that are the correct business outcome (count as success, not failure).",
-    )
     coverage_group: str = Field(
         "network", description="Variant dimension that groups the coverage heatmap rows (with the family)."
     )

@@ -49,6 +49,13 @@ TOKEN_INDEX: dict[str, int] = {t: i for i, t in enumerate(TOKENS)}
 # Tokens that end an episode successfully / unsuccessfully regardless of channel.
 GOAL_TOKEN = "PAYMENT_SUCCESS"
 
+# Process success (issue 12): besides the goal, the terminal tokens that are the right outcome for a
+# variant, keyed by (dimension, value) of its scenario. A blocked user cannot pay; escalating to
+# support is the process's answer (every channel emits ESCALATED on its support/ticket state).
+HANDLED_OUTCOMES: Mapping[tuple[str, str], frozenset[str]] = {
+    ("user_tier", "blocked"): frozenset({"ESCALATED"}),
+}
+
 
 class SemanticAction(IntEnum):
     """The shared action set. Adapters translate each into a channel-native action."""
@@ -114,6 +121,20 @@ def encode(tokens: Iterable[str], features: Mapping[str, float]) -> np.ndarray:
     for name, value in features.items():
         vec[N_TOKENS + FEATURE_INDEX[name]] = value
     return vec
+
+
+def accepted_outcomes(params: Mapping[str, object]) -> frozenset[str]:
+    """Terminal tokens that count as process success for a variant with scenario ``params``."""
+    accepted = {GOAL_TOKEN}
+    for (dimension, value), tokens in HANDLED_OUTCOMES.items():
+        if str(params.get(dimension)) == value:
+            accepted |= tokens
+    return frozenset(accepted)
+
+
+def process_success(params: Mapping[str, object], final_tokens: Iterable[str], terminated: bool) -> bool:
+    """The episode ended (not truncated) in the goal or in a handled outcome accepted for its variant."""
+    return terminated and not accepted_outcomes(params).isdisjoint(final_tokens)
 
 
 def decode_tokens(vec: np.ndarray) -> frozenset[str]:

@@ -392,8 +392,15 @@ def _dimension_names(meta: Mapping[str, Any]) -> list[str] | None:
     return sorted(dimensions) if isinstance(dimensions, Mapping) else None
 
 
-def write_catalogue(variants: Sequence[VariantSpec], out_dir: Path | str, meta: Mapping[str, Any]) -> Path:
-    """Write ``catalogue.parquet`` and its ``_meta.json`` card, atomically; returns the parquet path.
+def write_catalogue(
+    variants: Sequence[VariantSpec],
+    out_dir: Path | str,
+    meta: Mapping[str, Any],
+    files: Mapping[str, str] | None = None,
+) -> Path:
+    """Write ``catalogue.parquet``, its ``_meta.json`` card and ``files`` (name -> text), atomically.
+
+    Returns the parquet path. ``files`` carries what is versioned with the catalogue (its splits).
 
     Both files go to a temporary sibling directory that then replaces ``out_dir``, so a failure
     at any point leaves the previous catalogue (or nothing) -- never a half-written one.
@@ -417,6 +424,8 @@ def write_catalogue(variants: Sequence[VariantSpec], out_dir: Path | str, meta: 
             "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         }
         _write_meta(tmp_dir / META_FILE, card)
+        for name, text in (files or {}).items():
+            (tmp_dir / name).write_text(text, encoding="utf-8")
         if out_dir.exists():
             old_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
             os.replace(out_dir, old_dir / out_dir.name)

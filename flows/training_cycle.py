@@ -159,7 +159,8 @@ def cycle_markdown(results: dict[str, Any]) -> str:
         ("calibrate", "env_stability_score", results.get("calibrate", {}).get("env_stability_score")),
         ("explore", "state_coverage_ratio", results.get("explore", {}).get("state_coverage_ratio")),
         ("train", "policy_convergence_flag", results.get("train", {}).get("policy_convergence_flag")),
-        ("train", "heldout_success", results.get("train", {}).get("heldout_success")),
+        ("train", "test_process_success", results.get("train", {}).get("test_process_success")),
+        ("train", "test_payment_success", results.get("train", {}).get("test_payment_success")),
         ("stress", "robustness_score", results.get("stress", {}).get("robustness_score")),
     ]
     lines = ["| phase | exit metric | value |", "|---|---|---|"]

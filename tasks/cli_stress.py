@@ -92,7 +92,8 @@ def stress_command(
     m = summary["metrics"]
     console.print(
         f"robustness_score [bold]{m['robustness_score']:.3f}[/], consistency {m['consistency']:.3f}, "
-        f"success {m['success_rate']:.3f}, crash episodes {m['crash_episodes']} -> {out or Path(cfg.base.data_dir) / 'stress'}"
+        f"process success {m['success_rate']:.3f}, payment success {m['payment_success_rate']:.3f}, "
+        f"crash episodes {m['crash_episodes']} -> {out or Path(cfg.base.data_dir) / 'stress'}"
     )
     if strict and not summary["passed"]:
         raise typer.Exit(code=1)

@@ -93,10 +93,13 @@ def train_command(
             err_console.print(f"[bold red]train failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
     console.print(
-        f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): held-out success "
-        f"[bold]{summary['heldout_success']:.3f}[/] vs exploration {summary['heldout_success_exploration']:.3f} "
-        f"(x{summary['heldout_success_vs_exploration']:.1f}) and expert {summary['heldout_success_expert']:.3f} "
-        f"({summary['heldout_success_vs_expert']:.0%}); converged={summary['policy_convergence_flag']} -> {out}"
+        f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): test process success "
+        f"[bold]{summary['test_process_success']:.3f}[/] (payment {summary['test_payment_success']:.3f}) vs "
+        f"exploration {summary['test_process_success_exploration']:.3f} "
+        f"(x{summary['test_process_success_vs_exploration']:.1f}) and expert "
+        f"{summary['test_process_success_expert']:.3f} ({summary['test_process_success_vs_expert']:.0%}); "
+        f"by family {', '.join(f'{k} {v:.3f}' for k, v in summary['test_process_success_by_family'].items())}; "
+        f"converged={summary['policy_convergence_flag']} -> {out}"
     )
     lost = summary["pool"]
     if lost["worker_restarts"]:

@@ -49,6 +49,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("group")
     table.add_column("value")
     table.add_column("variants", justify="right")
+    for split, count in summary["splits"].items():
+        table.add_row("split", split, str(count))
     for family, count in summary["by_family"].items():
         table.add_row("family", escape(family), str(count))
     for dimension, counts in summary["by_dimension"].items():

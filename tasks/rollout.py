@@ -17,7 +17,8 @@ from agentflow_core.contracts import PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.stress import RiskRule, StressRollout, run_stress_episodes
-from agentflow_core.variants import VariantSpec, generate_variants, read_catalogue
+from agentflow_core.splits import assign_splits, read_splits
+from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.compose import PoolFactory, base_env_infos, build_pool, expert_policy_hash, reward_function
 from tasks.paths import DataPaths
 from tasks.registry_io import load_registry
@@ -68,17 +69,20 @@ def load_policy(ref: str) -> LoadedPolicy:
     return LoadedPolicy(f"{Path(ref).name}@{policy_hash(model)}", ref, model.act)
 
 
-def load_variants(cfg: AgentFlowConfig, catalogue: Path | None = None) -> list[VariantSpec]:
-    """The catalogue (``data/variants``), or the same generator's output when it was not written yet."""
+def load_variants(cfg: AgentFlowConfig, catalogue: Path | None = None, split: str = "test") -> list[VariantSpec]:
+    """One split of the catalogue (``data/variants``; stress and report read ``test``), or of the same
+    generator's output and split when the catalogue was not written yet."""
     path = catalogue or DataPaths.of(cfg).variants
     if path.exists():
-        return read_catalogue(path)
+        return read_splits(path)[split]
     if catalogue is not None:
         raise AgentFlowError(f"catalogue {catalogue} does not exist")
     v = cfg.variants
-    return generate_variants(
+    variants = generate_variants(
         base_env_infos(cfg), v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed
     )
+    hashes = set(assign_splits(variants, v.split.validation, v.split.test, sorted(v.dimensions), cfg.base.seed)[split])
+    return [variant for variant in variants if variant.content_hash in hashes]
 
 
 def cart_scales(cfg: AgentFlowConfig, families: Sequence[str] | None = None) -> dict[str, float]:
@@ -114,7 +118,6 @@ def stress_rollout(
                 seed=cfg.base.seed if seed is None else seed,
                 reward_fn=reward_fn,
                 risk=RiskRule(stress.risk_threshold, stress.risk_penalty),
-                handled_outcomes=frozenset(stress.handled_outcomes),
                 on_progress=on_progress,
             )
     finally:

@@ -30,7 +30,7 @@ def tracked_train(
     out: Path | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) PPO and record it into the MLflow run ``run_id``; paths default to ``base.data_dir``'s."""
-    from tasks.steps.train import METRIC_KEYS, run_train
+    from tasks.steps.train import run_train, train_metrics
 
     paths = DataPaths.of(cfg)
     out = out or paths.checkpoints
@@ -48,7 +48,7 @@ def tracked_train(
     except BaseException:
         tracker.end(run_id, "FAILED")
         raise
-    tracker.log_metrics(run_id, {k: float(summary[k]) for k in METRIC_KEYS})
+    tracker.log_metrics(run_id, train_metrics(summary))
     tracker.set_tags(run_id, {"agentflow.policy_hash": str(summary["policy_hash"])})
     tracker.log_artifacts(run_id, out / "plots", "plots")
     tracker.log_artifacts(run_id, out / "curve.json", "curves")

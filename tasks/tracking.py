@@ -12,6 +12,7 @@ thread-local and Prefect runs tasks on worker threads.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,12 @@ KIND_TAG = "agentflow.kind"
 CHECKPOINTS_TAG = "agentflow.checkpoints"
 PARAMS_HASH_TAG = "agentflow.params_hash"
 MAX_BATCH = 900  # log_batch accepts up to 1,000 metrics per call
+_NOT_IN_METRIC_NAME = re.compile(r"[^/\w.\- :]")
+
+
+def metric_name(key: str) -> str:
+    """``key`` as MLflow accepts it: a dimension value such as ``packet_loss_5%`` becomes ``packet_loss_5pct``."""
+    return _NOT_IN_METRIC_NAME.sub("_", key.replace("%", "pct"))
 
 
 def local_artifact_root(tracking_uri: str) -> str | None:
@@ -117,7 +124,7 @@ class MlflowTracker:
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
         """Log a small dict of metrics in one call."""
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        batch = [Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
         for start in range(0, len(batch), MAX_BATCH):
             self.client.log_batch(run_id, metrics=batch[start : start + MAX_BATCH])
 
@@ -166,9 +173,9 @@ class MlflowSink:
         """Log one update's metrics now, minus those the run already holds at this step or later."""
         now = int(time.time() * 1000)
         self._buffer.extend(
-            Metric(self.prefix + k, float(v), now, step)
-            for k, v in metrics.items()
-            if step > self._last_step.get(self.prefix + k, -1)
+            Metric(name, float(v), now, step)
+            for name, v in ((metric_name(self.prefix + k), v) for k, v in metrics.items())
+            if step > self._last_step.get(name, -1)
         )
         self.flush()
 

@@ -156,7 +156,7 @@ def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) ->
     )
     assert len(trained) == 1 and trained[0].info.status == "FINISHED"  # the DVC stage's `agentflow train` is tracked
     assert trained[0].data.tags["agentflow.policy_hash"] == tags["agentflow.policy_hash"]
-    assert trained[0].data.metrics["heldout_success"] == by_flow["train"]["heldout_success"]
+    assert trained[0].data.metrics["test_process_success"] == by_flow["train"]["test_process_success"]
     lock = yaml.safe_load((clone / "dvc.lock").read_text())
     variants_out = next(o for o in lock["stages"]["variants"]["outs"] if o["path"] == "data/variants")
     assert variants_out["md5"] == dvc_md5(clone / "data" / "variants")  # the hash MLflow tags use is DVC's
@@ -181,10 +181,10 @@ def test_a_second_repro_runs_nothing(clone: Path) -> None:
 def test_metrics_and_plots_are_declared(clone: Path) -> None:
     metrics = json.loads(run([DVC, "metrics", "show", "--json"], clone).stdout)
     flat = json.dumps(metrics)
-    for key in ("env_stability_score", "state_coverage_ratio", "heldout_success", "robustness_score"):
+    for key in ("env_stability_score", "state_coverage_ratio", "test_process_success", "robustness_score"):
         assert key in flat
     plots = run([DVC, "plots", "show", "--json"], clone).stdout
-    assert "heldout_curve.csv" in plots
+    assert "validation_curve.csv" in plots
 
 
 def test_changed_parameter_reruns_only_dependent_stages(clone: Path) -> None:

@@ -147,8 +147,12 @@ def test_explore_on_tiny_pool(tmp_path: Path) -> None:
         assert ep.rewards[-1] == pytest.approx(10.0)  # token table PAYMENT_SUCCESS
         assert ep.actions[-1] == 6  # SUBMIT_PAYMENT
         assert ep.action_mask[np.arange(len(ep)), ep.actions].all()  # only legal actions were taken
-    obs, actions, masks = behaviour_cloning_arrays(tmp_path / "a")
+    accepted = {v.content_hash: frozenset({"PAYMENT_SUCCESS"}) for v in tiny_variants(4)}
+    obs, actions, masks = behaviour_cloning_arrays(tmp_path / "a", accepted)
     assert len(obs) == sum(len(e) for e in goals) and obs.shape[1] == 31 and masks.shape[1] == N_ACTIONS
+    first = tiny_variants(1)[0].content_hash  # a variant left out of ``accepted`` gives no BC rows
+    only_first = behaviour_cloning_arrays(tmp_path / "a", {first: accepted[first]})[0]
+    assert len(only_first) == sum(len(e) for e in goals if e.variant_hash == first) < len(obs)
 
 
 def test_explore_is_deterministic(tmp_path: Path) -> None:
@@ -167,10 +171,12 @@ def test_shard_checksum_is_verified(tmp_path: Path) -> None:
 
 
 def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
-    from agentflow_core.variants import write_catalogue
+    from agentflow_core.splits import write_split_catalogue
     from tasks.steps.explore import run_explore
 
-    write_catalogue(tiny_variants(4), tmp_path / "variants", {"generator": "test"})
+    write_split_catalogue(
+        tiny_variants(4), tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0, dimensions=[]
+    )
     cfg = AgentFlowConfig.model_validate(
         {
             "explore": {"total_steps": 400, "num_envs": 8, "shard_rows": 1000, "reference_pool_steps": 10},
@@ -201,7 +207,8 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
     """End to end over the three real channel families built from ``configs/envs`` by the real pool."""
-    from agentflow_core.variants import VariantSpec, content_hash, write_catalogue
+    from agentflow_core.splits import read_splits, write_split_catalogue
+    from agentflow_core.variants import VariantSpec, content_hash
     from tasks.steps.explore import run_explore
 
     specs = []
@@ -213,7 +220,10 @@ def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
         for stage, tier in [("login", "vip"), ("payment", "standard"), ("checkout", "blocked")]:
             params = {"start_stage": stage, "user_tier": tier, "network": "packet_loss_5%", "inventory": 0}
             specs.append(VariantSpec(f"{base}_{stage}_{tier}", base, family, params, content_hash(base, params)))
-    write_catalogue(specs, tmp_path / "variants", {"generator": "test"})
+    write_split_catalogue(
+        specs, tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0, dimensions=["user_tier"]
+    )
+    specs = read_splits(tmp_path / "variants")["train"]
     cfg = AgentFlowConfig.model_validate(
         {
             "base": {"env_config_dir": str(repo_root / "configs" / "envs")},

@@ -1,8 +1,8 @@
 """It really learns: PPO on the real semantic envs beats the exploration policy and nears the experts.
 
 Small scale (324 variants over the three channel families, in-process pool, ~30k steps) so it
-fits CI on two cores; the held-out variants are never trained on. Thresholds are the issue's:
-held-out PAYMENT_SUCCESS rate >= 2x the exploration policy's (epsilon=0.95 around the untrained
+fits CI on two cores; the test-split variants are never trained on. Thresholds are the issue's:
+test-split PAYMENT_SUCCESS rate >= 2x the exploration policy's (epsilon=0.95 around the untrained
 policy) and >= 80% of the scripted experts'.
 """
 
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from agentflow_core.config import AgentFlowConfig, PoolConfig, TrainConfig
-from agentflow_core.variants import BaseEnvInfo, generate_variants, write_catalogue
+from agentflow_core.splits import write_split_catalogue
+from agentflow_core.variants import BaseEnvInfo, generate_variants
 from tasks.steps.train import run_train
 
 
@@ -33,7 +34,6 @@ def _cfg(repo_root: Path, **train: Any) -> AgentFlowConfig:
         eval_every_updates=10,
         eval_episodes=64,
         checkpoint_every_updates=10,
-        heldout_fraction=0.2,
         bc_warm_start=False,
     )
     train_cfg.update(train)
@@ -51,17 +51,22 @@ def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = AgentFlowConfig()
     bases = [BaseEnvInfo(b, b.rsplit("_v", 1)[0], int(b.rsplit("_v", 1)[1])) for b in cfg.variants.base_envs]
     variants = generate_variants(bases, cfg.variants.dimensions, cfg.variants.perturbations, 3, seed=0)
-    return write_catalogue(variants, tmp_path_factory.mktemp("variants"), {"seed": 0})
+    out = tmp_path_factory.mktemp("variants")
+    return write_split_catalogue(
+        variants, out, {"seed": 0}, validation=0.1, test=0.1, seed=0, dimensions=sorted(cfg.variants.dimensions)
+    )[0]
 
 
 @pytest.mark.slow
-def test_ppo_learns_on_heldout_variants(repo_root: Path, catalogue: Path, tmp_path: Path) -> None:
+def test_ppo_learns_on_test_variants(repo_root: Path, catalogue: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     summary = run_train(_cfg(repo_root), catalogue, None, tmp_path, resume=False)
-    assert summary["heldout_variants"] > 30 and summary["train_variants"] > 200
-    assert summary["heldout_success_vs_exploration"] >= 2.0, summary
-    assert summary["heldout_success_vs_expert"] >= 0.8, summary
-    assert set(summary["heldout_success_by_family"]) == {"web_checkout", "order_db", "payment_api"}
+    assert summary["test_variants"] > 30 and summary["train_variants"] > 200
+    # the token_table reward pays PAYMENT_SUCCESS only (and BC is off here): payment success is what is learnt
+    assert summary["test_payment_success_vs_exploration"] >= 2.0, summary
+    assert summary["test_payment_success_vs_expert"] >= 0.8, summary
+    assert set(summary["test_process_success_by_family"]) == {"web_checkout", "order_db", "payment_api"}
+    assert summary["test_process_success"] >= summary["test_payment_success"]
     assert (tmp_path / "policy.safetensors").exists() and (tmp_path / "plots" / "train_curves.png").exists()
     assert summary["evaluations"] == 3
 

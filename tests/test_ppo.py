@@ -433,12 +433,13 @@ def test_behaviour_cloning_imitates_demonstrations() -> None:
     assert all(torch.equal(a, b) for a, b in zip(critic_before, policy.critic.parameters(), strict=True))
 
 
-def test_evaluate_counts_an_equal_share_per_slot() -> None:
+def test_evaluate_counts_an_equal_share_per_variant() -> None:
     from agentflow_core.rl.evaluate import evaluate_policy
 
     pool = KeyChainPool(4)
-    result = evaluate_policy(pool, lambda obs, mask: np.array([np.flatnonzero(m)[0] for m in mask]), 10, seed=0)
-    assert result.episodes == 12  # ceil(10 / 4) = 3 per slot
+    result = evaluate_policy(pool, lambda obs, mask: np.array([np.flatnonzero(m)[0] for m in mask]), 9, seed=0)
+    assert result.episodes == 10  # ceil(9 / 2 variants) = 5 per variant
+    assert {f: p.n for f, p in result.process.by_family.items()} == {"keychain": 10}
 
 
 def test_heldout_split_is_stable_disjoint_and_sized() -> None:

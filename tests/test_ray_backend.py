@@ -55,7 +55,7 @@ def _phases(root: Path, backend: str) -> dict[str, Any]:
     out["variants"] = run_variants(cfg, paths.variants)["catalogue_sha256"]
     out["explore"] = run_explore(cfg, paths.variants, paths.trajectories)
     train = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=False)
-    out["train"] = {k: train[k] for k in ("policy_hash", "heldout_success", "heldout_return", "global_step")}
+    out["train"] = {k: train[k] for k in ("policy_hash", "test_process_success", "test_return", "global_step")}
     out["train_pool"] = train["pool"]
     out["stress"] = run_stress(cfg)["metrics"]
     return out

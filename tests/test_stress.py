@@ -115,6 +115,13 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     metrics = json.loads((tmp_path / "data" / "metrics" / "stress.json").read_text())
     assert {"robustness_score", "consistency", "success_rate", "crash_episodes"} <= set(metrics)
     assert metrics["robustness_score"] == m["robustness_score"]
+    # process success counts the expert's escalation of blocked users; payment success cannot
+    blocked = summary["process_success"]["by_dimension"]["user_tier"]["blocked"]
+    assert blocked["n"] > 0 and blocked["rate"] > 0.8 and blocked["ci95"][0] <= blocked["rate"] <= blocked["ci95"][1]
+    assert summary["payment_success"]["by_dimension"]["user_tier"]["blocked"]["rate"] == 0.0
+    assert metrics["process_success/user_tier/blocked"] == blocked["rate"]
+    assert set(summary["process_success"]["by_family"]) == {"web_checkout", "order_db", "payment_api"}
+    assert summary["sample"]["split"] == "test"
 
 
 def test_report_files_are_written_with_documented_keys(repo_root: Path, tmp_path: Path) -> None:

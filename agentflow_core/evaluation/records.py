@@ -40,9 +40,9 @@ class StepRecord:
 class EpisodeRecord:
     """One finished episode.
 
-    ``success`` is the business outcome: PAYMENT_SUCCESS reached, or a *handled* ending (a
-    ``failure_reason`` in ``StressConfig.handled_outcomes``, e.g. escalating a blocked user, for
-    whom paying is impossible). ``evaluated_return`` is the env return minus the risk penalty.
+    ``success`` is process success: PAYMENT_SUCCESS reached, or the handled ending accepted for
+    the variant (``agentflow_core.semantics.HANDLED_OUTCOMES``: escalating a blocked user, for
+    whom paying is impossible); ``reached_goal`` is payment success. ``evaluated_return`` is the env return minus the risk penalty.
     """
 
     episode_id: str

@@ -24,6 +24,8 @@ REPORT_KEYS: tuple[str, ...] = (
     "passed",
     "metrics",
     "by_family",
+    "process_success",
+    "payment_success",
     "coverage",
     "consistency",
     "root_causes",
@@ -62,6 +64,8 @@ def build_report(
         "passed": bool(analysis["passed"]),
         "metrics": dict(analysis["metrics"]),
         "by_family": analysis.get("by_family", {}),
+        "process_success": analysis.get("process_success"),
+        "payment_success": analysis.get("payment_success"),
         "coverage": analysis["coverage"],
         "consistency": analysis["consistency"],
         "root_causes": analysis["root_causes"],
@@ -93,7 +97,9 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
             f"{m['consistency']:.1%} × (1 − crash {m['crash_rate']:.1%}) {_mark(bool(report['passed']))}"
         ),
         TreeNode(
-            f"Episodes: {m['episodes']} on {m['variants']} variants; payment success {m['payment_success_rate']:.1%}, "
+            f"Episodes: {m['episodes']} on {m['variants']} test-split variants; process success "
+            f"{_with_ci(report.get('process_success'), m['success_rate'])}, payment success "
+            f"{_with_ci(report.get('payment_success'), m['payment_success_rate'])}, "
             f"mean evaluated return {m['mean_evaluated_return']:.2f}, crash episodes {m['crash_episodes']}"
         ),
         TreeNode(f"State Coverage: {cov['state_coverage']:.1%} of reachable tokens (long tail / unseen: {rare})"),
@@ -147,6 +153,28 @@ def _pct(x: float) -> str:
     return "n/a" if x != x else f"{x:.1%}"
 
 
+def _with_ci(breakdown: Mapping[str, Any] | None, rate: float) -> str:
+    """``rate`` with its 95% Wilson interval when the breakdown carries one."""
+    if not breakdown:
+        return f"{rate:.1%}"
+    low, high = breakdown["ci95"]
+    return f"{breakdown['rate']:.1%} [{low:.1%}, {high:.1%}]"
+
+
+def _strata_rows(report: Mapping[str, Any]) -> list[list[Any]]:
+    """Per family and per dimension value: episodes, process and payment success with 95% Wilson intervals."""
+    process, payment = report.get("process_success"), report.get("payment_success")
+    if not process or not payment:
+        return []
+    cells = [(f"family {k}", v, payment["by_family"][k]) for k, v in process["by_family"].items()]
+    cells += [
+        (f"{dim} {value}", v, payment["by_dimension"][dim][value])
+        for dim, values in process["by_dimension"].items()
+        for value, v in values.items()
+    ]
+    return [[name, proc["n"], _with_ci(proc, proc["rate"]), _with_ci(pay, pay["rate"])] for name, proc, pay in cells]
+
+
 def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
     """(title, headers, rows) of the report's tables, shared by markdown and HTML."""
     m = report["metrics"]
@@ -185,6 +213,11 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
     return [
         ("Metrics", ["metric", "value"], metrics),
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),
+        (
+            "Success by family and dimension value (95% Wilson interval)",
+            ["stratum", "episodes", "process success", "payment success"],
+            _strata_rows(report),
+        ),
         ("Failure root causes", ["cause", "episodes", "share", "summary", "recommendation"], causes),
         (
             "Least consistent probed variants",

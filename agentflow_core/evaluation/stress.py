@@ -21,7 +21,7 @@ import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn, PoolBatch
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
-from agentflow_core.semantics import GOAL_TOKEN, decode_features, decode_tokens
+from agentflow_core.semantics import GOAL_TOKEN, decode_features, decode_tokens, process_success
 
 
 class VariantRow(Protocol):
@@ -134,7 +134,6 @@ def run_stress_episodes(
     seed: int = 0,
     reward_fn: RewardFn | None = None,
     risk: RiskRule = RiskRule(),
-    handled_outcomes: frozenset[str] | set[str] = frozenset(),
     on_progress: Callable[[int, int], None] | None = None,
 ) -> StressRollout:
     """Run ``policy_fn`` until ``episodes`` episodes have finished; record every step of them.
@@ -189,7 +188,7 @@ def run_stress_episodes(
             if not done[i]:
                 continue
             if len(finished) < episodes:
-                finished.append(_close(slot, info, risk, handled_outcomes))
+                finished.append(_close(slot, info, risk))
                 steps.extend(slot.steps)
             counters[i] += 1
             slots[i] = _Slot(
@@ -204,14 +203,15 @@ def run_stress_episodes(
     return StressRollout(steps, finished, pool_steps, sorted({e.env_id for e in finished}))
 
 
-def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule, handled: frozenset[str] | set[str]) -> EpisodeRecord:
+def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule) -> EpisodeRecord:
     records = slot.steps
     env_return = float(info.get("episode_return", sum(s.reward for s in records)))
     risky = sum(s.risk > risk.threshold for s in records)
     reason = info.get("failure_reason")
     path = [s.tokens for s in records]
     reached = any(GOAL_TOKEN in t for t in path)
-    success = bool(info.get("success", reached and records[-1].terminated)) or reason in handled
+    paid = bool(info.get("success", reached and records[-1].terminated))
+    success = paid or process_success(slot.variant.params, path[-1] if path else (), records[-1].terminated)
     return EpisodeRecord(
         episode_id=slot.episode_id,
         env_id=slot.variant.env_id,

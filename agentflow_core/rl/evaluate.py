@@ -1,46 +1,104 @@
-"""Roll a policy out on a pool of (held-out) variants: success rate and returns.
+"""Roll a policy out on a pool of evaluation variants: payment and process success, returns.
 
-Each slot counts only its first ``ceil(n_episodes / num_envs)`` finished episodes, so short
-episodes (often the successful ones) are not over-represented, as they would be if the first
-``n_episodes`` completions overall were taken. The reference policies the trained one is judged
-against live here too: the exploration policy (epsilon-greedy around the untrained policy) and
-the scripted experts.
+Evaluations are stratified: :func:`stratified_eval_variants` draws an equal number of variants
+per family, spread over every dimension value, and :func:`evaluate_policy` counts the first
+``ceil(n_episodes / len(variants))`` finished episodes *of every variant* (a round-robin pool
+hands variants out in order), so each family gets the same number of episodes and short
+episodes (often the successful ones) are not over-represented. Two outcomes are measured per
+episode: payment success (PAYMENT_SUCCESS reached) and process success (the goal or the handled
+outcome accepted for its variant, ``agentflow_core.semantics.HANDLED_OUTCOMES``), each overall,
+per family and per dimension value with Wilson intervals. The reference policies the trained one
+is judged against live here too: the exploration policy (epsilon-greedy around the untrained
+policy) and the scripted experts.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn
 from agentflow_core.envs.experts import expert_for
+from agentflow_core.evaluation.proportions import SuccessBreakdown
+from agentflow_core.evaluation.stress import VariantRow, stratified_sample
 from agentflow_core.rl.exploration import epsilon_greedy
 from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.semantics import decode_tokens, process_success
+
+V = TypeVar("V", bound=VariantRow)
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Outcome of an evaluation; ``success_rate`` = share of episodes ending in PAYMENT_SUCCESS."""
+    """Outcome of an evaluation: ``success_rate`` is payment success, ``process_success_rate`` process success."""
 
     episodes: int
     success_rate: float
+    process_success_rate: float
     mean_return: float
     std_return: float
     mean_length: float
-    success_by_family: dict[str, float] = field(default_factory=dict)
+    payment: SuccessBreakdown
+    process: SuccessBreakdown
+
+    @property
+    def success_by_family(self) -> dict[str, float]:
+        """Payment success rate per family."""
+        return {family: p.rate for family, p in self.payment.by_family.items()}
+
+    @property
+    def process_success_by_family(self) -> dict[str, float]:
+        return {family: p.rate for family, p in self.process.by_family.items()}
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
-        """Flat numbers for a metrics sink."""
-        out = {f"{prefix}{k}": float(v) for k, v in asdict(self).items() if k != "success_by_family"}
-        out.update({f"{prefix}success/{fam}": v for fam, v in self.success_by_family.items()})
+        """Flat numbers for a metrics sink, with per-family and per-dimension-value rates and intervals."""
+        out = {
+            f"{prefix}{name}": float(getattr(self, name))
+            for name in ("episodes", "success_rate", "process_success_rate", "mean_return", "std_return", "mean_length")
+        }
+        out.update(self.payment.metrics(f"{prefix}payment_success"))
+        out.update(self.process.metrics(f"{prefix}process_success"))
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: rates, returns and both breakdowns with their intervals."""
+        return {
+            "episodes": self.episodes,
+            "mean_return": self.mean_return,
+            "payment_success": self.payment.to_dict(),
+            "process_success": self.process.to_dict(),
+        }
+
+
+def stratified_eval_variants(variants: Sequence[V], n: int, dimensions: Sequence[str], seed: int) -> list[V]:
+    """About ``n`` variants, the same number per family, each family's share covering every dimension value.
+
+    Families are interleaved, so a round-robin pool starts every family at once. A family with
+    fewer variants than its share gives all it has.
+    """
+    rng = np.random.default_rng(seed)
+    families = sorted({v.family for v in variants})
+    per_family = -(-n // max(len(families), 1))
+    shares = [
+        stratified_sample([v for v in variants if v.family == family], per_family, dimensions, rng)
+        for family in families
+    ]
+    longest = max((len(share) for share in shares), default=0)
+    return [share[i] for i in range(longest) for share in shares if i < len(share)]
 
 
 def evaluate_policy(
-    pool: EnvPool, act: PolicyFn, n_episodes: int, seed: int, max_pool_steps: int = 100_000
+    pool: EnvPool,
+    act: PolicyFn,
+    n_episodes: int,
+    seed: int,
+    dimensions: Sequence[str] = (),
+    max_pool_steps: int = 100_000,
 ) -> EvalResult:
-    """Run ``act(obs, mask) -> actions`` until every slot finished its share of ``n_episodes``.
+    """Run ``act(obs, mask) -> actions`` until every variant finished its share of ``n_episodes``.
 
     The pool's scheduler state is restored afterwards, so every evaluation on a pool sees the same
     variant sequence: evaluations of different checkpoints are comparable (and a resumed run
@@ -48,46 +106,59 @@ def evaluate_policy(
     """
     snapshot = pool.scheduler.state_dict()
     try:
-        return _evaluate(pool, act, n_episodes, seed, max_pool_steps)
+        return _evaluate(pool, act, n_episodes, seed, dimensions, max_pool_steps)
     finally:
         pool.scheduler.load_state_dict(snapshot)
 
 
-def _evaluate(pool: EnvPool, act: PolicyFn, n_episodes: int, seed: int, max_pool_steps: int) -> EvalResult:
-    per_slot = -(-n_episodes // pool.num_envs)
-    counts = np.zeros(pool.num_envs, dtype=np.int64)
+def _evaluate(
+    pool: EnvPool, act: PolicyFn, n_episodes: int, seed: int, dimensions: Sequence[str], max_pool_steps: int
+) -> EvalResult:
+    variants = pool.variants
+    # A variant the pool quarantines is not played again: with one episode per variant (the
+    # training evaluations) its failed episode is already counted; ``max_pool_steps`` bounds the rest.
+    per_variant = -(-n_episodes // max(len(variants), 1))
+    counts = np.zeros(len(variants), dtype=np.int64)
     returns: list[float] = []
     lengths: list[int] = []
-    successes: list[bool] = []
-    families: list[str] = []
+    paid: list[bool] = []
+    processed: list[bool] = []
+    played: list[VariantRow] = []
     batch = pool.reset(seed=seed)
-    variants = pool.variants
     for _ in range(max_pool_steps):
-        if (counts >= per_slot).all():
+        if (counts >= per_variant).all():
             break
         # a slot that has its episodes pauses: its steps would be thrown away
         batch = pool.step(np.asarray(act(batch.obs, batch.action_mask), dtype=np.int64), active=counts < per_slot)
         for i in np.flatnonzero(batch.terminated | batch.truncated):
-            if counts[i] >= per_slot:
-                continue
-            counts[i] += 1
             info = batch.infos[i]
+            v = int(info["variant_index"])
+            if counts[v] >= per_variant:
+                continue
+            counts[v] += 1
+            variant = variants[v]
             returns.append(float(info["episode_return"]))
             lengths.append(int(info["episode_length"]))
-            successes.append(bool(info["success"]))
-            families.append(variants[int(info["variant_index"])].family)
-    by_family: dict[str, float] = {}
-    fam_arr, succ_arr = np.asarray(families, dtype=object), np.asarray(successes, dtype=float)
-    for fam in sorted(set(families)):
-        by_family[fam] = float(succ_arr[fam_arr == fam].mean())
+            paid.append(bool(info["success"]))
+            processed.append(
+                paid[-1]
+                or process_success(variant.params, decode_tokens(batch.final_obs[i]), bool(batch.terminated[i]))
+            )
+            played.append(variant)
+    families = [v.family for v in played]
+    params = [v.params for v in played]
     n = len(returns)
+    payment = SuccessBreakdown.of(paid, families, params, dimensions)
+    process = SuccessBreakdown.of(processed, families, params, dimensions)
     return EvalResult(
         episodes=n,
-        success_rate=float(succ_arr.mean()) if n else 0.0,
+        success_rate=payment.overall.rate,
+        process_success_rate=process.overall.rate,
         mean_return=float(np.mean(returns)) if n else 0.0,
         std_return=float(np.std(returns)) if n else 0.0,
         mean_length=float(np.mean(lengths)) if n else 0.0,
-        success_by_family=by_family,
+        payment=payment,
+        process=process,
     )
 
 

@@ -251,13 +251,30 @@ def iter_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
 
 
 def goal_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
-    """Episodes that reached the goal token -- the behaviour-cloning filter."""
+    """Episodes that reached the goal token."""
     return (ep for ep in iter_episodes(path, verify=verify) if ep.success)
 
 
-def behaviour_cloning_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(obs [M, OBS_DIM], actions [M], action_mask [M, N_ACTIONS])`` over all goal-reaching episodes."""
-    episodes = list(goal_episodes(path))
+def process_successful_episodes(
+    path: Path, accepted: Mapping[str, frozenset[str]], verify: bool = True
+) -> Iterator[Episode]:
+    """Episodes of the variants in ``accepted`` (variant hash -> accepted terminal tokens) that ended in one.
+
+    The behaviour-cloning filter: the goal, or the handled outcome that is right for the variant
+    (``agentflow_core.semantics.accepted_outcomes``); variants not in ``accepted`` are skipped, so
+    passing the train split's variants keeps validation and test variants out of BC.
+    """
+    for ep in iter_episodes(path, verify=verify):
+        tokens = accepted.get(ep.variant_hash)
+        if tokens is not None and ep.terminated and not tokens.isdisjoint(ep.tokens[-1]):
+            yield ep
+
+
+def behaviour_cloning_arrays(
+    path: Path, accepted: Mapping[str, frozenset[str]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(obs [M, OBS_DIM], actions [M], action_mask [M, N_ACTIONS])`` over every process-successful episode."""
+    episodes = list(process_successful_episodes(path, accepted))
     if not episodes:
         return np.zeros((0, OBS_DIM), np.float32), np.zeros(0, np.int64), np.zeros((0, N_ACTIONS), bool)
     return (

@@ -1,5 +1,6 @@
 """Phase 1 step: coverage-driven exploration of the variant catalogue into trajectory shards.
 
+Only the catalogue's train split is explored (validation and test stay unseen until evaluation).
 Called by ``agentflow explore`` (and so by the DVC stage) and by the Prefect task. Outputs
 (atomically, as one directory ``out_dir``): ``part-*.parquet`` shards and their ``_meta.json``
 card (``agentflow_core.rl.trajectories``), ``coverage.json`` (the token-transition graph and the
@@ -28,7 +29,8 @@ from agentflow_core.rl.exploration import ExploreProgress, explore
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.trajectories import TrajectoryWriter
 from agentflow_core.semantics import VOCAB_VERSION
-from agentflow_core.variants import read_catalogue, read_meta
+from agentflow_core.splits import read_splits
+from agentflow_core.variants import read_meta
 from tasks.compose import PoolFactory, build_pool, expert_policy_hash, reachable_tokens, reward_function
 from tasks.io import atomic_dir, write_json
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
@@ -54,8 +56,8 @@ def run_explore(
     pool_factory: PoolFactory = build_pool,
     class_paths: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """Explore the catalogue; write shards + card + coverage graph; return the summary."""
-    variants = read_catalogue(catalogue_path)
+    """Explore the catalogue's train split; write shards + card + coverage graph; return the summary."""
+    variants = read_splits(catalogue_path)["train"]
     if class_paths is None:
         registry = load_registry(cfg)
         class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
@@ -75,6 +77,7 @@ def run_explore(
                     "catalogue": str(catalogue_path),
                     "catalogue_sha256": read_meta(catalogue_path)["catalogue_sha256"],
                     "git_commit": git_tags()[GIT_COMMIT_TAG],
+                    "split": "train",
                     "variants": len(variants),
                     "reward_mode": reward_cfg.mode,
                     "vocab_version": VOCAB_VERSION,

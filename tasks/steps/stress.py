@@ -1,11 +1,12 @@
-"""Phase 3 step: stress validation of a checkpoint on a stratified catalogue sample.
+"""Phase 3 step: stress validation of a checkpoint on a stratified sample of the catalogue's test split.
 
 Called by ``agentflow stress`` (and so by the DVC stage) and by the Prefect task. Outputs
 (atomically, as one directory, default ``data/stress/``): ``summary.json`` (every measure, see
 ``agentflow_core.evaluation.robustness``), ``episodes.parquet`` and ``steps.parquet`` (the
 records), ``coverage_heatmap.png`` and ``consistency_matrix.png``. The exit metrics
 (robustness_score, consistency, success_rate, crash_episodes, ...) also go to
-``data/metrics/stress.json``.
+``data/metrics/stress.json``, with process and payment success per family and per dimension
+value (95% Wilson bounds), as in ``summary.json``'s ``process_success`` / ``payment_success``.
 
 The policy is a reference :func:`tasks.rollout.resolve_checkpoint` understands (default: the best
 checkpoint under ``data/checkpoints``).
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
 from agentflow_core.evaluation.stress import StressRollout, stratified_sample
@@ -137,18 +139,35 @@ def write_records(out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence
     )
 
 
+def success_breakdowns(episodes: Sequence[EpisodeRecord], dimensions: Sequence[str]) -> dict[str, SuccessBreakdown]:
+    """Process success (``success``) and payment success (``reached_goal``) per family and dimension value."""
+    families, params = [e.family for e in episodes], [e.params for e in episodes]
+    return {
+        "process_success": SuccessBreakdown.of([e.success for e in episodes], families, params, dimensions),
+        "payment_success": SuccessBreakdown.of([e.reached_goal for e in episodes], families, params, dimensions),
+    }
+
+
 def stress_summary(
-    analysis: StressAnalysis, policy: LoadedPolicy, sample: Sequence[VariantSpec], cfg: AgentFlowConfig
+    analysis: StressAnalysis,
+    policy: LoadedPolicy,
+    sample: Sequence[VariantSpec],
+    cfg: AgentFlowConfig,
+    episodes: Sequence[EpisodeRecord],
 ) -> dict[str, Any]:
     """The JSON written as ``summary.json``: the analysis plus which policy ran on what."""
     sample_ids = [v.env_id for v in sample]
+    breakdowns = success_breakdowns(episodes, sorted(cfg.variants.dimensions))
     return {
         **analysis.to_dict(),
+        **{name: b.to_dict() for name, b in breakdowns.items()},
+        "breakdown_metrics": {k: v for name, b in breakdowns.items() for k, v in b.metrics(name).items()},
         "policy": policy.name,
         "checkpoint": policy.checkpoint,
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "config": cfg.stress.model_dump(mode="json"),
         "sample": {
+            "split": "test",
             "variants": len(sample_ids),
             "sha256": hashlib.sha256("\n".join(sample_ids).encode()).hexdigest()[:16],
             "by_family": {f: sum(v.family == f for v in sample) for f in sorted({v.family for v in sample})},
@@ -176,10 +195,13 @@ def run_stress(
     rollout, analysis, sample = evaluate_stress(
         cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
-    summary = stress_summary(analysis, policy, sample, cfg)
+    summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
     with atomic_dir(Path(out_dir)) as tmp:
         write_records(tmp, rollout.steps, rollout.episodes)
         summary["plots"] = write_plots(summary, tmp)
         write_json(tmp / "summary.json", summary)
-    write_json(metrics_path, {k: summary["metrics"][k] for k in METRIC_KEYS} | {"passed": summary["passed"]})
+    write_json(
+        metrics_path,
+        {k: summary["metrics"][k] for k in METRIC_KEYS} | {"passed": summary["passed"]} | summary["breakdown_metrics"],
+    )
     return summary

@@ -4,11 +4,18 @@ Called by ``agentflow train`` (and the DVC stage / Prefect task). Reads the vari
 and, for the BC warm start, the exploration trajectories; writes under ``out_dir``:
 
 * ``checkpoints/`` -- atomic checkpoints every ``checkpoint_every_updates`` updates and every
-  ``checkpoint_every_minutes`` minutes, plus ``best.json`` (best held-out success);
+  ``checkpoint_every_minutes`` minutes, plus ``best.json`` (best validation process success);
 * ``policy.safetensors`` + ``policy.json`` -- the best policy and its card (hash, metrics);
-* ``curve.json`` -- per-update training curve and held-out evaluations;
+* ``curve.json`` -- per-update training curve and validation evaluations;
+* ``validation_curve.csv`` -- validation process/payment success per evaluation (``dvc plots``);
 * ``train_summary.json`` -- the summary returned here;
 * ``plots/train_curves.png`` -- success rate and reward vs environment steps.
+
+PPO and behaviour cloning see the catalogue's train split only (``agentflow_core.splits``);
+stratified evaluations on the validation split pick the best checkpoint and drive convergence;
+the test split is played only once, at the end, to report the best checkpoint against the
+exploration policy and the scripted expert (payment and process success, per family and per
+dimension value, with Wilson intervals).
 
 ``resume=True`` continues from ``checkpoints/latest.json`` and produces the same losses and final
 parameters as a run that was never interrupted (see ``agentflow_core.rl.ppo`` for why).
@@ -30,20 +37,28 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
-from agentflow_core.rl.convergence import ConvergenceTracker, split_heldout
-from agentflow_core.rl.evaluate import evaluate_policy, expert_policy, exploration_policy, greedy_policy
+from agentflow_core.rl.convergence import ConvergenceTracker
+from agentflow_core.rl.evaluate import (
+    EvalResult,
+    evaluate_policy,
+    expert_policy,
+    exploration_policy,
+    greedy_policy,
+    stratified_eval_variants,
+)
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
 from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
-from agentflow_core.semantics import VOCAB_VERSION
-from agentflow_core.variants import read_catalogue
+from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
+from agentflow_core.splits import read_splits
 from tasks.compose import PoolFactory, build_pool, recovery_summary, reward_function
 from tasks.io import write_json
 
 EXPLORATION_EPSILON = 0.95
 EVAL_NUM_ENVS = 16
+FINAL_EVAL_EPISODES = 128
 
 
 def _reward_transform(cfg: AgentFlowConfig, pool: EnvPool, reward_fn: RewardFunction) -> TrainingReward:
@@ -69,12 +84,15 @@ def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], p
     ax_r.plot(steps, [c.get("rollout/episode_return", np.nan) for c in curve], label="training rollouts")
     if evals:
         ax_s.plot(
-            [e["global_step"] for e in evals], [e["eval/success_rate"] for e in evals], "o-", label="held-out (greedy)"
+            [e["global_step"] for e in evals],
+            [e["validation/process_success_rate"] for e in evals],
+            "o-",
+            label="validation process success (greedy)",
         )
         ax_r.plot(
-            [e["global_step"] for e in evals], [e["eval/mean_return"] for e in evals], "o-", label="held-out (greedy)"
+            [e["global_step"] for e in evals], [e["validation/mean_return"] for e in evals], "o-", label="validation"
         )
-    ax_s.set(xlabel="environment steps", ylabel="PAYMENT_SUCCESS rate", title="success rate")
+    ax_s.set(xlabel="environment steps", ylabel="success rate", title="success rate")
     ax_r.set(xlabel="environment steps", ylabel="episode return (env reward)", title="reward")
     for ax in (ax_s, ax_r):
         ax.grid(alpha=0.3)
@@ -100,7 +118,12 @@ def run_train(
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     sink = sink or NullSink()
-    train_variants, heldout = split_heldout(read_catalogue(catalogue_path), tc.heldout_fraction)
+    splits = read_splits(catalogue_path)
+    train_variants = splits["train"]
+    dimensions = sorted(cfg.variants.dimensions)
+    validation = stratified_eval_variants(splits["validation"], tc.eval_episodes, dimensions, seed)
+    n_final = max(tc.eval_episodes, FINAL_EVAL_EPISODES)
+    test = stratified_eval_variants(splits["test"], n_final, dimensions, seed)
     device = resolve_device(cfg.base.device)
     torch.manual_seed(seed)
     policy = ActorCritic(hidden_sizes=tc.hidden_sizes).to(device)
@@ -110,7 +133,7 @@ def run_train(
     pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
     resources.callback(pool.close)
     eval_pool = pool_factory(
-        cfg, heldout, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 1, scheduler="round_robin", standby=False
+        cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 1, scheduler="round_robin", standby=False
     )
     resources.callback(eval_pool.close)
     reward = _reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
@@ -132,7 +155,8 @@ def run_train(
             untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
         else:
             if tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
-                obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir))
+                accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
+                obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted)
                 result = behaviour_cloning(policy, obs, actions, masks, seed=seed)
                 bc_summary = {
                     "used": result.samples > 0,
@@ -164,13 +188,13 @@ def run_train(
             is_last = ppo.update == num_updates
             new_best = False
             if ppo.update % tc.eval_every_updates == 0 or is_last:
-                result_eval = evaluate_policy(eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=seed + 7)
-                row = {"global_step": float(ppo.global_step), "update": float(ppo.update), **result_eval.metrics()}
-                evals.append(row)
-                sink.record(
-                    ppo.global_step, {**result_eval.metrics(), "policy_convergence_flag": float(tracker.converged)}
+                result_eval = evaluate_policy(
+                    eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=seed + 7, dimensions=dimensions
                 )
-                new_best = tracker.add(ppo.update, result_eval.success_rate, result_eval.mean_return)
+                eval_metrics = result_eval.metrics("validation/")
+                evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
+                new_best = tracker.add(ppo.update, result_eval.process_success_rate, result_eval.mean_return)
+                sink.record(ppo.global_step, {**eval_metrics, "policy_convergence_flag": float(tracker.converged)})
             if manager.due(ppo.update) or new_best or is_last:
                 extra = {"tracker": tracker.state_dict(), "curve": curve, "evals": evals, "bc": bc_summary}
                 path = manager.save(ppo, best_metric=tracker.best_metric if evals else None, extra=extra)
@@ -183,16 +207,18 @@ def run_train(
         best = best_ckpt.path
         best_policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
         best_policy.load_state_dict(best_ckpt.model)
-        n_eval = max(tc.eval_episodes, 128)
+        test_pool = pool_factory(
+            cfg, test, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 2, scheduler="round_robin", standby=False
+        )
+        resources.callback(test_pool.close)
+        explorer = exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(seed))
         final = {
-            "trained": evaluate_policy(eval_pool, greedy_policy(best_policy), n_eval, seed=seed + 11),
-            "exploration": evaluate_policy(
-                eval_pool,
-                exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(seed)),
-                n_eval,
-                seed=seed + 11,
-            ),
-            "expert": evaluate_policy(eval_pool, expert_policy(eval_pool), n_eval, seed=seed + 11),
+            name: evaluate_policy(test_pool, act, n_final, seed=seed + 11, dimensions=dimensions)
+            for name, act in (
+                ("trained", greedy_policy(best_policy)),
+                ("exploration", explorer),
+                ("expert", expert_policy(test_pool)),
+            )
         }
         recovery = recovery_summary(pool)
     finally:
@@ -204,14 +230,10 @@ def run_train(
         "updates": ppo.update,
         "global_step": ppo.global_step,
         "train_variants": len(train_variants),
-        "heldout_variants": len(heldout),
-        "heldout_success": final["trained"].success_rate,
-        "heldout_return": final["trained"].mean_return,
-        "heldout_success_exploration": final["exploration"].success_rate,
-        "heldout_success_expert": final["expert"].success_rate,
-        "heldout_success_vs_exploration": _ratio(final["trained"].success_rate, final["exploration"].success_rate),
-        "heldout_success_vs_expert": _ratio(final["trained"].success_rate, final["expert"].success_rate),
-        "heldout_success_by_family": final["trained"].success_by_family,
+        "validation_variants": len(splits["validation"]),
+        "test_variants": len(splits["test"]),
+        "validation_process_success": tracker.best_metric,
+        **_test_summary(final),
         "policy_convergence_flag": tracker.converged,
         "evaluations": len(evals),
         "bc": bc_summary,
@@ -228,34 +250,72 @@ def run_train(
             "policy_hash": summary["policy_hash"],
             "hidden_sizes": list(tc.hidden_sizes),
             "vocab_version": VOCAB_VERSION,
-            "heldout_success": summary["heldout_success"],
+            "test_process_success": summary["test_process_success"],
+            "test_payment_success": summary["test_payment_success"],
             "checkpoint": best.name,
         },
     )
     write_json(out_dir / "curve.json", {"curve": curve, "evals": evals})
     write_json(out_dir / "train_summary.json", summary)
-    write_curve_csv(evals, out_dir / "heldout_curve.csv")
+    write_curve_csv(evals, out_dir / "validation_curve.csv")
     _plot_curves(curve, evals, out_dir / "plots" / "train_curves.png")
     if metrics_path is not None:
-        write_json(metrics_path, {k: summary[k] for k in METRIC_KEYS})
+        write_json(metrics_path, train_metrics(summary))
     return summary
 
 
 METRIC_KEYS = (
-    "heldout_success",
-    "heldout_return",
-    "heldout_success_vs_exploration",
-    "heldout_success_vs_expert",
+    "test_process_success",
+    "test_payment_success",
+    "test_return",
+    "test_process_success_vs_exploration",
+    "test_process_success_vs_expert",
+    "test_payment_success_vs_exploration",
+    "test_payment_success_vs_expert",
+    "validation_process_success",
     "policy_convergence_flag",
     "global_step",
     "updates",
 )
 
 
+def _test_summary(final: dict[str, EvalResult]) -> dict[str, Any]:
+    """The test split's numbers: trained policy vs exploration and expert, both success measures."""
+    trained, exploration, expert = final["trained"], final["exploration"], final["expert"]
+    return {
+        "test_process_success": trained.process_success_rate,
+        "test_payment_success": trained.success_rate,
+        "test_return": trained.mean_return,
+        "test_process_success_exploration": exploration.process_success_rate,
+        "test_process_success_expert": expert.process_success_rate,
+        "test_payment_success_exploration": exploration.success_rate,
+        "test_payment_success_expert": expert.success_rate,
+        "test_process_success_vs_exploration": _ratio(trained.process_success_rate, exploration.process_success_rate),
+        "test_process_success_vs_expert": _ratio(trained.process_success_rate, expert.process_success_rate),
+        "test_payment_success_vs_exploration": _ratio(trained.success_rate, exploration.success_rate),
+        "test_payment_success_vs_expert": _ratio(trained.success_rate, expert.success_rate),
+        "test_process_success_by_family": trained.process_success_by_family,
+        "test_payment_success_by_family": trained.success_by_family,
+        "test": trained.to_dict(),
+        "test_expert": expert.to_dict(),
+        "test_metrics": trained.metrics("test/"),
+    }
+
+
+def train_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """``data/metrics/train.json`` (and the MLflow run's summary): headline numbers, then the test split's
+    payment and process success per family and dimension value with their 95% Wilson bounds."""
+    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"]
+
+
 def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:
-    """Held-out success/return per evaluation, the training curve ``dvc plots show`` draws."""
-    lines = ["step,heldout_success,heldout_return"]
-    lines += [f"{int(e['global_step'])},{e['eval/success_rate']:.6f},{e['eval/mean_return']:.6f}" for e in evals]
+    """Validation success/return per evaluation, the training curve ``dvc plots show`` draws."""
+    lines = ["step,validation_process_success,validation_payment_success,validation_return"]
+    lines += [
+        f"{int(e['global_step'])},{e['validation/process_success_rate']:.6f},"
+        f"{e['validation/success_rate']:.6f},{e['validation/mean_return']:.6f}"
+        for e in evals
+    ]
     tmp = path.with_suffix(".csv.tmp")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     tmp.replace(path)

@@ -1,8 +1,9 @@
 """Variants step: generate the variant catalogue from ``params.yaml`` and write it atomically.
 
 Called by ``agentflow variants`` (and so by the DVC stage) and by the Prefect task. Output,
-under ``data/variants/``: ``catalogue.parquet`` (one row per variant) and ``_meta.json`` (the
-generator parameters, seed, counts by family and dimension, the catalogue's sha256). The
+under ``data/variants/``: ``catalogue.parquet`` (one row per variant), ``splits.json`` (the
+train/validation/test split, ``agentflow_core.splits``) and ``_meta.json`` (the generator
+parameters, seed, counts by family and dimension overall and per split, the catalogue's sha256). The
 variant count also goes to ``data/metrics/variants.json`` when a metrics path is given.
 """
 
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta, write_catalogue
+from agentflow_core.splits import write_split_catalogue
+from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta
 from tasks.config_io import load_config
 from tasks.io import write_json
 from tasks.paths import DataPaths
@@ -45,18 +47,34 @@ def run_variants(
         "perturbations": {name: spec.model_dump(exclude_none=True) for name, spec in v.perturbations.items()},
         "samples_per_combination": v.samples_per_combination,
     }
-    path = write_catalogue(variants, out_dir, meta)
+    path, splits = write_split_catalogue(
+        variants,
+        out_dir,
+        meta,
+        validation=v.split.validation,
+        test=v.split.test,
+        seed=cfg.base.seed,
+        dimensions=sorted(v.dimensions),
+    )
     card = read_meta(out_dir)
     summary = {
         "catalogue": str(path),
         "variants": card["counts"]["total"],
         "by_family": card["counts"]["by_family"],
         "by_dimension": card["counts"]["by_dimension"],
+        "splits": {name: len(hashes) for name, hashes in splits.items()},
         "catalogue_sha256": card["catalogue_sha256"],
         "seconds": round(time.perf_counter() - started, 3),
     }
     if metrics_path is not None:
-        write_json(metrics_path, {"variants": summary["variants"], "by_family": summary["by_family"]})
+        write_json(
+            metrics_path,
+            {
+                "variants": summary["variants"],
+                "by_family": summary["by_family"],
+                **{f"{name}_variants": n for name, n in summary["splits"].items()},
+            },
+        )
     return summary
 
 
