@@ -128,8 +128,11 @@ def _evaluate(
     for _ in range(max_pool_steps):
         if (counts >= per_variant).all():
             break
-        # a slot that has its episodes pauses: its steps would be thrown away
-        batch = pool.step(np.asarray(act(batch.obs, batch.action_mask), dtype=np.int64), active=counts < per_slot)
+        # A slot playing a variant that has its episodes pauses: its steps would be thrown away.
+        active = counts[pool.slot_variants()] < per_variant
+        if not active.any():  # what is left is quarantined or on no slot: nothing more can count
+            break
+        batch = pool.step(np.asarray(act(batch.obs, batch.action_mask), dtype=np.int64), active=active)
         for i in np.flatnonzero(batch.terminated | batch.truncated):
             info = batch.infos[i]
             v = int(info["variant_index"])
