@@ -2,8 +2,9 @@
 
 Every ``check_every`` PPO updates (rollout + epochs of minibatch steps; the seed's "every 100
 updates" never fired in a 98-update run, so the shipped cadence is a handful of updates) the
-controller looks at the mean approximate KL the learner measured over the updates since its last check. Above ``target_kl`` the policy moved too far: the clip range shrinks (x0.5, never
-below ``clip_floor``) and the KL-penalty coefficient beta rises (x1.5, as in RLlib's adaptive KL;
+controller looks at the mean approximate KL the learner measured over the updates since its last
+check. Above ``target_kl`` the policy moved too far: the clip range shrinks (x0.5, never below
+``clip_floor``) and the KL-penalty coefficient beta rises (x1.5, as in RLlib's adaptive KL;
 from zero it jumps to ``kl_coef_min``). Once the KL is back under ``target_kl / 1.5`` both relax
 (clip x1.5 up to its initial value, beta x0.5, dropping to zero below ``kl_coef_min``). In between
 nothing changes, which gives the controller hysteresis instead of oscillation. Each check is

@@ -3,8 +3,9 @@
 rollout (``n_steps`` x ``num_envs``, one batched no-grad forward per step) -> :func:`compute_gae`
 (bootstrap through truncation with V(final_obs), never through termination) -> flatten (``b_*``)
 -> ``n_epochs`` x minibatches (``mb_*``, a fresh permutation per epoch): advantage normalisation,
-clipped surrogate, value loss, entropy bonus, optional KL penalty, grad-norm clipping, Adam -> approx KL ((r-1) - log r, Schulman's
-low-variance estimator) and clip fraction -> diagnostics to an injected :class:`MetricsSink`.
+clipped surrogate, value loss, entropy bonus, optional KL penalty, grad-norm clipping, Adam ->
+approx KL ((r-1) - log r, Schulman's low-variance estimator), clip fraction and the last
+minibatch's pre-clip grad norm -> diagnostics to an injected :class:`MetricsSink`.
 
 One learner path, as CleanRL and SB3 write it: :func:`ppo_minibatch_loss` through autograd,
 ``loss.backward()``, ``torch.nn.utils.clip_grad_norm_``, ``torch.optim.Adam``. A hand-written
