@@ -319,7 +319,7 @@ class TrainConfig(_Section):
     minibatch_size: Count = 512
     max_episode_steps: Annotated[int, Field(gt=0, le=100_000)] = 200
     target_kl: Annotated[float, Field(gt=0.0)] = 0.015
-    kl_check_every: PositiveInt = 100
+    kl_check_every: PositiveInt = 5  # PPO updates between adaptive clip/KL checks
     hidden_sizes: Annotated[
         list[Annotated[int, Field(gt=0, le=MAX_WIDTH)]], Field(min_length=1, max_length=MAX_LAYERS)
     ] = [64, 64]

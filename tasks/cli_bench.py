@@ -23,6 +23,9 @@ bench_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 BENCH_DIR = Path("data/bench")
+# One-off measurements whose code is gone (e.g. a removed fast path measured against its replacement):
+# kept verbatim after the generated tables so regenerating BENCHMARKS.md does not drop them.
+MEASUREMENTS_DIR = Path("docs/measurements")
 BENCHMARKS_MD = Path("BENCHMARKS.md")
 REPEAT_OPTION = typer.Option(
     1, "--repeat", min=1, help="Run the benchmark this many times; a target is met only if every run meets it."
@@ -110,8 +113,8 @@ def _scheduler_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
-    """BENCHMARKS.md from every ``data/bench/<name>.json``."""
+def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEASUREMENTS_DIR) -> str:
+    """BENCHMARKS.md from every ``data/bench/<name>.json``, then the recorded one-off measurements."""
     out = [
         "# Benchmarks",
         "",
@@ -136,7 +139,14 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
         if result.get("plot"):
             out += ["", f"![learning curves]({result['plot']})"]
         out.append("")
+    for note in sorted(measurements_dir.glob("*.md")):
+        out += [note.read_text(encoding="utf-8").rstrip(), ""]
     return "\n".join(out)
+
+
+def bench_section(title: str) -> str:
+    """The section of the rendered BENCHMARKS.md under ``## title``."""
+    return next((part for part in render_benchmarks().split("## ") if part.startswith(title)), "")
 
 
 def write_benchmarks_md(bench_dir: Path = BENCH_DIR, target: Path = BENCHMARKS_MD) -> None:
@@ -170,7 +180,7 @@ def scheduler(
     result["machine"] = platform.machine()
     write_json(BENCH_DIR / "scheduler.json", result)
     write_benchmarks_md()
-    typer.echo(render_benchmarks().split("## ")[-1])
+    typer.echo(bench_section(TITLES["scheduler"]))
 
 
 @bench_app.command("ppo")
@@ -204,7 +214,7 @@ def train(
         result = run_repeated(lambda i: run_train_bench(params, Path(tmp) / f"run{i}", steps), repeat, TARGETS)
     write_json(BENCH_DIR / "train.json", result)
     write_benchmarks_md()
-    typer.echo(render_benchmarks().split("## ")[1])
+    typer.echo(bench_section(TITLES["train"]))
 
 
 @bench_app.command("all")

@@ -10,6 +10,7 @@ import pytest
 
 from agentflow_core.evaluation.consistency import (
     CANONICAL_STATES,
+    DEFAULT_DRAWS,
     agreement_matrix,
     canonical_consistency,
     matched_state_consistency,
@@ -117,14 +118,14 @@ VARIANT_FEATURES = [
 
 def test_identical_choices_give_consistency_one() -> None:
     result = canonical_consistency(feature_blind, ["a", "b", "c", "d"], VARIANT_FEATURES)
-    assert result.actions.shape == (4, len(CANONICAL_STATES))
+    assert result.actions.shape == (4, len(CANONICAL_STATES) * DEFAULT_DRAWS)
     assert result.score == 1.0
     assert np.array_equal(result.matrix, np.ones((4, 4)))
     assert policy_agreement(result.actions, result.actions) == 1.0
 
 
 def test_partial_disagreement_matches_the_hand_computed_value() -> None:
-    result = canonical_consistency(vip_differs_on_declined_card, ["v1", "v2", "s1", "s2"], VARIANT_FEATURES)
+    result = canonical_consistency(vip_differs_on_declined_card, ["v1", "v2", "s1", "s2"], VARIANT_FEATURES, draws=1)
     # vip-vip and standard-standard pairs agree on 8/8 states, the 4 cross pairs on 7/8.
     assert result.matrix[0, 2] == pytest.approx(7 / 8)
     assert result.matrix[0, 1] == 1.0

@@ -85,7 +85,11 @@ def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: 
     ppo = combine_runs([{"sps_ratio_vs_sb3": x, "targets": {"sps_ratio_vs_sb3": 3.0}} for x in (3.4, 3.6)])
     write_json(tmp_path / "pool.json", pool)
     write_json(tmp_path / "ppo.json", ppo)
-    text = render_benchmarks(tmp_path)
+    notes = tmp_path / "measurements"
+    notes.mkdir()
+    (notes / "one-off.md").write_text("## A removed path, measured once\n\n| x | 1 |\n")
+    text = render_benchmarks(tmp_path, notes)
+    assert text.rstrip().endswith("## A removed path, measured once\n\n| x | 1 |")  # kept verbatim, last
     assert "`agentflow bench pool --repeat 3`" in text and "`agentflow bench ppo --repeat 2`" in text
     assert "| `semantic_overhead` | 0.15 | 0.25 | **no** | 0.18 / 0.27 / 0.15 |" in text
     assert "| `sps_ratio_vs_sb3` | 3.6 | 3 | yes | 3.4 / 3.6 |" in text

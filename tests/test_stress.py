@@ -105,6 +105,8 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     assert m["success_rate"] > 0.8
     assert m["consistency_variants"] == 12 and 0.0 <= m["consistency"] <= 1.0
     assert m["consistency"] == 1.0  # the expert's rules read tokens only
+    assert m["consistency_random"] < 0.3  # a random policy on the same probe states: the floor, for scale
+    assert summary["consistency"]["random_policy_score"] == m["consistency_random"]
     assert m["robustness_score"] == pytest.approx(m["success_rate"] * m["consistency"] * (1 - m["crash_rate"]))
     assert {r["env_id"] for r in summary["consistency"]["per_variant"]} <= set(
         summary["consistency"]["canonical"]["variants"]
@@ -113,7 +115,7 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     for name in ("summary.json", "steps.parquet", "episodes.parquet", "coverage_heatmap.png", "consistency_matrix.png"):
         assert (out / name).is_file(), name
     metrics = json.loads((tmp_path / "data" / "metrics" / "stress.json").read_text())
-    assert {"robustness_score", "consistency", "success_rate", "crash_episodes"} <= set(metrics)
+    assert {"robustness_score", "consistency", "consistency_random", "success_rate", "crash_episodes"} <= set(metrics)
     assert metrics["robustness_score"] == m["robustness_score"]
     # process success counts the expert's escalation of blocked users; payment success cannot
     blocked = summary["process_success"]["by_dimension"]["user_tier"]["blocked"]

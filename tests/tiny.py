@@ -43,7 +43,15 @@ def tiny_params(root: Path, **section_overrides: dict[str, Any]) -> dict[str, An
             "eval_every_updates": 1,
             "eval_episodes": 8,
         },
-        "stress": {"episodes": 24, "variants": 12, "num_envs": 8, "consistency_variants": 6},
+        # a few updates do not make a consistent policy: on the hardened probe (every feature varied) the
+        # tiny policy scores ~0.64 against a random policy's ~0.08, so its gate sits between the two
+        "stress": {
+            "episodes": 24,
+            "variants": 12,
+            "num_envs": 8,
+            "consistency_variants": 6,
+            "consistency_target": 0.4,
+        },
         "report": {"champion_episodes": 8, "champion_slice": 0.5},
     }
     for section, values in section_overrides.items():

@@ -2,13 +2,20 @@
 
 Two measures, both of *greedy* choices:
 
-* **Canonical probes** -- for each of K variants, the same semantic states (the funnel stages
-  and the recoveries: logged out, product viewed, cart filled, order pending, payment page,
-  insufficient funds, declined card, network timeout) are encoded with that variant's own
-  features (``is_vip``, ``price_factor``, ``balance_ratio`` from its first observation; VIP
-  variants also carry the ``VIP_USER`` token) and the policy's greedy action is asked for, with
-  every action allowed. ``agreement[i, j]`` is the share of states where variants ``i`` and
-  ``j`` got the same action; the scalar is the mean off-diagonal entry (1.0 for K = 1).
+* **Canonical probes** -- for each of K variants (chosen so that every value of every catalogue
+  dimension is among them, :func:`covering_variants`), the same semantic states (the funnel
+  stages and the recoveries: logged out, product viewed, cart filled, order pending, payment
+  page, insufficient funds, declined card, network timeout) are encoded with *every* feature
+  varied: the variant's own values of the variant features (``is_vip``, ``price_factor``,
+  ``balance_ratio``, ... from its first observation; VIP variants also carry ``VIP_USER``), the
+  stage features the state fixes (``cart_items`` in the family's own scale), and ``draws``
+  seeded draws per variant of the features nothing in the state fixes (``retries_used``,
+  ``step_fraction``). The policy's greedy action is asked for with every action allowed.
+  ``agreement[i, j]`` is the share of probe states where variants ``i`` and ``j`` got the same
+  action; the scalar is the mean off-diagonal entry (1.0 for K = 1). A policy that reads
+  anything but the business state (the channel's cart scale, the clock, the price) disagrees
+  with itself across variants; :func:`random_policy` on the same probe states gives the score's
+  floor (about 1/12 with 12 actions), reported beside it for scale.
 * **Matched states** -- on the stress rollouts, steps are grouped by their exact token set; per
   variant the modal action in that set is taken, and the score is the share of agreeing variant
   pairs, pooled over all token sets met by at least two variants.
@@ -26,11 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord
-from agentflow_core.semantics import N_ACTIONS, encode
+from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord, dimension_value
+from agentflow_core.semantics import FEATURES, N_ACTIONS, encode
 
-# Features that describe the variant (kept from its first observation); the rest describe the stage.
-VARIANT_FEATURES: tuple[str, ...] = ("is_vip", "price_factor", "balance_ratio")
+# Features a canonical state fixes, and features nothing in a state fixes (drawn per probe);
+# every other feature describes the variant and is kept from its first observation.
+STAGE_FEATURES: tuple[str, ...] = ("user_logged_in", "cart_items", "payment_page_loaded")
+FREE_FEATURES: tuple[str, ...] = ("retries_used", "step_fraction")
+VARIANT_FEATURES: tuple[str, ...] = tuple(f for f in FEATURES if f not in STAGE_FEATURES + FREE_FEATURES)
+FREE_FEATURE_HIGH = 0.5  # free features are drawn from [0, 0.5): early in the episode, before the retry budget ends
+DEFAULT_DRAWS = 3
 DEFAULT_CART_SCALE = 0.2  # one cart item, when the family's mapping does not say how cart_items is scaled
 
 _FUNNEL = frozenset({"LOGGED_IN", "CART_FILLED", "CHECKOUT_STARTED", "ORDER_PENDING"})
@@ -102,21 +114,58 @@ class MatchedConsistency:
 
 
 def probe_observation(
-    state: CanonicalState, variant_features: Mapping[str, float], cart_scale: float = DEFAULT_CART_SCALE
+    state: CanonicalState,
+    variant_features: Mapping[str, float],
+    cart_scale: float = DEFAULT_CART_SCALE,
+    free_features: Mapping[str, float] | None = None,
 ) -> np.ndarray:
-    """The encoded observation of ``state`` in a variant with ``variant_features``."""
+    """The encoded observation of ``state`` in a variant with ``variant_features``; every feature is set."""
     features = {name: float(variant_features.get(name, 0.0)) for name in VARIANT_FEATURES}
     features.update(
         user_logged_in=float(state.logged_in),
         cart_items=state.cart_items * cart_scale,
         payment_page_loaded=float(state.payment_page),
-        retries_used=0.0,
-        step_fraction=0.0,
     )
+    features.update({name: float((free_features or {}).get(name, 0.0)) for name in FREE_FEATURES})
     tokens = set(state.tokens)
     if state.logged_in and features["is_vip"] >= 0.5:
         tokens.add("VIP_USER")
     return encode(tokens, features)
+
+
+def random_policy(seed: int) -> PolicyFn:
+    """A uniformly random legal action per observation (seeded): the floor a consistency score is read against."""
+    rng = np.random.default_rng(seed)
+
+    def act(obs: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        noise = rng.random(np.shape(masks))
+        return np.asarray(np.where(masks, noise, -1.0).argmax(axis=-1), dtype=np.int64)
+
+    return act
+
+
+def covering_variants(
+    episodes: Sequence[EpisodeRecord], sample_order: Sequence[str], dimensions: Sequence[str], k: int
+) -> list[str]:
+    """``k`` played variants in sample order, first one for every (dimension, value) not yet covered.
+
+    A probe over the first ``k`` of the sample can miss a family or a dimension value entirely;
+    covering each value first makes every dimension vary in the probe (when ``k`` allows).
+    """
+    first: dict[str, EpisodeRecord] = {}
+    for episode in episodes:
+        first.setdefault(episode.env_id, episode)
+    played = [env_id for env_id in sample_order if env_id in first]
+    chosen: list[str] = []
+    covered: set[tuple[str, str]] = set()
+    for env_id in played:
+        values = {(d, dimension_value(first[env_id], d)) for d in ("family", *dimensions)}
+        if not values <= covered and len(chosen) < k:
+            chosen.append(env_id)
+            covered |= values
+    rest = [env_id for env_id in played if env_id not in set(chosen)]
+    picked = set(chosen + rest[: max(k - len(chosen), 0)])
+    return [env_id for env_id in played if env_id in picked]
 
 
 def agreement_matrix(actions: np.ndarray) -> np.ndarray:
@@ -139,25 +188,35 @@ def canonical_consistency(
     variant_features: Sequence[Mapping[str, float]],
     cart_scales: Sequence[float] | None = None,
     states: Sequence[CanonicalState] = CANONICAL_STATES,
+    draws: int = DEFAULT_DRAWS,
+    seed: int = 0,
 ) -> ConsistencyResult:
-    """Ask ``policy_fn`` for its greedy action in every canonical state of every variant (one batch)."""
-    k, s = len(variant_ids), len(states)
+    """Ask ``policy_fn`` for its greedy action in every probe state of every variant (one batch).
+
+    Probe state ``(state, d)`` of variant ``i`` carries the ``d``-th seeded draw of the free
+    features for that variant, so the free features differ between variants on the same state.
+    """
+    k = len(variant_ids)
     scales = list(cart_scales) if cart_scales is not None else [DEFAULT_CART_SCALE] * k
+    free = np.random.default_rng(seed).uniform(0.0, FREE_FEATURE_HIGH, size=(k, draws, len(FREE_FEATURES)))
+    names = [f"{state.name}#{d}" for state in states for d in range(draws)]
     obs = (
         np.stack(
             [
-                probe_observation(state, feats, scale)
-                for feats, scale in zip(variant_features, scales, strict=True)
+                probe_observation(state, feats, scale, dict(zip(FREE_FEATURES, free[i, d], strict=True)))
+                for i, (feats, scale) in enumerate(zip(variant_features, scales, strict=True))
                 for state in states
+                for d in range(draws)
             ]
         )
         if k
         else np.zeros((0, 1), np.float32)
     )
-    masks = np.ones((k * s, N_ACTIONS), dtype=bool)
-    actions = np.asarray(policy_fn(obs, masks), dtype=np.int64).reshape(k, s) if k else np.zeros((0, s), np.int64)
+    masks = np.ones((len(obs), N_ACTIONS), dtype=bool)
+    n = len(names)
+    actions = np.asarray(policy_fn(obs, masks), dtype=np.int64).reshape(k, n) if k else np.zeros((0, n), np.int64)
     matrix = agreement_matrix(actions) if k else np.zeros((0, 0))
-    return ConsistencyResult(list(variant_ids), [st.name for st in states], actions, matrix, mean_off_diagonal(matrix))
+    return ConsistencyResult(list(variant_ids), names, actions, matrix, mean_off_diagonal(matrix))
 
 
 def _modal_actions(steps: Iterable[StepRecord]) -> dict[frozenset[str], dict[str, int]]:

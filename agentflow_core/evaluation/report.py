@@ -104,8 +104,9 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
         ),
         TreeNode(f"State Coverage: {cov['state_coverage']:.1%} of reachable tokens (long tail / unseen: {rare})"),
         TreeNode(
-            f"Policy Consistency: {m['consistency']:.1%} (target ≥{target:.0%} {_mark(m['consistency'] >= target)}) "
-            f"over {m['consistency_variants']} variants; matched states {m['matched_state_consistency']:.1%}"
+            f"Policy Consistency: {m['consistency']:.1%} (target ≥{target:.0%} {_mark(m['consistency'] >= target)}; "
+            f"a random policy {m['consistency_random']:.1%} on the same probes) over {m['consistency_variants']} "
+            f"variants; matched states {m['matched_state_consistency']:.1%}"
         ),
         TreeNode(f"Failure Root Causes ({causes['failures']} failed of {m['episodes']}):", cause_nodes),
         TreeNode(

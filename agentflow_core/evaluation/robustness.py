@@ -5,7 +5,8 @@
 * ``success_rate`` -- share of episodes with the business outcome (PAYMENT_SUCCESS, or a handled
   ending such as escalating a blocked user);
 * ``consistency`` -- mean off-diagonal agreement of greedy actions on the canonical probes of K
-  variants (:mod:`agentflow_core.evaluation.consistency`);
+  variants, every feature and dimension varied (:mod:`agentflow_core.evaluation.consistency`);
+  ``consistency_random`` is a uniformly random policy's score on the same probe states, its floor;
 * ``crash_rate`` -- share of episodes closed by env_crash / env_timeout / env_invalid / worker_lost.
 
 Each factor is in [0, 1], so the score is too, and any one of them at zero zeroes it: a policy
@@ -26,8 +27,10 @@ from agentflow_core.evaluation.consistency import (
     ConsistencyResult,
     MatchedConsistency,
     canonical_consistency,
+    covering_variants,
     matched_state_consistency,
     per_variant_rows,
+    random_policy,
 )
 from agentflow_core.evaluation.coverage import CoverageTable, coverage_table
 from agentflow_core.evaluation.hacking import HackingReport, reward_hacking
@@ -71,6 +74,7 @@ class StressAnalysis:
             "consistency": {
                 "target": self.target,
                 "canonical": self.consistency.to_dict(),
+                "random_policy_score": self.metrics["consistency_random"],
                 "matched_states": self.matched.to_dict(),
                 "per_variant": self.per_variant,
             },
@@ -82,13 +86,13 @@ class StressAnalysis:
 
 
 def consistency_variants(
-    rollout: StressRollout, sample_order: Sequence[str], k: int
+    rollout: StressRollout, sample_order: Sequence[str], k: int, dimensions: Sequence[str] = ()
 ) -> tuple[list[str], list[dict[str, float]], list[str]]:
-    """The first ``k`` variants of the sample that were played: ids, first-observation features, families."""
+    """``k`` played variants covering every family and dimension value: ids, first-observation features, families."""
     first: dict[str, EpisodeRecord] = {}
     for episode in rollout.episodes:
         first.setdefault(episode.env_id, episode)
-    ids = [env_id for env_id in sample_order if env_id in first][:k]
+    ids = covering_variants(rollout.episodes, sample_order, dimensions, k)
     return ids, [first[i].initial_features for i in ids], [first[i].family for i in ids]
 
 
@@ -150,9 +154,10 @@ def analyze_stress(
     """Compute every stress measure from the rollout records (plus the canonical probes of ``policy_fn``)."""
     episodes, steps = rollout.episodes, rollout.steps
     n = max(len(episodes), 1)
-    ids, features, families = consistency_variants(rollout, sample_order, cfg.consistency_variants)
+    ids, features, families = consistency_variants(rollout, sample_order, cfg.consistency_variants, dimensions)
     scales = [(cart_scales or {}).get(f, DEFAULT_CART_SCALE) for f in families]
     consistency = canonical_consistency(policy_fn, ids, features, scales)
+    random_floor = canonical_consistency(random_policy(0), ids, features, scales)
     matched = matched_state_consistency(steps)
     per_variant = per_variant_rows(consistency, episodes, cfg.consistency_target)
     coverage = coverage_table(steps, cfg.coverage_group, reachable, cfg.long_tail_frequency)
@@ -170,6 +175,7 @@ def analyze_stress(
         "crash_episodes": crash_episodes,
         "crash_rate": crash_episodes / n,
         "consistency": consistency.score,
+        "consistency_random": random_floor.score,
         "consistency_variants": len(ids),
         "matched_state_consistency": matched.score,
         "robustness_score": robustness_score(success_rate, consistency.score, crash_episodes / n),

@@ -1,11 +1,14 @@
 """Adaptive clip range and KL penalty: keep each PPO update close to a target KL.
 
-Every ``check_every`` updates the controller looks at the mean approximate KL of the updates since
-its last check. Above ``target_kl`` the policy moved too far: the clip range shrinks (x0.5, never
-below ``clip_floor``) and the KL-penalty coefficient beta rises (x1.5, as in RLlib's adaptive KL;
+Every ``check_every`` PPO updates (rollout + epochs of minibatch steps; the seed's "every 100
+updates" never fired in a 98-update run, so the shipped cadence is a handful of updates) the
+controller looks at the mean approximate KL the learner measured over the updates since its last
+check. Above ``target_kl`` the policy moved too far: the clip range shrinks (x0.5, never below
+``clip_floor``) and the KL-penalty coefficient beta rises (x1.5, as in RLlib's adaptive KL;
 from zero it jumps to ``kl_coef_min``). Once the KL is back under ``target_kl / 1.5`` both relax
 (clip x1.5 up to its initial value, beta x0.5, dropping to zero below ``kl_coef_min``). In between
-nothing changes, which gives the controller hysteresis instead of oscillation.
+nothing changes, which gives the controller hysteresis instead of oscillation. Each check is
+logged (``adaptive/checked``, the KL it saw, ``adaptive/action``: +1 tightened, -1 relaxed, 0 held).
 
 Pure and deterministic: no clock, no randomness; ``state_dict`` round-trips through JSON.
 """
@@ -35,6 +38,10 @@ class AdaptiveKLController:
     window_kl_sum: float = field(default=0.0, init=False)
     window_count: int = field(default=0, init=False)
     last_check_kl: float = field(default=0.0, init=False)
+    checks: int = field(default=0, init=False)
+    adjustments: int = field(default=0, init=False)
+    last_action: int = field(default=0, init=False)
+    checked_now: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.check_every < 1:
@@ -47,27 +54,37 @@ class AdaptiveKLController:
         self.updates_seen += 1
         self.window_kl_sum += float(approx_kl)
         self.window_count += 1
-        if self.updates_seen % self.check_every:
+        self.checked_now = self.updates_seen % self.check_every == 0
+        if not self.checked_now:
             return False
         kl = self.window_kl_sum / self.window_count
+        self.checks += 1
         self.last_check_kl = kl
         self.window_kl_sum, self.window_count = 0.0, 0
+        old = (self.clip_range, self.kl_coef)
         if kl > self.target_kl:
             self.clip_range = max(self.clip_range * self.shrink, self.clip_floor)
             self.kl_coef = max(self.kl_coef * self.grow, self.kl_coef_min)
-            return True
-        if kl < self.target_kl / self.relax_ratio:
-            new_clip = min(self.clip_range * self.grow, self.clip_init)
+        elif kl < self.target_kl / self.relax_ratio:
+            self.clip_range = min(self.clip_range * self.grow, self.clip_init)
             new_coef = self.kl_coef * self.shrink
-            new_coef = new_coef if new_coef >= self.kl_coef_min else 0.0
-            changed = (new_clip, new_coef) != (self.clip_range, self.kl_coef)
-            self.clip_range, self.kl_coef = new_clip, new_coef
-            return changed
-        return False
+            self.kl_coef = new_coef if new_coef >= self.kl_coef_min else 0.0
+        changed = old != (self.clip_range, self.kl_coef)
+        self.last_action = 0 if not changed else (1 if kl > self.target_kl else -1)
+        self.adjustments += int(changed)
+        return changed
 
     def metrics(self) -> dict[str, float]:
-        """What to log every update."""
-        return {"clip_range": self.clip_range, "kl_coef": self.kl_coef, "kl_at_last_check": self.last_check_kl}
+        """What to log every update: the current values, and what the last check saw and did."""
+        return {
+            "clip_range": self.clip_range,
+            "kl_coef": self.kl_coef,
+            "kl_at_last_check": self.last_check_kl,
+            "checked": float(self.checked_now),
+            "action": float(self.last_action if self.checked_now else 0),
+            "checks": float(self.checks),
+            "adjustments": float(self.adjustments),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable state (configuration included, so a resume cannot mix settings)."""

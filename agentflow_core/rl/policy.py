@@ -7,14 +7,8 @@ by replacing their logits with a large negative number before the softmax (the M
 convention), so they get probability exactly zero and are never sampled.
 
 Sampling uses the Gumbel-max trick with an explicit :class:`torch.Generator`: the draw is a pure
-function of the generator state, which the checkpoint stores for bit-identical resume.
-
-Speed: the PPO learner does not go through autograd. :meth:`ActorCritic.forward_train` runs both
-towers with ``addmm``/``tanh`` and keeps the activations; :meth:`ActorCritic.backward_train` writes
-the exact analytic parameter gradients (``dW = g^T h``, ``db = sum g``, ``tanh' = 1 - h^2``) into
-``.grad``. For 64x64 towers at minibatch 64 the autograd graph and module dispatch cost more than
-the arithmetic; the manual pass does the same math with about a third of the framework calls.
-``tests/test_ppo.py`` checks it against autograd.
+function of the generator state, which the checkpoint stores for bit-identical resume. The learner
+trains it through autograd (:func:`agentflow_core.rl.ppo.ppo_minibatch_loss`), as CleanRL and SB3 do.
 """
 
 from __future__ import annotations
@@ -48,35 +42,6 @@ def _mlp(in_dim: int, hidden_sizes: Sequence[int], out_dim: int, out_std: float)
     return nn.Sequential(*layers)
 
 
-def _linears(mlp: nn.Sequential) -> tuple[nn.Linear, ...]:
-    return tuple(m for m in mlp if isinstance(m, nn.Linear))
-
-
-def _mlp_forward(linears: Sequence[nn.Linear], x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Tanh MLP forward returning (output, inputs of every layer) for :func:`_mlp_backward`."""
-    inputs = [x]
-    for layer in linears[:-1]:
-        x = torch.tanh(torch.addmm(layer.bias, x, layer.weight.t()))
-        inputs.append(x)
-    last = linears[-1]
-    return torch.addmm(last.bias, x, last.weight.t()), inputs
-
-
-def _mlp_backward(linears: Sequence[nn.Linear], inputs: Sequence[torch.Tensor], grad_out: torch.Tensor) -> None:
-    """Backpropagate ``grad_out`` (dLoss/d output) through a Tanh MLP, setting each layer's ``.grad``.
-
-    Existing ``.grad`` tensors are overwritten in place (they may be views of a flat buffer).
-    """
-    for i in range(len(linears) - 1, -1, -1):
-        layer = linears[i]
-        if layer.weight.grad is None or layer.bias.grad is None:
-            layer.weight.grad, layer.bias.grad = torch.empty_like(layer.weight), torch.empty_like(layer.bias)
-        torch.mm(grad_out.t(), inputs[i], out=layer.weight.grad)
-        torch.sum(grad_out, 0, out=layer.bias.grad)
-        if i:
-            grad_out = torch.ops.aten.tanh_backward(grad_out.mm(layer.weight), inputs[i])
-
-
 def resolve_device(name: str) -> torch.device:
     """``cpu`` | ``cuda`` | ``auto`` -> a device; asking for CUDA without one is an error, not a fallback."""
     if name == "auto":
@@ -96,7 +61,6 @@ class ActorCritic(nn.Module):
         self.obs_dim, self.n_actions, self.hidden_sizes = obs_dim, n_actions, tuple(hidden_sizes)
         self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
         self.actor = _mlp(obs_dim, hidden_sizes, n_actions, out_std=0.01)
-        self._actor_linears, self._critic_linears = _linears(self.actor), _linears(self.critic)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s), shape [B]."""
@@ -133,36 +97,9 @@ class ActorCritic(nn.Module):
     def sample(
         self, obs: torch.Tensor, mask: torch.Tensor | None, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rollout inference: (action, log_prob, value) without autograd or the entropy term.
-
-        Same draw as :meth:`get_action_and_value` for the same generator state (Gumbel-max).
-        """
-        logits, _ = _mlp_forward(self._actor_linears, obs)
-        if mask is not None:
-            logits = logits.masked_fill(~mask, MASKED_LOGIT)
-        uniform = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
-        action = torch.argmax(logits - torch.log(-torch.log(uniform.clamp_min(1e-20))), dim=-1)
-        log_prob = torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
-        value, _ = _mlp_forward(self._critic_linears, obs)
-        return action, log_prob, value.squeeze(-1)
-
-    def forward_train(
-        self, obs: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[torch.Tensor], list[torch.Tensor]]]:
-        """Unmasked actor logits [B, A], values [B] and the activations :meth:`backward_train` needs.
-
-        Call under ``torch.no_grad()``: gradients come from :meth:`backward_train`, not autograd.
-        """
-        logits, actor_inputs = _mlp_forward(self._actor_linears, obs)
-        value, critic_inputs = _mlp_forward(self._critic_linears, obs)
-        return logits, value.squeeze(-1), (actor_inputs, critic_inputs)
-
-    def backward_train(
-        self, cache: tuple[list[torch.Tensor], list[torch.Tensor]], grad_logits: torch.Tensor, grad_value: torch.Tensor
-    ) -> None:
-        """Set every parameter's ``.grad`` from dLoss/dlogits [B, A] and dLoss/dvalue [B] (replaces, not accumulates)."""
-        _mlp_backward(self._actor_linears, cache[0], grad_logits)
-        _mlp_backward(self._critic_linears, cache[1], grad_value.unsqueeze(-1))
+        """Rollout inference: (action, log_prob, value), the draw of :meth:`get_action_and_value`, no graph."""
+        action, log_prob, _, value = self.get_action_and_value(obs, mask, generator=generator)
+        return action, log_prob, value
 
     @torch.no_grad()
     def act(self, obs: np.ndarray | torch.Tensor, mask: np.ndarray | torch.Tensor | None = None) -> np.ndarray:

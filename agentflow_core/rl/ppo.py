@@ -2,21 +2,16 @@
 
 rollout (``n_steps`` x ``num_envs``, one batched no-grad forward per step) -> :func:`compute_gae`
 (bootstrap through truncation with V(final_obs), never through termination) -> flatten (``b_*``)
--> ``n_epochs`` x minibatches (``mb_*``): clipped surrogate, value loss, entropy bonus, optional
-KL penalty, advantage normalisation, grad-norm clipping -> approx KL ((r-1) - log r, Schulman's
-low-variance estimator) and clip fraction -> diagnostics to an injected :class:`MetricsSink`.
+-> ``n_epochs`` x minibatches (``mb_*``, a fresh permutation per epoch): advantage normalisation,
+clipped surrogate, value loss, entropy bonus, optional KL penalty, grad-norm clipping, Adam ->
+approx KL ((r-1) - log r, Schulman's low-variance estimator), clip fraction and the last
+minibatch's pre-clip grad norm -> diagnostics to an injected :class:`MetricsSink`.
 
-Speed (the update is most of the cost at small minibatches): the minibatch step does not build an
-autograd graph. :func:`ppo_minibatch_step` computes the loss terms and their exact analytic gradient
-with respect to the logits and values (clip, log-softmax, entropy, KL penalty, value loss), and
-:meth:`ActorCritic.backward_train` backpropagates it through the two Tanh towers; then the same
-global grad-norm clip and a fused (single-kernel) Adam. The buffer is permuted once per epoch, so a
-minibatch is a contiguous slice, and diagnostics stay tensors until one read per update.
-:func:`ppo_minibatch_loss` is the plain autograd formulation that tests hold the fast path to.
-On the CPU (``kernel="auto"``) the same arithmetic runs as NumPy kernels on views of the same
-memory (:mod:`agentflow_core.rl.numpy_kernel`: rollout sampling, minibatch gradient, clip, Adam),
-which at minibatch 64 costs about a third of the torch calls it replaces; ``kernel="torch"`` keeps
-the torch path, which CUDA always uses.
+One learner path, as CleanRL and SB3 write it: :func:`ppo_minibatch_loss` through autograd,
+``loss.backward()``, ``torch.nn.utils.clip_grad_norm_``, ``torch.optim.Adam``. A hand-written
+gradient with a flat Adam and NumPy kernels once ran beside it; at the shipped minibatch 512 the
+run is env-bound and they made ``agentflow train`` no faster end to end (BENCHMARKS.md, "One
+learner path"), so they were removed rather than kept in step with every change to the loss.
 
 Determinism and resume: every rollout starts with ``pool.reset(seed=rollout_seed(seed, update))``.
 Episodes therefore never span a rollout boundary (the last step of a rollout is bootstrapped with
@@ -35,14 +30,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from torch import nn
 
 from agentflow_core.config import TrainConfig
 from agentflow_core.contracts import EnvPool, PoolBatch
 from agentflow_core.errors import NonFiniteError
-from agentflow_core.rl import numpy_kernel
 from agentflow_core.rl.adaptive import AdaptiveKLController
-from agentflow_core.rl.flat_optim import FlatAdam
-from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic
+from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.reward import COMPONENTS
 
 
@@ -266,70 +260,6 @@ def ppo_minibatch_loss(
     return loss, stats
 
 
-@torch.no_grad()
-def ppo_minibatch_step(
-    policy: ActorCritic,
-    obs: torch.Tensor,
-    mask: torch.Tensor | None,
-    actions: torch.Tensor,
-    old_logprob: torch.Tensor,
-    norm_advantages: torch.Tensor,
-    returns: torch.Tensor,
-    coef: LossCoefficients,
-) -> torch.Tensor:
-    """Set ``.grad`` of every policy parameter to d(:func:`ppo_minibatch_loss`)/dtheta, analytically.
-
-    ``norm_advantages`` are already standardised per minibatch (:func:`normalize_advantages`; the
-    learner does all minibatches of an epoch at once). With p = softmax(masked logits), H the
-    entropy, r the ratio, A the normalised advantage and B the minibatch size:
-    dL/dr = -A [-A r >= -A clip(r)] / B (the max picks the unclipped term, or the clipped one whose
-    gradient is 0 outside the range); dL/dlog r = r dL/dr + k (r - 1) / B;
-    dL/dz = dL/dlog r (onehot(a) - p) + c_ent p (log p + H) / B, zero on masked logits;
-    dL/dV = c_vf (V - R) / B. Returns per-minibatch means in ``STAT_KEYS`` order, *unscaled*:
-    multiply by :data:`STAT_SCALE` (value loss 0.5, old approx KL -1) when reading them.
-    """
-    batch = obs.shape[0]
-    raw_logits, value, cache = policy.forward_train(obs)
-    logits = raw_logits if mask is None else raw_logits.masked_fill(~mask, MASKED_LOGIT)
-    log_probs = torch.log_softmax(logits, dim=-1)
-    probs = log_probs.exp()
-    entropy = -(probs * log_probs).sum(-1)
-    action_index = actions.unsqueeze(-1)
-    logratio = log_probs.gather(-1, action_index).squeeze(-1) - old_logprob
-    ratio = logratio.exp()
-    pg_loss1 = -norm_advantages * ratio
-    pg_loss2 = -norm_advantages * torch.clamp(ratio, 1.0 - coef.clip_range, 1.0 + coef.clip_range)
-    ratio_m1 = ratio - 1.0
-    diff = value - returns
-    grad_logratio = torch.where(pg_loss1 >= pg_loss2, pg_loss1, 0.0) * (1.0 / batch)  # -A r [unclipped] / B = r dL/dr
-    if coef.kl_coef > 0.0:
-        grad_logratio = grad_logratio + ratio_m1 * (coef.kl_coef / batch)
-    grad_logits = probs * ((log_probs + entropy.unsqueeze(-1)) * (coef.ent_coef / batch) - grad_logratio.unsqueeze(-1))
-    grad_logits.scatter_add_(-1, action_index, grad_logratio.unsqueeze(-1))
-    if mask is not None:
-        grad_logits.masked_fill_(~mask, 0.0)
-    policy.backward_train(cache, grad_logits, diff * (coef.vf_coef / batch))
-    return torch.stack(
-        [
-            torch.max(pg_loss1, pg_loss2),
-            diff * diff,
-            entropy,
-            ratio_m1 - logratio,
-            logratio,
-            (ratio_m1.abs() > coef.clip_range).float(),
-        ]
-    ).mean(1)
-
-
-STAT_SCALE = (1.0, 0.5, 1.0, 1.0, -1.0, 1.0)
-
-
-def normalize_minibatch_advantages(advantages: torch.Tensor, minibatch_size: int) -> torch.Tensor:
-    """:func:`normalize_advantages` applied to each consecutive ``minibatch_size`` slice, in one pass."""
-    rows = advantages.view(-1, minibatch_size)
-    return ((rows - rows.mean(1, keepdim=True)) / (rows.std(1, keepdim=True) + 1e-8)).view(-1)
-
-
 class RolloutBuffer:
     """Preallocated ``[n_steps, num_envs, ...]`` tensors: memory is bounded and allocation-free per step.
 
@@ -358,12 +288,6 @@ class RolloutBuffer:
         self.actions = torch.zeros(shape, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
-        if device.type == "cpu":  # written through NumPy by the CPU rollout
-            self.np_actions, self.np_logprobs, self.np_values = (
-                self.actions.numpy(),
-                self.logprobs.numpy(),
-                self.values.numpy(),
-            )
         self.variant_index = np.full(shape, -1, dtype=np.int64)
         self.to_device()
 
@@ -415,10 +339,7 @@ class PPO:
         sink: MetricsSink | None = None,
         reward_transform: RewardTransform | None = None,
         device: torch.device | str = "cpu",
-        kernel: str = "auto",
     ) -> None:
-        if kernel not in ("auto", "numpy", "torch"):
-            raise ValueError(f"kernel must be 'auto', 'numpy' or 'torch', got {kernel!r}")
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.pool = pool
@@ -431,13 +352,8 @@ class PPO:
         self.batch_size = self.num_envs * self.n_steps
         if self.batch_size % cfg.minibatch_size:
             raise ValueError(f"minibatch_size {cfg.minibatch_size} must divide num_envs*n_steps={self.batch_size}")
-        self.optimizer = FlatAdam(list(self.policy.parameters()), lr=cfg.learning_rate, eps=1e-5)
-        # CPU: rollout sampling and the update run as NumPy kernels on views of the same memory.
-        self.use_numpy_kernel = (
-            numpy_kernel.supports(self.policy, self.device) if kernel == "auto" else kernel == "numpy"
-        )
-        if self.use_numpy_kernel and not numpy_kernel.supports(self.policy, self.device):
-            raise ValueError(f"kernel='numpy' needs a float32 ActorCritic on the CPU (device {self.device})")
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        self.grad_norm = torch.zeros(())
         self.sample_generator = torch.Generator(device=self.device).manual_seed(seed)
         self.np_random = np.random.default_rng(seed)
         self.adaptive = AdaptiveKLController(
@@ -456,31 +372,18 @@ class PPO:
         if self.reward_transform is not None:
             self.reward_transform.reset(batch)
         on_cpu = self.device.type == "cpu"
-        numpy_path = self.use_numpy_kernel
-        if numpy_path:
-            actor, critic = numpy_kernel.towers(self.policy)
         with torch.no_grad():
             for step in range(self.n_steps):
                 buf.np_obs[step] = batch.obs
                 buf.np_masks[step] = batch.action_mask
-                if numpy_path:  # same generator draws as ActorCritic.sample, NumPy arithmetic
-                    uniform = torch.rand(
-                        (self.num_envs, self.policy.n_actions), generator=self.sample_generator
-                    ).numpy()
-                    action_np, logprob_np, value_np = numpy_kernel.sample(
-                        actor, critic, buf.np_obs[step], buf.np_masks[step], uniform
-                    )
-                    buf.np_actions[step], buf.np_logprobs[step], buf.np_values[step] = action_np, logprob_np, value_np
-                    batch = self.pool.step(action_np)
-                else:
-                    obs, mask = buf.host_obs[step], buf.host_masks[step]
-                    if not on_cpu:
-                        obs, mask = obs.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
-                    action, logprob, value = self.policy.sample(obs, mask, generator=self.sample_generator)
-                    buf.actions[step] = action
-                    buf.logprobs[step] = logprob
-                    buf.values[step] = value
-                    batch = self.pool.step(action.numpy() if on_cpu else action.cpu().numpy())
+                obs, mask = buf.host_obs[step], buf.host_masks[step]
+                if not on_cpu:
+                    obs, mask = obs.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+                action, logprob, value = self.policy.sample(obs, mask, generator=self.sample_generator)
+                buf.actions[step] = action
+                buf.logprobs[step] = logprob
+                buf.values[step] = value
+                batch = self.pool.step(action.numpy() if on_cpu else action.cpu().numpy())
                 buf.np_rewards[step] = batch.reward if self.reward_transform is None else self.reward_transform(batch)
                 buf.np_terminated[step] = batch.terminated
                 buf.np_truncated[step] = batch.truncated
@@ -524,92 +427,39 @@ class PPO:
             cfg.gae_lambda,
         )
         self._feed_scheduler(returns)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = buf.values.reshape(-1)
+        b_obs = buf.obs.reshape(-1, buf.obs.shape[-1])
+        b_masks = buf.masks.reshape(-1, buf.masks.shape[-1])
+        b_actions, b_logprobs = buf.actions.reshape(-1), buf.logprobs.reshape(-1)
+        b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), buf.values.reshape(-1)
         clip_range = self.adaptive.clip_range
         coef = LossCoefficients(clip_range, cfg.ent_coef, cfg.vf_coef, self.adaptive.kl_coef)
-        self.optimizer.ensure_bound()
-        if self.use_numpy_kernel:
-            stats_np = self._update_numpy(b_advantages, b_returns, coef)
-            metrics = dict(zip(STAT_KEYS, (stats_np.mean(0) * np.array(STAT_SCALE)).tolist(), strict=True))
-        else:
-            metrics = self._update_torch(b_advantages, b_returns, coef)
+        mb_stats: list[torch.Tensor] = []
+        for _epoch in range(cfg.n_epochs):
+            b_inds = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
+            for start in range(0, self.batch_size, cfg.minibatch_size):
+                mb_inds = b_inds[start : start + cfg.minibatch_size]
+                loss, stats = ppo_minibatch_loss(
+                    self.policy,
+                    b_obs[mb_inds],
+                    b_masks[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    coef,
+                )
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                mb_stats.append(stats)
+        metrics = dict(zip(STAT_KEYS, torch.stack(mb_stats).mean(0).tolist(), strict=True))
+        metrics["losses/grad_norm"] = float(self.grad_norm)
         metrics["losses/explained_variance"] = explained_variance(b_values, b_returns)
         self.adaptive.observe(metrics["losses/approx_kl"])
         metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
         metrics["adaptive/clip_range_used"] = clip_range
         return metrics
-
-    def _update_numpy(self, b_advantages: torch.Tensor, b_returns: torch.Tensor, coef: LossCoefficients) -> np.ndarray:
-        """The epochs x minibatches loop with :class:`numpy_kernel.PPOKernel`; per-minibatch stats [n, 6]."""
-        cfg, buf = self.cfg, self.buffer
-        b_obs = buf.np_obs.reshape(-1, buf.np_obs.shape[-1])
-        b_illegal = ~buf.np_masks.reshape(-1, buf.np_masks.shape[-1])
-        b_actions, b_logprobs = buf.np_actions.reshape(-1), buf.np_logprobs.reshape(-1)
-        advantages_np, returns_np = b_advantages.numpy(), b_returns.numpy()
-        mb_size = cfg.minibatch_size
-        n_actions = b_illegal.shape[1]
-        kernel = numpy_kernel.PPOKernel(self.policy, self.optimizer)
-        record = np.empty((6, cfg.n_epochs * (self.batch_size // mb_size), mb_size), dtype=np.float32)
-        # flat index of (row within its minibatch, action) into a [mb_size, n_actions] block
-        row_offset = np.tile(np.arange(mb_size) * n_actions, self.batch_size // mb_size)
-        row = 0
-        for _epoch in range(cfg.n_epochs):
-            perm = self.np_random.permutation(self.batch_size)
-            e_obs, e_illegal, e_logprobs, e_returns = b_obs[perm], b_illegal[perm], b_logprobs[perm], returns_np[perm]
-            e_action_index = row_offset + b_actions[perm]
-            e_advantages = numpy_kernel.normalize_minibatch_advantages(advantages_np[perm], mb_size)
-            for start in range(0, self.batch_size, mb_size):
-                end = start + mb_size
-                kernel.minibatch_step(
-                    e_obs[start:end],
-                    e_illegal[start:end],
-                    e_action_index[start:end],
-                    e_logprobs[start:end],
-                    e_advantages[start:end],
-                    e_returns[start:end],
-                    coef,
-                    record[:, row],
-                )
-                kernel.clip_grad_norm(cfg.max_grad_norm)
-                kernel.adam_step()
-                row += 1
-        return numpy_kernel.minibatch_stats(record, coef.clip_range)
-
-    def _update_torch(
-        self, b_advantages: torch.Tensor, b_returns: torch.Tensor, coef: LossCoefficients
-    ) -> dict[str, float]:
-        """The epochs x minibatches loop with :func:`ppo_minibatch_step` and FlatAdam (CUDA, reference)."""
-        cfg, buf = self.cfg, self.buffer
-        b_obs = buf.obs.reshape(-1, buf.obs.shape[-1])
-        b_masks = buf.masks.reshape(-1, buf.masks.shape[-1])
-        b_actions, b_logprobs = buf.actions.reshape(-1), buf.logprobs.reshape(-1)
-        mb_size = cfg.minibatch_size
-        stats = torch.empty((cfg.n_epochs * (self.batch_size // mb_size), len(STAT_KEYS)), device=self.device)
-        row = 0
-        for _epoch in range(cfg.n_epochs):
-            perm = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
-            e_obs, e_masks, e_actions = b_obs[perm], b_masks[perm], b_actions[perm]
-            e_logprobs, e_returns = b_logprobs[perm], b_returns[perm]
-            e_advantages = normalize_minibatch_advantages(b_advantages[perm], mb_size)
-            for start in range(0, self.batch_size, mb_size):
-                end = start + mb_size
-                stats[row] = ppo_minibatch_step(
-                    self.policy,
-                    e_obs[start:end],
-                    e_masks[start:end],
-                    e_actions[start:end],
-                    e_logprobs[start:end],
-                    e_advantages[start:end],
-                    e_returns[start:end],
-                    coef,
-                )
-                self.optimizer.clip_grad_norm_(cfg.max_grad_norm)
-                self.optimizer.step()
-                row += 1
-        scale = torch.tensor(STAT_SCALE, device=self.device)
-        return dict(zip(STAT_KEYS, (stats.mean(0) * scale).tolist(), strict=True))
 
     def _feed_scheduler(self, returns: torch.Tensor) -> None:
         """Per-variant mean squared value error (PLR's learning-potential score) to pools that take it."""
@@ -664,7 +514,7 @@ class PPO:
         for key in STAT_KEYS[:4]:
             if not np.isfinite(metrics[key]):
                 raise NonFiniteError(update, key.removeprefix("losses/"), f"mean over minibatches {metrics[key]}")
-        if not bool(torch.isfinite(self.optimizer.flat_grad).all()):
+        if not bool(torch.isfinite(self.grad_norm)):
             raise NonFiniteError(update, "gradients", "in the last minibatch step")
         for name, param in self.policy.named_parameters():
             if not bool(torch.isfinite(param).all()):

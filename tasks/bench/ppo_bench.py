@@ -514,8 +514,7 @@ def run_ppo_bench(
         "notes": [
             "sps_ratio_vs_sb3: SB3's default minibatch 64 x 10 epochs on both sides, 8 envs x 256 steps, "
             "64x64 tanh actor and critic, one torch thread; each side's best of the alternating repeats. "
-            "On the CPU our learner runs its NumPy kernels (PPO kernel='auto': sampling, minibatch "
-            "gradient, clip and Adam on views of the torch parameters); kernel='torch' is the torch path.",
+            "Our learner is the product's one path (autograd, torch.optim.Adam, clip_grad_norm_), as SB3's is.",
             "sps_ratio_vs_sb3_large_minibatch (512 x 4) is bound by the env's step cost on both sides; "
             "sps_ratio_ceiling_vs_sb3 is the env alone over SB3.",
         ],

@@ -45,6 +45,7 @@ METRIC_KEYS = (
     "success_rate",
     "crash_episodes",
     "matched_state_consistency",
+    "consistency_random",
     "payment_success_rate",
     "state_coverage",
     "mean_evaluated_return",
