@@ -6,7 +6,7 @@ episodes with seeds ``seed .. seed+resets-1``. A variant is *stable* when
 1. it never crashes, hangs or returns NaN (any :class:`EnvError` fails it),
 2. it is deterministic: replaying the first seed gives the identical return, and
 3. the variance of its returns, in units of the goal reward (return / 10), is below
-   ``max_reward_variance`` (seed §2.2: 0.05). An expert that sometimes finishes and sometimes
+   ``max_reward_variance`` (docs/design.md §2.2: 0.05). An expert that sometimes finishes and sometimes
    does not produces a variance near 0.25, so a wrong mapping or a broken business rule fails
    this gate long before PPO would have wasted days on it, and
 4. the expert reaches the business goal (PAYMENT_SUCCESS, or a handled outcome such as escalating

@@ -171,7 +171,7 @@ class PoolConfig(_Section):
     ] = 3600.0
     scheduler: Literal["uniform", "round_robin", "heat", "plr_coverage"] = "plr_coverage"
     heat_decay: Annotated[
-        float, Field(gt=0.0, lt=1.0, description="seed §2.1: h <- decay*h + 1 per round sampled, decay*h otherwise.")
+        float, Field(gt=0.0, lt=1.0, description="docs/design.md §2.1: h <- decay*h + k each round (k: times drawn).")
     ] = 0.95
     cold_threshold: Annotated[float, Field(gt=0.0, description="a variant with heat below this is cold.")] = 0.3
     heat_cold_weight: Annotated[
@@ -363,7 +363,7 @@ class StressConfig(_Section):
 
 
 class ReportConfig(_Section):
-    """Reports and the champion/challenger canary (seed §5.3)."""
+    """Reports and the champion/challenger canary (docs/design.md §5.3)."""
 
     formats: list[Literal["md", "html", "json"]] = ["md", "html", "json"]
     champion_slice: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1

@@ -17,7 +17,7 @@ import numpy as np
 
 VOCAB_VERSION = "1"
 
-# Business-state tokens (seed §2.1 ships 17; we carry more so that distinct raw states never
+# Business-state tokens (docs/design.md §2.1: the design ships 17; we carry more so that distinct raw states never
 # have to share a token -- see the mapping audit's "collapse" check).
 TOKENS: tuple[str, ...] = (
     "LOGGED_OUT",
@@ -49,7 +49,7 @@ TOKEN_INDEX: dict[str, int] = {t: i for i, t in enumerate(TOKENS)}
 # Tokens that end an episode successfully / unsuccessfully regardless of channel.
 GOAL_TOKEN = "PAYMENT_SUCCESS"
 
-# Process success (issue 12): besides the goal, the terminal tokens that are the right outcome for a
+# Process success: besides the goal, the terminal tokens that are the right outcome for a
 # variant, keyed by (dimension, value) of its scenario. A blocked user cannot pay; escalating to
 # support is the process's answer (every channel emits ESCALATED on its support/ticket state).
 HANDLED_OUTCOMES: Mapping[tuple[str, str], frozenset[str]] = {
@@ -77,7 +77,7 @@ class SemanticAction(IntEnum):
 ACTIONS: tuple[str, ...] = tuple(a.name for a in SemanticAction)
 N_ACTIONS = len(ACTIONS)
 
-# Declared risk of each semantic action (seed 003 §2.2): the env may raise it further in
+# Declared risk of each semantic action (docs/design-003.md §2.2): the env may raise it further in
 # context (e.g. submitting a payment for an order that is already paid = double charge).
 ACTION_RISK: dict[SemanticAction, float] = {
     SemanticAction.CANCEL_ORDER: 0.5,

@@ -1,7 +1,7 @@
 """The variant catalogue: base envs × scenario dimensions × sampled perturbations, as data.
 
 A variant is a base env plus ``Scenario`` overrides (``params``). The catalogue is generated
-deterministically from a seed (seed §2.1: ~7,000 variants from a handful of base envs), written
+deterministically from a seed (docs/design.md §3.3: ~7,000 variants from a handful of base envs), written
 once as a Parquet table with a ``_meta.json`` card, and read back by the pool, which builds each
 variant from its :class:`VariantSpec` alone (specs cross process boundaries as JSON, not objects).
 """
@@ -34,7 +34,7 @@ META_FILE = "_meta.json"
 SCHEMA_VERSION = "1"
 FIXED_COLUMNS = ("env_id", "base_env_id", "family", "content_hash", "params_json")
 
-# Short, readable names for the env_id (seed §2.1: ``web_checkout_v2_net_packet_loss_5%``).
+# Short, readable names for the env_id (docs/design.md §3.3: ``web_checkout_v2_net_packet_loss_5%``).
 ID_ABBREVIATIONS = {
     "network": "net",
     "user_tier": "user",

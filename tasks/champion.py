@@ -1,4 +1,4 @@
-"""Champion/challenger in the MLflow Model Registry (seed §5.3 canary).
+"""Champion/challenger in the MLflow Model Registry (docs/design.md §5.3).
 
 Every trained candidate is registered as a new version of ``base.tracking.registered_model``;
 only a promoted one gets the ``champion`` alias. The decision itself (consistency and reward

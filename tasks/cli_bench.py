@@ -39,8 +39,8 @@ COMMANDS = {
     "train": "agentflow bench train",
 }
 TITLES = {
-    "pool": "Env pool (issue 4): semantic overhead, Ray speed-up, memory, scheduler, recovery",
-    "ppo": "PPO (issue 5): throughput vs stable-baselines3, update time, held-out success",
+    "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
+    "ppo": "PPO: throughput vs stable-baselines3, update time, held-out success",
     "scheduler": "Scheduler strategies on a synthetic learner (1,000 variants, 100k draws)",
     "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
 }

@@ -5,7 +5,7 @@ The CLI commands (and so the DVC stages, which call them), the Prefect flow and 
 params on the same machine then give bit-identical checkpoints whichever path ran them.
 
 Torch and NumPy's BLAS run on one thread each: the policy is a small MLP, where more threads only
-add contention (STACK-NOTES), and a thread count that follows the core count changes the order of
+add contention (docs/stack-notes.md "CPU threads"), and a thread count that follows the core count changes the order of
 float reductions, so the result would depend on the machine's core count. OpenBLAS's default (one
 spinning thread per core) is the costly one: next to busy env workers, a 512x64 matmul measured
 20x slower with 2 BLAS threads than with 1 on this 2-core machine. What can still differ

@@ -3,7 +3,7 @@
 PyYAML's ``safe_load`` expands aliases without limit (a 324-byte "billion laughs" file cost 3
 minutes and 6.8 GB), recurses once per nesting level (5,000 levels end in RecursionError), lets a
 later duplicate key replace an earlier one silently and hands 5,000-digit integers to ``int()``
-(STACK-NOTES, "YAML"). This loader refuses all of these before building anything large:
+(docs/stack-notes.md "YAML"). This loader refuses all of these before building anything large:
 
 * the file is at most ``MAX_BYTES`` and strict UTF-8 text (no NUL bytes, no UTF-16);
 * at most ``MAX_ALIASES`` aliases, nesting at most ``MAX_DEPTH`` deep, at most ``MAX_NODES``

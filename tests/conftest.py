@@ -81,7 +81,7 @@ def prefect_harness() -> Iterator[None]:
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real ``mlflow server`` on 127.0.0.1 with its own sqlite backend and artifact root (~10 s).
 
-    Its own session, job workers off (they would outlive it, STACK-NOTES); stopped with its group.
+    Its own session, job workers off (they would outlive it, docs/stack-notes.md "MLflow"); stopped with its group.
     """
     root = tmp_path_factory.mktemp("mlflow-server")
     with socket.socket() as sock:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 CODE_DIRS = ("agentflow_core", "tasks", "flows", "tests")
@@ -64,7 +62,6 @@ def test_every_docs_citation_resolves() -> None:
     assert broken == []
 
 
-@pytest.mark.skip(reason="enabled once citations are rewritten")
 def test_no_module_cites_documents_outside_the_repository() -> None:
     old = [
         f"{p.relative_to(ROOT)}:{n}: {line.strip()}"

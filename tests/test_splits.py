@@ -1,4 +1,4 @@
-"""Train / validation / test splits, stratified evaluation, process success and Wilson intervals (issue 12)."""
+"""Train / validation / test splits, stratified evaluation, process success and Wilson intervals."""
 
 from __future__ import annotations
 

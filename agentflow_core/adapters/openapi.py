@@ -1,6 +1,6 @@
 """OpenAPI 3 -> (env config, ``api`` mapping): a new HTTP channel from its spec, no code.
 
-The seed's "environment template library": given an API description, propose the semantic
+The design's "environment template library" (docs/design.md §5.3): given an API description, propose the semantic
 mapping that a person would otherwise write by hand, then let the mapping audit check it.
 
 * **Actions** -- each operation is matched to a semantic action by the words of its

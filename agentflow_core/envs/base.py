@@ -40,7 +40,7 @@ _ONE_OF_NETWORKS, _ONE_OF_TIERS, _ONE_OF_STAGES = (
 class Scenario:
     """Business parameters of one episode distribution (one variant).
 
-    ``start_stage`` is the seed's "page type" dimension: the funnel stage an episode starts at
+    ``start_stage`` is the design's "page type" dimension (docs/design.md §3.3): the funnel stage an episode starts at
     (a user who arrives logged in on a product page, at checkout with a filled cart, ...).
     """
 
@@ -93,14 +93,14 @@ class Scenario:
 
 
 def make_env_id(family: str, version: int, created: _dt.date | None = None, suffix: str = "") -> str:
-    """``<family>_v<version>_<YYYYMMDD>[_<suffix>]``, the seed's env_id convention (§2.1)."""
+    """``<family>_v<version>_<YYYYMMDD>[_<suffix>]``, the env_id convention of docs/design.md §2.1."""
     day = (created or _dt.date.today()).strftime("%Y%m%d")
     return f"{family}_v{version}_{day}" + (f"_{suffix}" if suffix else "")
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """What a physical env returns from ``step``: the seed's standard dict, typed.
+    """What a physical env returns from ``step``: the standard dict of docs/design.md §2.1, typed.
 
     ``done`` is ``terminated or truncated``; both stay available so that value bootstrapping
     on truncation is possible. ``info`` always carries env_id, step_id and failure_reason.

@@ -8,7 +8,7 @@ empty checkout, foreign keys tie rows together. A violated rule is an ``Integrit
 write lock an ``OperationalError``; both become an ``error`` row in the observation and a step
 ``failure_reason``, never an exception.
 
-Isolation (seed 000: "SQL 执行 + 事务回滚"): every episode runs inside one transaction opened at
+Isolation ("SQL execution + transaction rollback", docs/design.md §2.1): every episode runs inside one transaction opened at
 ``reset`` and rolled back at the next ``reset``/``close``, each mutating op inside a SAVEPOINT so
 a failed statement undoes only itself. The database therefore never changes across episodes.
 By default each env owns a private in-memory SQLite (``sqlite://`` + ``StaticPool``); any

@@ -38,7 +38,7 @@ VERSION = 2
 
 CLIENT_TIMEOUT_S = 1.0
 # Response times are lognormal around the condition's latency: with a 0.5 s median a spread of
-# 0.45 puts ~6% of responses past the 1.0 s client timeout (the seed's "latency_500ms" variant).
+# 0.45 puts ~6% of responses past the 1.0 s client timeout (the "latency_500ms" variant, docs/design.md §3.3).
 LATENCY_SIGMA = 0.45
 ORDER_TTL_STEPS = 15
 ALTERNATIVE_STOCK = 20

@@ -1,6 +1,6 @@
-"""Champion / challenger canary (seed §5.3): promote a new policy only when it is both close and better.
+"""Champion / challenger canary (docs/design.md §5.3): promote a new policy only when it is both close and better.
 
-The seed's canary runs the new policy on 10% of the traffic and switches over when its action
+The design's canary runs the new policy on 10% of the traffic and switches over when its action
 consistency exceeds 85% *and* reward improves by more than 5%. Here the "traffic" is a stable
 slice of the catalogue (sha256 of the env_id, so every process and every run picks the same
 variants) and both policies are evaluated on it with the same seeds. The numbers:

@@ -1,4 +1,4 @@
-"""Policy consistency across variants (seed §4.3: "the same initial state in 100 variants").
+"""Policy consistency across variants (docs/design.md §4.3: "the same initial state in 100 variants").
 
 Two measures, both of *greedy* choices:
 

@@ -1,4 +1,4 @@
-"""State coverage of the stress rollouts: token frequency by env family × variant group (seed §4.3).
+"""State coverage of the stress rollouts: token frequency by env family × variant group (docs/design.md §4.3).
 
 A *visited state* is the state each action was taken in, plus the final state of every episode,
 so each state of an episode counts once. The frequency of a token in a row is the share of that

@@ -1,4 +1,4 @@
-"""Reward-hacking check (seed 003 §3.2): high shaped reward without the business outcome.
+"""Reward-hacking check (docs/design-003.md §3.2): high shaped reward without the business outcome.
 
 An episode is flagged when its *shaped* return (the training reward: base + shaping) reaches
 ``threshold`` while its token path never contains PAYMENT_SUCCESS: the policy collected reward

@@ -1,8 +1,8 @@
-"""The evaluation report (seed §4.3 "📊 Evaluation Report"): one JSON document, rendered three ways.
+"""The evaluation report (docs/design.md §4.3): one JSON document, rendered three ways.
 
 :func:`build_report` assembles the document from a stress analysis (``StressAnalysis.to_dict()``)
 and, optionally, a champion/challenger decision. Its top-level keys are ``REPORT_KEYS``.
-:func:`report_tree` gives the seed's tree (rendered as text by :func:`tree_text`, or by the CLI
+:func:`report_tree` gives the design's report tree (rendered as text by :func:`tree_text`, or by the CLI
 with rich), :func:`render_markdown` links the plots and :func:`render_html` embeds them as
 base64 images, so the HTML file stands alone. Rendering is pure: file I/O stays at the edge.
 """
@@ -83,7 +83,7 @@ def _mark(ok: bool) -> str:
 
 
 def report_tree(report: Mapping[str, Any]) -> TreeNode:
-    """The seed's tree: coverage, consistency, root causes, hacking, risk, champion, recommendation."""
+    """The report tree of docs/design.md §4.3: coverage, consistency, root causes, hacking, risk, champion, recommendation."""
     m, cons, cov = report["metrics"], report["consistency"], report["coverage"]
     target = cons["target"]
     rare = ", ".join((cov["long_tail"] + cov["unseen"])[:5]) or "none"

@@ -1,4 +1,4 @@
-"""Risk term (seed 003 §2.2): risky actions are counted and penalised in the evaluated return.
+"""Risk term (docs/design-003.md §2.2): risky actions are counted and penalised in the evaluated return.
 
 Each semantic action declares a risk (``semantics.ACTION_RISK``: CANCEL_ORDER 0.5, SUBMIT_PAYMENT
 0.1) and a channel may raise it in context (``info["risk"]``, e.g. cancelling a paid order or

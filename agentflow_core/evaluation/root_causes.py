@@ -1,4 +1,4 @@
-"""Failure root causes (seed §4.3): cluster the failed episodes, report the top three with where they concentrate.
+"""Failure root causes (docs/design.md §4.3): cluster the failed episodes, report the top three with where they concentrate.
 
 A *failed* episode ended (terminated or truncated) with an evaluated return below
 ``failure_reward_threshold`` and is not a handled outcome (``EpisodeRecord.success``). Its

@@ -1,4 +1,4 @@
-"""Stress validation rollouts (seed §2.2 Phase 3): E greedy episodes on a stratified catalogue sample.
+"""Stress validation rollouts (docs/design.md §2.2, Phase 3): E greedy episodes on a stratified catalogue sample.
 
 The sample is *stratified*: every env family and every value of every variant dimension is in
 it (a greedy set cover first), and the rest is filled round-robin over the catalogue's cells
@@ -50,7 +50,7 @@ class RewardFn(Protocol):
 
 @dataclass(frozen=True)
 class RiskRule:
-    """Seed 003 §2.2: a step whose risk exceeds ``threshold`` costs ``penalty`` in the evaluated return."""
+    """docs/design-003.md §2.2: a step whose risk exceeds ``threshold`` costs ``penalty`` in the evaluated return."""
 
     threshold: float = 0.3
     penalty: float = 1.0

@@ -4,7 +4,7 @@ Four strategies share one small interface (:class:`Scheduler`) and one bookkeepi
 
 - ``uniform``      -- every active variant equally likely.
 - ``round_robin``  -- walk the catalogue in order (deterministic; the coverage baseline).
-- ``heat``         -- seed §2.1 heat decay: ``h <- decay*h + 1`` for a variant sampled in a round,
+- ``heat``         -- docs/design.md §2.1 heat decay: ``h <- decay*h + 1`` for a variant sampled in a round,
                       ``h <- decay*h`` otherwise; variants with ``h < cold_threshold`` ("cold") are
                       preferred, so long-tail variants keep being visited.
 - ``plr_coverage`` -- Prioritized Level Replay (Jiang et al. 2021, "Prioritized Level Replay"):
@@ -87,7 +87,7 @@ class Scheduler(Protocol):
 
 
 class HeatTracker:
-    """Seed §2.1 heat per variant, decayed lazily: O(1) state per variant, vectorised reads.
+    """Heat (docs/design.md §2.1) per variant, decayed lazily: O(1) state per variant, vectorised reads.
 
     After round ``t`` a variant's heat is ``h_t = decay * h_{t-1} + k`` where ``k`` is how many
     times it was drawn in round ``t`` (0 when not drawn). Only drawn variants are written.
@@ -338,7 +338,7 @@ class RoundRobinScheduler(BaseScheduler):
 
 
 class HeatScheduler(BaseScheduler):
-    """Cold-first sampling on seed §2.1 heat.
+    """Cold-first sampling on heat (docs/design.md §2.1).
 
     A cold variant (``h < cold_threshold``) weighs ``cold_weight``, a warm one 1. Warm draws are
     deliberately *not* steered to the least-warm variants: that would equalise heat into

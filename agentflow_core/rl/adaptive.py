@@ -1,7 +1,7 @@
 """Adaptive clip range and KL penalty: keep each PPO update close to a target KL.
 
-Every ``check_every`` PPO updates (rollout + epochs of minibatch steps; the seed's "every 100
-updates" never fired in a 98-update run, so the shipped cadence is a handful of updates) the
+Every ``check_every`` PPO updates (rollout + epochs of minibatch steps; the design's "every 100
+updates" (docs/design.md §3.4) never fired in a 98-update run, so the shipped cadence is 5) the
 controller looks at the mean approximate KL the learner measured over the updates since its last
 check. Above ``target_kl`` the policy moved too far: the clip range shrinks (x0.5, never below
 ``clip_floor``) and the KL-penalty coefficient beta rises (x1.5, as in RLlib's adaptive KL;

@@ -2,7 +2,7 @@
 
 ``eval`` with empty builtins is escapable (``().__class__.__bases__[0].__subclasses__()``,
 ``'{0.__class__}'.format(1)``, generator frames) and ``signal.alarm`` does not stop
-``'a' * 10**10`` (STACK-NOTES, "Safe expressions"). So a condition is parsed ONCE with
+``'a' * 10**10`` (docs/stack-notes.md "Safe expressions"). So a condition is parsed ONCE with
 :func:`ast.parse`, checked against an allow-list, and compiled into a tree of closures over
 plain floats; nothing the user wrote is ever handed to ``eval``/``exec``.
 

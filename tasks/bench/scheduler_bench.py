@@ -9,7 +9,7 @@ plays one episode on each, and reports it to the scheduler. Every strategy sees 
 Metrics (all four strategies measured identically, from outside the scheduler):
 
 - ``cold_share``: fraction of draws that land on a variant whose heat is below ``cold_threshold``
-  at draw time. Heat is tracked by the benchmark with the seed §2.1 rule (``h <- decay*h + 1``
+  at draw time. Heat is tracked by the benchmark with the docs/design.md §2.1 rule (``h <- decay*h + 1``
   per round drawn, ``decay*h`` otherwise; heat before the round's update), whatever the strategy.
 - ``max_visit_gap_over_n``: the longest stretch of draws between two consecutive visits of any one
   variant -- counting the stretch before its first visit and after its last -- divided by the
