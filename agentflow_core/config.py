@@ -35,6 +35,8 @@ class _Section(BaseModel):
 
 
 class RayConfig(_Section):
+    """`base.ray`: where Ray runs and how much of the machine it may take."""
+
     address: str | None = Field(
         None, description="Ray cluster address; None starts a local Ray (RAY_ADDRESS overrides)."
     )
@@ -44,6 +46,8 @@ class RayConfig(_Section):
 
 
 class TrackingConfig(_Section):
+    """`base.tracking`: where MLflow and Prefect keep runs, and the names runs and the champion go under."""
+
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI; None means sqlite:///<state_dir>/mlflow.db.")
     experiment: str = "agentflow"
     registered_model: str = "agentflow-policy"
@@ -51,6 +55,8 @@ class TrackingConfig(_Section):
 
 
 class BaseSection(_Section):
+    """`base`: what every phase shares: seed, run name, state and data directories, device, Ray and tracking."""
+
     seed: Seed = 0
     run_name: str = "demo"
     state_dir: str = Field(".agentflow", description="Prefect home, MLflow db, DVC remote, checkpoints live here.")
@@ -72,6 +78,8 @@ class BaseSection(_Section):
 
 
 class CalibrateConfig(_Section):
+    """`calibrate` (Phase 0): the sandbox gate a variant family must pass before training sees it."""
+
     variants_per_family: Annotated[int, Field(gt=0, le=10_000)] = 4
     resets: Count = 100
     max_reward_variance: Annotated[float, Field(gt=0.0)] = 0.05
@@ -114,6 +122,8 @@ class SplitConfig(_Section):
 
 
 class VariantsConfig(_Section):
+    """`variants`: the catalogue, dimensions (cartesian) x perturbations x samples, and its split."""
+
     base_envs: list[str] = ["web_checkout_v2", "order_db_v1", "payment_api_v1"]
     dimensions: dict[str, list[Any]] = {
         "start_stage": ["login", "product_detail", "checkout", "payment"],
@@ -146,6 +156,8 @@ class VariantsConfig(_Section):
 
 
 class PoolConfig(_Section):
+    """`pool`: the Ray-backed env pool and its scheduler over the catalogue."""
+
     num_workers: Annotated[int, Field(ge=0, le=1024)] = 2
     backend: Literal["ray", "inprocess"] = Field(
         "ray",
@@ -210,6 +222,8 @@ class PoolConfig(_Section):
 
 
 class ExploreConfig(_Section):
+    """`explore` (Phase 1): coverage-driven exploration that writes the trajectory dataset."""
+
     behaviour: Literal["policy", "expert"] = Field(
         "expert",
         description=(
@@ -386,4 +400,5 @@ class AgentFlowConfig(_Section):
 
     @property
     def phases(self) -> tuple[str, ...]:
+        """The phases in the order the cycle runs them."""
         return ("calibrate", "variants", "explore", "train", "stress", "report")

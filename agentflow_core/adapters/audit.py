@@ -58,6 +58,7 @@ class AuditFinding:
 
     @property
     def rule_ids(self) -> tuple[str, ...]:
+        """The responsible rule ids one by one (empty when no rule is to blame)."""
         return () if self.rule == NO_RULE else tuple(self.rule.split(", "))
 
     def __str__(self) -> str:

@@ -54,6 +54,8 @@ class Outcome(StrEnum):
 
 
 class BreakerState(StrEnum):
+    """The circuit breaker's states (Nygard, *Release It!*): requests pass, fail fast, or one probe passes."""
+
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
@@ -62,9 +64,11 @@ class BreakerState(StrEnum):
 class Clock(Protocol):
     """Where time comes from: real for the client tests, simulated for training."""
 
-    def now(self) -> float: ...
+    def now(self) -> float:
+        """Seconds on a monotonic scale."""
 
-    def sleep(self, seconds: float) -> None: ...
+    def sleep(self, seconds: float) -> None:
+        """Wait before the next attempt (backoff)."""
 
     def elapse(self, seconds: float) -> None:
         """Time spent waiting on the network (a real clock has already spent it)."""
@@ -75,9 +79,11 @@ class RealClock:
     """Wall time (monotonic); backoff really sleeps."""
 
     def now(self) -> float:
+        """Monotonic seconds."""
         return time.monotonic()
 
     def sleep(self, seconds: float) -> None:
+        """Block for real."""
         time.sleep(seconds)
 
     def elapse(self, seconds: float) -> None:
@@ -91,12 +97,15 @@ class SimulatedClock:
     t: float = 0.0
 
     def now(self) -> float:
+        """The simulated time ``t``."""
         return self.t
 
     def sleep(self, seconds: float) -> None:
+        """Advance simulated time instead of blocking."""
         self.t += seconds
 
     def elapse(self, seconds: float) -> None:
+        """Network waiting costs simulated time as well."""
         self.t += seconds
 
 
@@ -117,17 +126,22 @@ class RetryPolicy:
         return min(self.backoff_base_s * self.backoff_factor**retry, self.backoff_max_s)
 
     def allows(self, method: str, headers: Mapping[str, str]) -> bool:
+        """May this request be retried automatically (is it safe to send twice)?"""
         return method in self.methods or (self.retry_with_idempotency_key and "Idempotency-Key" in headers)
 
 
 @dataclass(frozen=True)
 class BreakerConfig:
+    """When the breaker opens (consecutive failures) and how long it stays open."""
+
     failure_threshold: int = 5
     cooldown_s: float = 0.5
 
 
 @dataclass(frozen=True)
 class ClientConfig:
+    """Per-request timeout, retry and breaker settings, and how many idle keep-alive connections to hold."""
+
     timeout_s: float = 1.0
     retry: RetryPolicy = RetryPolicy()
     breaker: BreakerConfig = BreakerConfig()
@@ -188,6 +202,7 @@ class HttpResult:
 
     @property
     def ok(self) -> bool:
+        """The exchange ended in a reply below 400 (not an HTTP error, a timeout or a refused connection)."""
         return self.outcome is Outcome.OK
 
 
@@ -235,6 +250,7 @@ class Connection:
         self._host_header = f"Host: {host}:{port}\r\n"
 
     def set_timeout(self, timeout: float) -> None:
+        """Applies to the open socket too, so a reused keep-alive connection honours the new timeout."""
         self.timeout = timeout
         if self.sock is not None:
             self.sock.settimeout(timeout)
@@ -299,6 +315,7 @@ class Connection:
         return _Response(int(code), headers, body, will_close)
 
     def close(self) -> None:
+        """Close the socket (the next exchange reconnects)."""
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -328,6 +345,7 @@ class ConnectionPool:
         return conn, True
 
     def put(self, conn: Connection) -> None:
+        """Return a connection for reuse; past ``max_idle`` it is closed instead."""
         with self._lock:
             if len(self._idle) < self.max_idle:
                 self._idle.append(conn)
@@ -335,6 +353,7 @@ class ConnectionPool:
         conn.close()
 
     def close(self) -> None:
+        """Close every idle connection; ones lent out are closed by their borrowers' ``put``."""
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:

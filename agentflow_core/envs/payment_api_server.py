@@ -388,6 +388,7 @@ class PaymentAPIState:
             return episode_id
 
     def delete(self, episode_id: str) -> bool:
+        """End an episode now rather than at its TTL; False when the id is unknown or already expired."""
         with self.lock:
             if self._touch(episode_id) is None:
                 return False
@@ -655,15 +656,18 @@ class PaymentAPIServer:
 
     @property
     def url(self) -> str:
+        """Base URL the client talks to (the bound port, so port 0 gives the one the OS chose)."""
         host, port = self._httpd.server_address[:2]
         return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     @property
     def state(self) -> PaymentAPIState:
+        """The episodes this server holds, for in-process inspection."""
         return self._httpd.state
 
     @property
     def running(self) -> bool:
+        """Is the serving thread alive?"""
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> PaymentAPIServer:

@@ -34,6 +34,7 @@ class PromotionDecision:
     numbers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form for the run's artifacts."""
         return {"promote": self.promote, "reason": self.reason, "numbers": self.numbers}
 
 

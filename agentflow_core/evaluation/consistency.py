@@ -84,6 +84,7 @@ class ConsistencyResult:
     score: float
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form for the report."""
         return {
             "score": self.score,
             "variants": self.variant_ids,
@@ -104,6 +105,7 @@ class MatchedConsistency:
     worst: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form for the report."""
         return {
             "score": self.score,
             "token_sets": self.token_sets,

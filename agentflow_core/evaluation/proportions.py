@@ -35,13 +35,16 @@ class Proportion:
 
     @property
     def rate(self) -> float:
+        """Point estimate; 0 when nothing was observed (the interval then spans [0, 1])."""
         return self.successes / self.n if self.n else 0.0
 
     @property
     def ci95(self) -> tuple[float, float]:
+        """Wilson score 95% interval, sound at small n and at rates near 0 or 1."""
         return wilson_interval(self.successes, self.n)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: rate, interval and the counts behind them."""
         low, high = self.ci95
         return {"rate": self.rate, "ci95": [low, high], "successes": self.successes, "n": self.n}
 
@@ -79,6 +82,7 @@ class SuccessBreakdown:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: overall rate with the per-family and per-dimension-value cells."""
         return {
             **self.overall.to_dict(),
             "by_family": {k: v.to_dict() for k, v in self.by_family.items()},

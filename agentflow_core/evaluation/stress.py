@@ -28,13 +28,16 @@ class VariantRow(Protocol):
     """What the evaluation needs of a catalogue variant (``VariantSpec`` satisfies it)."""
 
     @property
-    def env_id(self) -> str: ...
+    def env_id(self) -> str:
+        """Unique id of the variant in the catalogue."""
 
     @property
-    def family(self) -> str: ...
+    def family(self) -> str:
+        """Base env family the variant perturbs; results are stratified by it."""
 
     @property
-    def params(self) -> Mapping[str, Any]: ...
+    def params(self) -> Mapping[str, Any]:
+        """Dimension values the variant was built from; results are stratified by these too."""
 
 
 V = TypeVar("V", bound=VariantRow)
@@ -43,9 +46,11 @@ V = TypeVar("V", bound=VariantRow)
 class RewardFn(Protocol):
     """Shaped training reward over a pool (``agentflow_core.rl.reward.RewardFunction``)."""
 
-    def reset(self, obs: np.ndarray) -> None: ...
+    def reset(self, obs: np.ndarray) -> None:
+        """Start of a new episode in every slot, from the first observations."""
 
-    def step(self, batch: PoolBatch) -> Any: ...
+    def step(self, batch: PoolBatch) -> Any:
+        """Reward parts for one pool step (``.total`` is the training reward)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class StressRollout:
 
     @property
     def crash_episodes(self) -> int:
+        """Episodes ended by an env crash rather than by the process."""
         return sum(e.crashed for e in self.episodes)
 
 

@@ -51,6 +51,7 @@ class EvalResult:
 
     @property
     def process_success_by_family(self) -> dict[str, float]:
+        """Process success rate per family."""
         return {family: p.rate for family, p in self.process.by_family.items()}
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:

@@ -31,7 +31,8 @@ from agentflow_core.semantics import GOAL_TOKEN, N_TOKENS, TOKENS
 class RowSink(Protocol):
     """Where trajectory rows go (:class:`agentflow_core.rl.trajectories.TrajectoryWriter`)."""
 
-    def append(self, row: dict[str, Any]) -> None: ...
+    def append(self, row: dict[str, Any]) -> None:
+        """Store one trajectory row (a step of one env)."""
 
 
 @dataclass(frozen=True)

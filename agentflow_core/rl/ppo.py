@@ -44,13 +44,15 @@ from agentflow_core.rl.reward import COMPONENTS
 class MetricsSink(Protocol):
     """Where diagnostics go (MLflow, a progress bar, a list in a test); the core never prints."""
 
-    def record(self, step: int, metrics: dict[str, float]) -> None: ...
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Take the diagnostics of one update, keyed by name; ``step`` is the env steps so far."""
 
 
 class NullSink:
     """Discards metrics."""
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Drop them."""
         return None
 
 
@@ -61,6 +63,7 @@ class MemorySink:
     rows: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Keep a copy, so a caller reusing its dict cannot change the record."""
         self.rows.append((step, dict(metrics)))
 
     def series(self, key: str) -> list[float]:
@@ -72,15 +75,20 @@ class MemorySink:
 class RewardTransform(Protocol):
     """Maps a pool step's env rewards to training rewards (reward function + per-env normaliser)."""
 
-    def reset(self, batch: PoolBatch) -> None: ...
+    def reset(self, batch: PoolBatch) -> None:
+        """Start of new episodes: reset per-episode reward state (e.g. potential shaping) from the batch."""
 
-    def __call__(self, batch: PoolBatch) -> np.ndarray: ...
+    def __call__(self, batch: PoolBatch) -> np.ndarray:
+        """Training reward per slot for this pool step."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must hold to resume with the same reward scale."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
 
-    def metrics(self) -> dict[str, float]: ...
+    def metrics(self) -> dict[str, float]:
+        """Reward diagnostics since the last call; reading them starts a new window."""
 
 
 class TrainingReward:
@@ -107,10 +115,13 @@ class TrainingReward:
         self._steps = 0
 
     def reset(self, batch: PoolBatch) -> None:
+        """Reset the reward function's per-episode state (no-op without one)."""
         if self.reward_fn is not None:
             self.reward_fn.reset(batch.obs)
 
     def __call__(self, batch: PoolBatch) -> np.ndarray:
+        """Shaped reward (the env's own without a reward function), divided by the running std of
+        the env it came from once that env has ``min_count`` steps."""
         if self.reward_fn is None:
             reward = np.asarray(batch.reward, dtype=np.float32)
         else:
@@ -134,9 +145,11 @@ class TrainingReward:
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """The normaliser's running statistics, so a resumed run scales rewards as before."""
         return {"normalizer": None if self.normalizer is None else self.normalizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the normaliser's statistics (a checkpoint without them leaves it fresh)."""
         if self.normalizer is not None and state.get("normalizer") is not None:
             self.normalizer.load_state_dict(state["normalizer"])
 
@@ -308,6 +321,7 @@ class RolloutStats:
     successes: list[float] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
+        """Episode count, mean return, length and success of the rollout, for the metrics sink."""
         n = len(self.episode_returns)
         if n == 0:
             return {"rollout/episodes": 0.0}

@@ -199,6 +199,7 @@ class Episode:
 
     @property
     def complete(self) -> bool:
+        """The episode ended, by termination or truncation."""
         return self.terminated or self.truncated
 
     @property

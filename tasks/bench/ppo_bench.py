@@ -67,15 +67,19 @@ class GymIdEnv:
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset through the whole wrapper stack."""
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Step through the whole wrapper stack."""
         return self.env.step(action)
 
     def action_masks(self) -> np.ndarray:
+        """Legal actions, read from the base env (wrappers do not forward them)."""
         return self.env.unwrapped.action_masks()
 
     def close(self) -> None:
+        """Close the env and its wrappers."""
         self.env.close()
 
 
@@ -86,6 +90,7 @@ class GymIdFactory:
     gym_id: str
 
     def __call__(self, variant: Any) -> GymIdEnv:
+        """A fresh env of the id; ``variant`` is ignored, there is only one."""
         import agentflow_core.gym_registration  # noqa: F401  (registers the ids)
 
         return GymIdEnv(gymnasium.make(self.gym_id))
@@ -122,6 +127,7 @@ class GymVectorPool:
         self._obs = np.zeros((num_envs, OBS_DIM), np.float32)
 
     def slot_variants(self) -> np.ndarray:
+        """Every slot plays variant 0."""
         return np.zeros(self.num_envs, np.int64)
 
     def set_value_loss(
@@ -130,18 +136,21 @@ class GymVectorPool:
         """No scheduler to feed: every slot always plays the one env."""
 
     def feedback_state(self) -> list[float | None]:
+        """No pending feedback (see :meth:`set_value_loss`)."""
         return [None]
 
     def load_feedback_state(self, state: Sequence[float | None]) -> None:
         """Nothing pending (see :meth:`set_value_loss`)."""
 
     def stats(self) -> dict[str, Any]:
+        """Only the slot count: the loop has no counters of its own."""
         return {"num_envs": self.num_envs}
 
     def _masks(self) -> np.ndarray:
         return np.stack([e.unwrapped.action_masks() for e in self.envs])  # type: ignore[attr-defined]
 
     def reset(self, seed: int) -> PoolBatch:
+        """Reset every env, env ``i`` with ``seed + i``."""
         obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self._obs = obs
         self._return[:], self._length[:] = 0.0, 0
@@ -157,6 +166,8 @@ class GymVectorPool:
         )
 
     def step(self, actions: np.ndarray, active: np.ndarray | None = None) -> PoolBatch:
+        """Step every env; a finished one is reset at once (SAME_STEP autoreset), its last
+        observation kept in ``final_obs``."""
         n = self.num_envs
         obs = self._obs.copy()
         final_obs = self._obs.copy()
@@ -185,6 +196,7 @@ class GymVectorPool:
         return PoolBatch(obs, self._masks(), reward, terminated, truncated, final_obs, infos)
 
     def close(self) -> None:
+        """Close every env."""
         for env in self.envs:
             env.close()
 
