@@ -188,14 +188,7 @@ def _page_body(
     if page == "home":
         return "Welcome back", "Browse our products to start an order."
     if page == "product_detail":
-        name, stock = PRODUCT_NAMES[st.product_id], st.stock[st.product_id]
-        vip_note = (
-            f" VIP price ({round((1 - scenario.vip_discount) * 100)}% off)." if scenario.user_tier == "vip" else ""
-        )
-        if stock > 0:
-            buttons.append("#add-to-cart")
-            return name, f"Price {_money(price)}.{vip_note} In stock ({stock} left)."
-        return name, f"Price {_money(price)}.{vip_note} Out of stock. See an alternative product."
+        return _product_detail_body(st, scenario, price, buttons)
     if page == "cart":
         if st.cart_count == 0:
             return "Your cart", "Your cart is empty."
@@ -231,6 +224,16 @@ def _page_body(
         return "Support", "A support agent will contact you shortly."
     buttons.append("#retry")
     return "Page not found", "404: the page you requested does not exist. Go back and try again."
+
+
+def _product_detail_body(st: WebState, scenario: Scenario, price: float, buttons: list[str]) -> tuple[str, str]:
+    """The product page: its text depends on tier and stock, and only a product in stock can be added."""
+    name, stock = PRODUCT_NAMES[st.product_id], st.stock[st.product_id]
+    vip_note = f" VIP price ({round((1 - scenario.vip_discount) * 100)}% off)." if scenario.user_tier == "vip" else ""
+    if stock > 0:
+        buttons.append("#add-to-cart")
+        return name, f"Price {_money(price)}.{vip_note} In stock ({stock} left)."
+    return name, f"Price {_money(price)}.{vip_note} Out of stock. See an alternative product."
 
 
 def _top_up_amount(st: WebState) -> float:
