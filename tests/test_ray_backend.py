@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tasks.compose import RAY_CLUSTER_SWITCH
 from tests.tiny import tiny_params, write_tiny_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,6 +218,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subprocess.Po
     # `ray start` clusters use token auth. A machine that never ran a local Ray has no ~/.ray/auth_token (and
     # `ray start --head` does not make one), so the cluster gets its own token, as an operator would hand out.
     env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    # An in-process phase earlier in the suite made this process's own Ray loopback-only by switching
+    # Ray's cluster mode off in os.environ; a `ray start` cluster a user makes has it on.
+    env.pop(RAY_CLUSTER_SWITCH, None)
     head = _ray_start("--head", f"--port={port}", "--include-dashboard=false", env=env)
     second: subprocess.Popen | None = None
     try:
