@@ -315,8 +315,8 @@ class RewardConfig(_Section):
 
 class TrainConfig(_Section):
     """PPO (CleanRL names). The learner's batch is one rollout, ``num_envs`` x ``n_steps`` transitions
-    (CleanRL derives it the same way); ``batch_size`` is the size the defaults are tuned for and
-    sizes ``num_updates`` and the benchmark."""
+    (CleanRL derives it the same way), cut into minibatches of ``minibatch_size``. Episode length is
+    the envs' own (``max_episode_steps`` of each variant's scenario), not a training setting."""
 
     total_steps: StepCount = 200_000
     num_envs: EnvCount = 32
@@ -329,9 +329,7 @@ class TrainConfig(_Section):
     vf_coef: Annotated[float, Field(ge=0.0)] = 0.5
     max_grad_norm: Annotated[float, Field(gt=0.0)] = 0.5
     n_epochs: Annotated[int, Field(gt=0, le=1000)] = 10
-    batch_size: Count = 2048
     minibatch_size: Count = 512
-    max_episode_steps: Annotated[int, Field(gt=0, le=100_000)] = 200
     target_kl: Annotated[float, Field(gt=0.0)] = 0.015
     kl_check_every: PositiveInt = 5  # PPO updates between adaptive clip/KL checks
     hidden_sizes: Annotated[
@@ -346,8 +344,11 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _batches(self) -> TrainConfig:
-        if self.minibatch_size > self.batch_size or self.batch_size % self.minibatch_size:
-            raise ValueError(f"minibatch_size ({self.minibatch_size}) must divide batch_size ({self.batch_size})")
+        batch = self.num_envs * self.n_steps
+        if self.minibatch_size > batch or batch % self.minibatch_size:
+            raise ValueError(
+                f"minibatch_size ({self.minibatch_size}) must divide the rollout batch num_envs x n_steps ({batch})"
+            )
         return self
 
     @property

@@ -26,7 +26,6 @@ def _cfg(repo_root: Path, **train: Any) -> AgentFlowConfig:
         total_steps=30 * 1024,
         num_envs=16,
         n_steps=64,
-        batch_size=1024,
         minibatch_size=256,
         n_epochs=4,
         learning_rate=1e-3,
@@ -81,7 +80,6 @@ def test_train_resume_after_interruption_matches_uninterrupted_run(
     small = dict(
         num_envs=8,
         n_steps=64,
-        batch_size=512,
         minibatch_size=256,
         n_epochs=2,
         eval_every_updates=2,

@@ -181,7 +181,6 @@ def small_cfg(**overrides: Any) -> TrainConfig:
     base = dict(
         num_envs=8,
         n_steps=32,
-        batch_size=256,
         minibatch_size=64,
         n_epochs=4,
         learning_rate=2.5e-3,

@@ -36,7 +36,6 @@ def tiny_params(root: Path, **section_overrides: dict[str, Any]) -> dict[str, An
             "total_steps": 1024,
             "num_envs": 8,
             "n_steps": 64,
-            "batch_size": 512,
             "minibatch_size": 128,
             "n_epochs": 2,
             "checkpoint_every_updates": 1,

@@ -17,8 +17,8 @@ Determinism and resume: every rollout starts with ``pool.reset(seed=rollout_seed
 Episodes therefore never span a rollout boundary (the last step of a rollout is bootstrapped with
 V(s_T), as any rollout end is), and a checkpoint taken between updates fully determines the
 future: weights, optimizer, the sampling generator, the minibatch generator, the adaptive
-controller, the reward normaliser and the scheduler. Keep ``n_steps >= max_episode_steps`` so
-every episode can finish inside one rollout.
+controller, the reward normaliser and the scheduler. Keep ``n_steps`` at least the envs' episode
+length (their scenarios' ``max_episode_steps``) so every episode can finish inside one rollout.
 """
 
 from __future__ import annotations

@@ -206,7 +206,6 @@ def _matched_train_config(n_envs: int, n_steps: int, minibatch: int, epochs: int
         total_steps=total_steps,
         num_envs=n_envs,
         n_steps=n_steps,
-        batch_size=n_envs * n_steps,
         minibatch_size=minibatch,
         n_epochs=epochs,
         learning_rate=3e-4,
@@ -297,7 +296,7 @@ def _update_latency(gym_id: str, seed: int, repeats: int) -> tuple[float, float]
         pool.close()
     model = _sb3_model(gym_id, cfg, seed)
     try:
-        model.learn(total_timesteps=cfg.batch_size)  # fills the rollout buffer (and runs one train())
+        model.learn(total_timesteps=cfg.num_envs * cfg.n_steps)  # fills the rollout buffer (and runs one train())
         theirs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -477,7 +476,6 @@ def run_ppo_bench(
         total_steps=learn_updates * 1024,
         num_envs=16,
         n_steps=64,
-        batch_size=1024,
         minibatch_size=256,
         n_epochs=4,
         learning_rate=1e-3,
