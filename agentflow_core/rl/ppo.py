@@ -76,7 +76,7 @@ class RewardTransform(Protocol):
     """Maps a pool step's env rewards to training rewards (reward function + per-env normaliser)."""
 
     def reset(self, batch: PoolBatch) -> None:
-        """Start of new episodes: reset per-episode reward state (e.g. potential shaping) from the batch."""
+        """Start of new episodes: reset per-episode reward state (tokens already paid, shaping terms fired)."""
 
     def __call__(self, batch: PoolBatch) -> np.ndarray:
         """Training reward per slot for this pool step."""
