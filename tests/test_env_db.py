@@ -494,13 +494,19 @@ def test_statements_compile_once_ahead_for_each_dialect(dialect_name: str) -> No
     from sqlalchemy.dialects import postgresql, sqlite
     from sqlalchemy.sql.expression import ClauseElement
 
-    from agentflow_core.envs import order_db
+    from agentflow_core.envs.order_db import fixtures
+    from agentflow_core.envs.order_db import statements as sql
 
     dialect = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}[dialect_name]
-    statements = {name: v for name, v in vars(order_db).items() if name.isupper() and isinstance(v, ClauseElement)}
+    statements = {
+        name: v
+        for module in (sql, fixtures)
+        for name, v in vars(module).items()
+        if name.lstrip("_").isupper() and isinstance(v, ClauseElement)
+    }
     assert len(statements) > 25
     for name, statement in statements.items():
-        compiled = order_db._compile(statement, dialect)
+        compiled = sql._compile(statement, dialect)
         assert "POSTCOMPILE" not in compiled.sql, name
         if dialect_name == "postgresql":
             assert compiled.names is None and set(re.findall(r"%\((\w+)\)s", compiled.sql)) <= compiled.defaults.keys()
@@ -508,4 +514,4 @@ def test_statements_compile_once_ahead_for_each_dialect(dialect_name: str) -> No
         else:
             assert compiled.names is not None and len(compiled.names) == compiled.sql.count("?"), name
             assert set(compiled.names) <= compiled.defaults.keys() and not compiled.returns_id  # lastrowid
-    assert order_db._ObsRow._fields == tuple(order_db._READ_OBS.selected_columns.keys())
+    assert sql.ObsRow._fields == tuple(sql.READ_OBS.selected_columns.keys())

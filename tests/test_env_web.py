@@ -14,7 +14,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from agentflow_core.adapters.audit import audit_mapping, errors_only
-from agentflow_core.adapters.base import BaseSemanticAdapter, validate_mapping
+from agentflow_core.adapters.base import BaseSemanticAdapter
+from agentflow_core.adapters.schema import validate_mapping
 from agentflow_core.adapters.web import WebAdapter
 from agentflow_core.envs import web_checkout
 from agentflow_core.envs.base import PhysicalEnv, Scenario

@@ -12,8 +12,8 @@ import yaml
 
 from agentflow_core.adapters.api import APISchemaAdapter
 from agentflow_core.adapters.audit import audit_mapping
-from agentflow_core.adapters.base import validate_mapping
 from agentflow_core.adapters.openapi import generate_from_openapi
+from agentflow_core.adapters.schema import validate_mapping
 from agentflow_core.envs.base import Scenario
 from agentflow_core.envs.experts import expert_for
 from agentflow_core.envs.payment_api import RAW_STATES, PaymentAPIEnv

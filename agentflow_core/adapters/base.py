@@ -1,6 +1,7 @@
 """Semantic adapters: raw channel output -> shared business-state tokens, semantic -> native actions.
 
-Mapping rules are data (a JSON/YAML document validated against :data:`MAPPING_SCHEMA`), not
+Mapping rules are data (a JSON/YAML document validated against
+:data:`~agentflow_core.adapters.schema.MAPPING_SCHEMA`), not
 code. A template (web, db, api) contributes only how one leaf condition is matched against its
 channel's raw output (:meth:`BaseSemanticAdapter.match`) and how a numeric feature is read
 (:meth:`BaseSemanticAdapter.extract`); everything else -- rule evaluation, ``all``/``any``/``not``
@@ -17,18 +18,17 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import jsonschema
 import numpy as np
 
+from agentflow_core.adapters.schema import _json_path, validate_mapping
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import (
     ACTIONS,
     FEATURE_INDEX,
-    FEATURES,
     N_ACTIONS,
     N_FEATURES,
     N_TOKENS,
@@ -39,77 +39,7 @@ from agentflow_core.semantics import (
     SemanticObs,
 )
 
-# The comparison operators mapping rules may use ("op" in web and db conditions).
-COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-}
 logger = logging.getLogger("agentflow.adapter")
-
-MAPPING_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["family", "template", "version", "token_rules", "actions"],
-    "additionalProperties": False,
-    "properties": {
-        "family": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
-        "template": {"enum": ["web", "db", "api"]},
-        "version": {"type": "integer", "minimum": 1},
-        "description": {"type": "string"},
-        "token_rules": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["id", "when", "emit"],
-                "additionalProperties": False,
-                "properties": {
-                    "id": {"type": "string", "minLength": 1},
-                    "when": {"type": "object"},
-                    "emit": {"type": "array", "minItems": 1, "items": {"enum": list(TOKENS)}},
-                    "note": {"type": "string"},
-                },
-            },
-        },
-        "feature_rules": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["id", "feature", "source"],
-                "additionalProperties": False,
-                "properties": {
-                    "id": {"type": "string", "minLength": 1},
-                    "feature": {"enum": list(FEATURES)},
-                    "source": {"type": "string", "minLength": 1},
-                    "scale": {"type": "number"},
-                    "default": {"type": "number"},
-                    "clip": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
-                },
-            },
-        },
-        "actions": {
-            "type": "object",
-            "propertyNames": {"enum": list(ACTIONS)},
-            "additionalProperties": {"type": "object", "required": ["type"]},
-        },
-        "reward": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {"scale": {"type": "number"}},
-        },
-    },
-}
-
-
-def _json_path(path: Sequence[Any]) -> str:
-    out = "$"
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
 
 
 Predicate = Callable[[list[Any]], Any]  # over one step's reader values (see BaseSemanticAdapter.reader)
@@ -575,18 +505,3 @@ def _disjunction(subs: tuple[Predicate, ...]) -> Predicate:
         a, b = subs
         return lambda values: a(values) or b(values)
     return lambda values: any(p(values) for p in subs)
-
-
-def validate_mapping(mapping: Any, source: str, expected_template: str | None = None) -> dict[str, Any]:
-    """Validate a mapping document against :data:`MAPPING_SCHEMA`; errors carry the JSON path."""
-    errors = sorted(jsonschema.Draft202012Validator(MAPPING_SCHEMA).iter_errors(mapping), key=lambda e: list(e.path))
-    if errors:
-        err = errors[0]
-        raise MappingError(source, _json_path(list(err.path)), err.message)
-    if expected_template and mapping["template"] != expected_template:
-        raise MappingError(source, "$.template", f"got {mapping['template']!r}, expected {expected_template!r}")
-    ids = [r["id"] for r in mapping["token_rules"]] + [r["id"] for r in mapping.get("feature_rules", [])]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise MappingError(source, "$.token_rules", f"duplicate rule id(s) {dupes}")
-    return dict(mapping)

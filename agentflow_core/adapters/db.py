@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from agentflow_core.adapters.base import COMPARISONS, BaseSemanticAdapter, Predicate, Reader
+from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
+from agentflow_core.adapters.schema import COMPARISONS
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import SemanticAction
 

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from agentflow_core.adapters.base import validate_mapping
+from agentflow_core.adapters.schema import validate_mapping
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import ACTIONS, FEATURES

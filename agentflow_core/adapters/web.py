@@ -29,7 +29,8 @@ from typing import Any, ClassVar
 
 import regex
 
-from agentflow_core.adapters.base import COMPARISONS, BaseSemanticAdapter, Predicate, Reader, _json_path
+from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
+from agentflow_core.adapters.schema import COMPARISONS, _json_path
 from agentflow_core.errors import MappingError
 
 _BANNER_KINDS = ("error", "warning", "success", "info", "any", "none")

@@ -294,7 +294,7 @@ def _body(
     payment: str = "none",
     **extra: Any,
 ) -> dict[str, Any]:
-    """A response body of the server's shape (kept in step with ``payment_api_server._view``)."""
+    """A response body of the server's shape (kept in step with ``payment_api_app._view``)."""
     if session != "active":
         return {"session": {"status": session, "logged_in": False}, **extra}
     return {

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentflow_core.envs import payment_api_server as server_mod
+from agentflow_core.envs import payment_api_app as app_mod
 from agentflow_core.envs.base import Scenario
-from agentflow_core.envs.payment_api_server import PaymentAPIServer, PaymentAPIState
+from agentflow_core.envs.payment_api_app import PaymentAPIState
+from agentflow_core.envs.payment_api_server import PaymentAPIServer
 
 STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3}) [^\r\n]*\r\n")
 
@@ -76,10 +77,10 @@ def test_episodes_expire_and_are_capped(monkeypatch: pytest.MonkeyPatch) -> None
     assert state.handle("GET", "/cart", {"X-Episode-Id": old}, {})[0] == 404
     assert state.handle("GET", "/cart", {"X-Episode-Id": kept}, {})[0] != 404
     assert list(state.episodes) == [kept]
-    monkeypatch.setattr(server_mod, "MAX_EPISODES", 3)
+    monkeypatch.setattr(app_mod, "MAX_EPISODES", 3)
     state.create(Scenario(), seed=0)
     state.create(Scenario(), seed=0)
-    with pytest.raises(server_mod.BadRequest, match="too_many_episodes"):
+    with pytest.raises(app_mod.BadRequest, match="too_many_episodes"):
         state.create(Scenario(), seed=0)
 
 
@@ -124,7 +125,7 @@ def test_every_malformed_request_gets_a_well_formed_4xx(
 
 
 def test_a_large_body_is_refused_unread(api: PaymentAPIServer) -> None:
-    body = b'{"pad": "' + b"x" * (server_mod.MAX_BODY_BYTES + 1) + b'"}'
+    body = b'{"pad": "' + b"x" * (app_mod.MAX_BODY_BYTES + 1) + b'"}'
     assert raw(api, post("/episodes", body))[0] == 413
 
 
