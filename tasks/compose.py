@@ -302,4 +302,5 @@ def recovery_summary(pool: EnvPool) -> dict[str, Any]:
         "episodes_lost": int(stats["worker_lost"]),
         "steps_lost": int(stats["steps_lost"]),
         "recoveries": stats["recoveries"],
+        "nodes_used": stats.get("nodes_used", []),  # Ray node ids (the in-process pool has none)
     }

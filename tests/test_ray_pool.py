@@ -94,7 +94,7 @@ def test_killed_worker_is_restarted_and_its_variants_served_again() -> None:
         assert on_victim.any() and (~on_victim).any()
         # The standby warms up at idle CPU priority (as root here) and works at normal priority.
         assert pool.wait_standby() == 1
-        _, standby_pid, _ = ray.get(pool._standby[0].locate.remote())
+        _, standby_pid, _, _ = ray.get(pool._standby[0].locate.remote())
         assert os.sched_getscheduler(standby_pid) == (os.SCHED_IDLE if os.geteuid() == 0 else os.SCHED_OTHER)
         worker_nice = psutil.Process(pool.worker_pids()[1]).nice()  # Ray starts workers niced
         os.kill(pool.worker_pids()[0], signal.SIGKILL)

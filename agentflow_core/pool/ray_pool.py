@@ -3,7 +3,12 @@
 Each actor is an :class:`~agentflow_core.pool.worker.EnvWorker` owning the variants that
 ``stable_worker(env_id, n_workers)`` assigns to it. Actors ask for ``num_cpus=0``: they are
 scheduled by count, not by CPU slot, so two workers plus the driver never deadlock a 2-CPU
-Ray (an actor asking a whole CPU beyond the available ones never starts).
+Ray (an actor asking a whole CPU beyond the available ones never starts). Placement is explicit:
+worker ``i`` is pinned to the ``i``-th alive node that offers CPUs (round robin, the driver's node
+first; a head started with ``--num-cpus=0`` gets none). Ray's own hints did not place them: on a
+two-node cluster ``SPREAD`` and a *soft* node affinity both put every worker on one node now and
+then (measured with Ray 2.60). A worker whose node dies cannot come back there; it is replaced
+like any lost worker, and replacements (standbys, rebuilt actors) prefer the first alive CPU node.
 
 Failures: every call is bounded by ``call_timeout_s`` (Ray never notices a hung actor). A dead
 actor counts as a lost worker as soon as the driver sees it: Ray's own report
@@ -113,10 +118,12 @@ class RayEnvWorker(EnvWorker):
             self._saved_priority = None
         return super().adopt(variants, worker_index)
 
-    def locate(self) -> tuple[str, int, float]:
-        """(host, pid, process start time): identifies this process beyond pid reuse."""
+    def locate(self) -> tuple[str, int, float, str]:
+        """(host, pid, process start time, Ray node id): identifies this process beyond pid reuse."""
+        import ray
+
         me = psutil.Process()
-        return _host(), me.pid, me.create_time()
+        return _host(), me.pid, me.create_time(), ray.get_runtime_context().get_node_id()
 
 
 def _host() -> str:
@@ -126,6 +133,15 @@ def _host() -> str:
     import ray
 
     return f"{socket.gethostname()}/{ray.util.get_node_ip_address()}"
+
+
+def _cpu_nodes() -> list[str]:
+    """Ids of the alive nodes that offer CPUs, the driver's own node first, then by id."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    return sorted(nodes, key=lambda n: (n != here, n))
 
 
 class WorkerProcessGone(RuntimeError):
@@ -171,9 +187,7 @@ class RayPool(PoolDriver):
             float(poll_s),
         )
         # Any: Ray's stubs type a remote class's methods as plain callables (no ``.remote``)
-        self._actor_cls: Any = ray.remote(
-            num_cpus=0, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD"
-        )(RayEnvWorker)
+        self._actor_cls: Any = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RayEnvWorker)
         # Constructor arguments live in the object store under refs this pool holds: a restarted
         # actor re-reads them, and Ray frees an argument once no one references it.
         self._factory_ref = ray.put(factory)
@@ -181,8 +195,13 @@ class RayPool(PoolDriver):
             (self._factory_ref, ray.put(part), config.max_live_per_worker, config.step_timeout_s, w)
             for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))
         ]
-        self.actors: list[Any] = [self._actor_cls.remote(*args) for args in self._actor_args]
+        nodes = _cpu_nodes()
+        self.actors: list[Any] = [
+            self._new_actor(*args, node=nodes[w % len(nodes)] if nodes else None)
+            for w, args in enumerate(self._actor_args)
+        ]
         self._host = _host()
+        self.nodes_used: set[str] = set()  # Ray node ids that hosted a worker of this pool, ever
         self._procs: list[tuple[int, float] | None] = [self._locate(a) for a in self.actors]
         self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
         self._standby: list[Any] = []
@@ -210,8 +229,8 @@ class RayPool(PoolDriver):
             return
         self._standby_due = None
         while len(self._standby) < self.standby_workers:
-            actor = self._actor_cls.options(max_restarts=0).remote(
-                self._factory_ref, {}, self.config.max_live_per_worker, self.config.step_timeout_s, -1
+            actor = self._new_actor(
+                self._factory_ref, {}, self.config.max_live_per_worker, self.config.step_timeout_s, -1, max_restarts=0
             )
             # runs in the background; adopt() queues behind it
             self._standby_warm.append(actor.prewarm_standby.remote(self._prewarm_ref))
@@ -238,11 +257,24 @@ class RayPool(PoolDriver):
                 ray.kill(actor, no_restart=True)
         return ready
 
+    def _new_actor(self, *args: Any, node: str | None = None, max_restarts: int = -1) -> Any:
+        """Start an env-worker actor: pinned to ``node`` (the pool's first placement), else a replacement
+        that prefers the first alive CPU node (the driver's own, when it offers CPUs)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if node is not None:
+            strategy: Any = NodeAffinitySchedulingStrategy(node, soft=False)
+        else:
+            nodes = _cpu_nodes()
+            strategy = NodeAffinitySchedulingStrategy(nodes[0], soft=True) if nodes else "DEFAULT"
+        return self._actor_cls.options(scheduling_strategy=strategy, max_restarts=max_restarts).remote(*args)
+
     def _locate(self, actor: Any) -> tuple[int, float] | None:
         """(pid, start time) of an actor's process when it runs on this host, else None (no polling)."""
         import ray
 
-        host, pid, started = ray.get(actor.locate.remote(), timeout=self.restart_timeout_s)
+        host, pid, started, node = ray.get(actor.locate.remote(), timeout=self.restart_timeout_s)
+        self.nodes_used.add(str(node))
         return (int(pid), float(started)) if host == self._host else None
 
     def _alive(self, worker: int) -> bool:
@@ -259,7 +291,7 @@ class RayPool(PoolDriver):
     # ------------------------------------------------------------------ transport
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 
         self._maybe_start_standby()
         pending = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
@@ -277,7 +309,7 @@ class RayPool(PoolDriver):
                 if ref in done:
                     try:
                         out[w] = ray.get(ref)
-                    except RayActorError as exc:
+                    except (RayActorError, ActorUnschedulableError) as exc:
                         error = exc
                 elif not self._alive(w):
                     error = WorkerProcessGone(f"worker {w}: process {self._procs[w]} is gone")
@@ -292,8 +324,18 @@ class RayPool(PoolDriver):
         return {w: out[w] for w in calls}
 
     def _worker_call(self, worker: int, method: str, *args: Any) -> Any:
-        import ray
+        """One call; a worker lost meanwhile is recovered like in a batch and the call made once more.
 
+        Safe for the calls made here (``release``, ``stats``): a fresh worker holds no episode, and a
+        slot the driver still thinks live on it steps as ``worker_lost``.
+        """
+        import ray
+        from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
+
+        try:
+            return ray.get(getattr(self.actors[worker], method).remote(*args), timeout=self.call_timeout_s)
+        except (RayActorError, ActorUnschedulableError, GetTimeoutError) as exc:
+            self._recover(worker, exc)
         return ray.get(getattr(self.actors[worker], method).remote(*args), timeout=self.call_timeout_s)
 
     def _recover(self, worker: int, error: BaseException) -> None:
@@ -318,35 +360,36 @@ class RayPool(PoolDriver):
     def _take_standby(self, worker: int) -> None:
         """The first standby that adopts the worker's slice becomes the worker; else a fresh actor."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 
         while self._standby:
             actor = self._standby.pop(0)
             self._standby_warm.pop(0)
             try:
                 ray.get(actor.adopt.remote(self._actor_args[worker][1], worker), timeout=self.restart_timeout_s)
-            except (RayActorError, GetTimeoutError) as exc:
+            except (RayActorError, ActorUnschedulableError, GetTimeoutError) as exc:
                 logger.warning("pool: standby worker unusable (%s); trying the next", type(exc).__name__)
                 ray.kill(actor, no_restart=True)
                 continue
             self.actors[worker] = actor
             return
-        self.actors[worker] = self._actor_cls.remote(*self._actor_args[worker])
+        self.actors[worker] = self._new_actor(*self._actor_args[worker])
         self._await_restart(worker, time.monotonic())
 
     def _await_restart(self, worker: int, detected: float) -> None:
         """Wait until the worker's actor answers (Ray restarting it), rebuilding it if Ray gave up."""
         import ray
-        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+        from ray.exceptions import ActorDiedError, ActorUnschedulableError, GetTimeoutError, RayActorError
 
         deadline = detected + self.restart_timeout_s
         while time.monotonic() < deadline:
             try:
                 ray.get(self.actors[worker].ping.remote(), timeout=max(deadline - time.monotonic(), 0.001))
                 return
-            except ActorDiedError:  # Ray gave up on it (e.g. its constructor failed): build a fresh one
+            except (ActorDiedError, ActorUnschedulableError):  # Ray gave up on it (its constructor failed, its
+                # pinned node is gone): build a fresh one
                 ray.kill(self.actors[worker], no_restart=True)
-                self.actors[worker] = self._actor_cls.remote(*self._actor_args[worker])
+                self.actors[worker] = self._new_actor(*self._actor_args[worker])
             except RayActorError:  # still restarting
                 time.sleep(0.02)
             except GetTimeoutError:
@@ -359,6 +402,10 @@ class RayPool(PoolDriver):
         import ray
 
         return ray.get([a.pid.remote() for a in self.actors], timeout=self.call_timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        """The driver's stats plus ``nodes_used``: the Ray nodes that hosted a worker during the run."""
+        return {**super().stats(), "nodes_used": sorted(self.nodes_used)}
 
     def close(self) -> None:
         """Close the envs and end the actors, standbys included (no restart)."""
