@@ -245,7 +245,7 @@ def learning(
         cfg,
         eval_every=eval_every_updates,
         test_episodes=test_episodes,
-        on_learner=lambda name: typer.echo(f"training {name} ..."),
+        progress=typer.echo,
     )
     result["plot"] = str(plot_learning_bench(result, BENCH_DIR / "learning.png"))
     write_json(BENCH_DIR / "learning.json", result)

@@ -137,6 +137,7 @@ class Evaluator:
         splits: dict[str, list[VariantSpec]],
         pool_factory: PoolFactory,
         test_episodes: int | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         tc, seed = cfg.train, cfg.base.seed
         self.dimensions = sorted(cfg.variants.dimensions)
@@ -145,7 +146,7 @@ class Evaluator:
         validation = stratified_eval_variants(splits["validation"], self.validation_episodes, self.dimensions, seed)
         test = stratified_eval_variants(splits["test"], self.test_episodes, self.dimensions, seed)
         slots = min(tc.num_envs, EVAL_NUM_ENVS)
-        self.seed = seed
+        self.seed, self.progress = seed, progress
         self.validation_pool = pool_factory(
             cfg, validation, slots, seed=seed + 1, scheduler="round_robin", standby=False
         )
@@ -174,6 +175,12 @@ class Evaluator:
                 test_process_success_by_family=test.process_success_by_family,
             )
         )
+        if self.progress is not None:
+            c = run.checkpoints[-1]
+            self.progress(
+                f"{run.name}: {c.env_steps} steps, {c.train_s:.0f} s training, validation/test process success "
+                f"{c.validation_process_success:.3f}/{c.test_process_success:.3f}"
+            )
 
     def close(self) -> None:
         """Close both pools."""
@@ -429,7 +436,7 @@ def run_learning_bench(
     eval_every: int = DEFAULT_EVAL_EVERY_UPDATES,
     test_episodes: int | None = None,
     pool_factory: PoolFactory = build_pool,
-    on_learner: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Generate the catalogue, train both learners one after the other, evaluate both the same way.
 
@@ -440,14 +447,10 @@ def run_learning_bench(
         catalogue = work / "variants"
         run_variants(cfg, catalogue)
         load_before = list(os.getloadavg())
-        evaluator = Evaluator(cfg, read_splits(catalogue), pool_factory, test_episodes)
+        evaluator = Evaluator(cfg, read_splits(catalogue), pool_factory, test_episodes, progress)
         try:
             expert = evaluator.test(expert_policy(evaluator.test_pool))
-            if on_learner is not None:
-                on_learner("agentflow")
             agentflow = train_agentflow(cfg, catalogue, work, evaluator, eval_every, pool_factory)
-            if on_learner is not None:
-                on_learner("maskableppo")
             maskable, sb3_config = train_maskableppo(cfg, catalogue, evaluator, eval_every)
         finally:
             evaluator.close()
