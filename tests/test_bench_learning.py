@@ -53,13 +53,16 @@ def test_bench_learning_end_to_end_on_a_tiny_config(tmp_path: Path, monkeypatch:
     splits = read_splits(tmp_path / "catalogue")
     assert set(hashes["agentflow"]) <= {v.content_hash for v in splits["test"]}
     steps = cfg.train.num_updates * cfg.train.num_envs * cfg.train.n_steps
-    for name in ("agentflow", "maskableppo"):
+    explore_steps = out["agentflow_explore_steps"]
+    assert explore_steps >= cfg.explore.total_steps  # exploration's env steps count towards AgentFlow's steps
+    for name, offset in (("agentflow", explore_steps), ("maskableppo", 0)):
         curve = out[name]["curve"]
-        assert [c["env_steps"] for c in curve] == list(range(0, steps + 1, cfg.train.num_envs * cfg.train.n_steps))
+        batch = cfg.train.num_envs * cfg.train.n_steps
+        assert [c["env_steps"] - offset for c in curve] == list(range(0, steps + 1, batch))
         assert all(0.0 <= c["test_process_success"] <= 1.0 for c in curve)
         assert curve[-1]["train_s"] >= curve[0]["train_s"] > 0.0
     assert out["agentflow"]["setup_s"]["explore_s"] > 0.0 and out["agentflow"]["setup_s"]["bc_s"] > 0.0
-    assert out["maskableppo_env_steps"] == out["agentflow_env_steps"] == steps
+    assert out["maskableppo_env_steps"] == out["agentflow_env_steps"] - explore_steps == steps
     assert out["config"]["maskableppo"]["batch_size"] == cfg.train.minibatch_size
     assert set(out["targets_met"]) == {
         "test_process_success",

@@ -124,7 +124,8 @@ class LearnerRun:
     test_results: list[EvalResult] = field(default_factory=list)
     setup_s: dict[str, float] = field(default_factory=dict)
     train_s: float = 0.0
-    env_steps: int = 0
+    env_steps: int = 0  # every env step the learner took, exploration included
+    explore_steps: int = 0
     test_variant_hashes: list[str] = field(default_factory=list)
 
 
@@ -203,10 +204,11 @@ def train_agentflow(
     train_variants = read_splits(catalogue)["train"]
     torch.manual_seed(seed)
     policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
+    explore_steps = 0  # the exploration phase's env steps count towards AgentFlow's steps to the expert
     if tc.bc_warm_start:
         trajectories = work / "trajectories"
         started = clock.elapsed
-        run_explore(cfg, catalogue, trajectories, pool_factory=pool_factory)
+        explore_steps = int(run_explore(cfg, catalogue, trajectories, pool_factory=pool_factory)["explore_steps"])
         run.setup_s["explore_s"] = clock.elapsed - started
         started = clock.elapsed
         accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
@@ -218,14 +220,14 @@ def train_agentflow(
         with reward_function(cfg, pool.num_envs) as reward_fn:
             ppo = PPO(policy, pool, tc, seed=seed, reward_transform=_reward_transform(cfg, pool, reward_fn))
             run.setup_s["pool_s"] = clock.elapsed - started
-            evaluator.checkpoint(run, greedy_policy(ppo.policy), 0, clock)
+            evaluator.checkpoint(run, greedy_policy(ppo.policy), explore_steps, clock)
             while ppo.update < tc.num_updates:
                 ppo.train_iteration()
                 if ppo.update % eval_every == 0 or ppo.update == tc.num_updates:
-                    evaluator.checkpoint(run, greedy_policy(ppo.policy), ppo.global_step, clock)
+                    evaluator.checkpoint(run, greedy_policy(ppo.policy), explore_steps + ppo.global_step, clock)
     finally:
         pool.close()
-    run.train_s, run.env_steps = clock.elapsed, ppo.global_step
+    run.train_s, run.env_steps, run.explore_steps = clock.elapsed, explore_steps + ppo.global_step, explore_steps
     return run
 
 
@@ -403,6 +405,7 @@ def _learner_figures(run: LearnerRun, expert: EvalResult) -> dict[str, Any]:
         "steps_to_expert": None if reached is None else reached.env_steps,
         "train_s": run.train_s,
         "env_steps": run.env_steps,
+        "explore_steps": run.explore_steps,
         "setup_s": run.setup_s,
         "test": test.to_dict(),
         "curve": [asdict(c) for c in run.checkpoints],
@@ -498,7 +501,8 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "Process success: the goal, or the handled outcome accepted for the variant (escalation for a blocked user).",
         "time_to_expert_*: training wall time (evaluations excluded) to the first checkpoint at or above the "
         "scripted expert's test process success; AgentFlow's includes exploration, BC and pool start-up, "
-        "MaskablePPO's its vector env and model.",
+        "MaskablePPO's its vector env and model. steps_to_expert_*: env steps to that checkpoint, AgentFlow's "
+        "exploration steps included (its first checkpoint, after BC, is at agentflow_explore_steps).",
         f"Load average (1/5/15 min) before: {_loads(machine['load_avg_before'])}, after: "
         f"{_loads(machine['load_avg_1_5_15'])} on {machine['cpus']} CPUs.",
     ]
