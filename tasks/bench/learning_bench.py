@@ -63,14 +63,14 @@ from tasks.steps.explore import run_explore
 from tasks.steps.train import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES, _reward_transform
 from tasks.steps.variants import run_variants
 
-# (bound, higher is better): issue #12's targets for the learning benchmark.
+# (bound, higher is better): the learning benchmark's targets (README "Learning").
 TARGETS: dict[str, tuple[float, bool]] = {
     "test_process_success": (0.98, True),
     "min_family_process_success_vs_expert": (1.0, True),
     "time_to_expert_vs_maskableppo": (0.5, False),
 }
 DEFAULT_EVAL_EVERY_UPDATES = 4
-# AgentFlow's figures under their own names (issue #12's keys); every other figure is prefixed by its learner.
+# AgentFlow's figures under their own names; every other figure is prefixed by its learner.
 HEADLINE = (
     "test_process_success",
     "test_payment_success",
