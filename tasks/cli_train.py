@@ -39,7 +39,7 @@ RESUME_OPTION = typer.Option(
     False, "--resume", help="Continue from <out>/checkpoints/latest.json (bit-identical to an uninterrupted run)."
 )
 STEPS_OPTION = typer.Option(None, "--total-steps", min=1, help="Override train.total_steps.")
-BENCH_OUT_OPTION = typer.Option(Path("data/bench"), "--out", help="Folder for ppo.json and ppo_learning.png.")
+BENCH_OUT_OPTION = typer.Option(Path("data/bench"), "--out", help="Folder for ppo.json.")
 QUICK_OPTION = typer.Option(False, "--quick", help="Fewer steps and repeats (smoke run, noisier numbers).")
 REPEAT_OPTION = typer.Option(
     1, "--repeat", min=1, help="Run the benchmark this many times; targets must hold in every run."
@@ -132,45 +132,15 @@ def open_train_run(cfg: AgentFlowConfig, out: Path, resume: bool) -> tuple[Mlflo
     return tracker, run_id
 
 
-def plot_bench(result: dict[str, Any], path: Path) -> None:
-    """Success and reward vs steps: our PPO (held-out, greedy), exploration policy and scripted expert."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    learning = result["learning"]
-    steps = [e["step"] for e in learning["evals"]]
-    fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, ref_key in ((ax_s, "success_rate", "heldout_success"), (ax_r, "mean_return", "heldout_return")):
-        ax.plot(steps, [e[key] for e in learning["evals"]], "o-", label="our PPO (held-out, greedy)")
-        ax.axhline(learning[f"{ref_key}_exploration"], color="tab:gray", ls="--", label="exploration (ε=0.95)")
-        ax.axhline(learning[f"{ref_key}_expert"], color="tab:green", ls=":", label="scripted expert")
-        ax.set_xlabel("environment steps")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    ax_s.set(ylabel="PAYMENT_SUCCESS rate", title="held-out success")
-    ax_r.set(ylabel="episode return", title="held-out reward")
-    fig.suptitle(
-        f"PPO vs references; sps ratio vs SB3 {result['sps_ratio_vs_sb3']:.2f}x (minibatch 64 x 10), "
-        f"{result['sps_ratio_vs_sb3_large_minibatch']:.2f}x (512 x 4); "
-        f"update(2048) {result['update_s_2048'] * 1000:.0f} ms"
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def bench_ppo(out_dir: Path = Path("data/bench"), quick: bool = False, repeat: int = 1) -> dict[str, Any]:
-    """Run the PPO benchmark ``repeat`` times; write ``ppo.json`` and ``ppo_learning.png`` under ``out_dir``.
+    """Run the PPO benchmark ``repeat`` times; write ``ppo.json`` under ``out_dir``.
 
     With ``repeat`` > 1 the JSON holds the last run plus every run's target metrics (``runs``);
     BENCHMARKS.md counts a target as met only if every run met it.
     """
     from tasks.bench.ppo_bench import TARGETS, run_ppo_bench
 
-    kwargs: dict[str, Any] = {"sps_updates": 2, "repeats": 1, "update_repeats": 3, "learn_updates": 10} if quick else {}
+    kwargs: dict[str, Any] = {"sps_updates": 2, "repeats": 1, "update_repeats": 3} if quick else {}
 
     def run(i: int) -> dict[str, Any]:
         console.print(f"PPO benchmark run {i + 1} of {repeat}")
@@ -178,12 +148,11 @@ def bench_ppo(out_dir: Path = Path("data/bench"), quick: bool = False, repeat: i
 
     result = run_repeated(run, repeat, TARGETS)
     write_json(out_dir / "ppo.json", result)
-    plot_bench(result, out_dir / "ppo_learning.png")
     return result
 
 
 def bench_ppo_command(out: Path = BENCH_OUT_OPTION, quick: bool = QUICK_OPTION, repeat: int = REPEAT_OPTION) -> None:
-    """PPO benchmark: throughput vs stable-baselines3, update latency, held-out success vs references."""
+    """PPO benchmark: throughput vs stable-baselines3, update latency (learning: `agentflow bench learning`)."""
     result = bench_ppo(out, quick, repeat)
     keys = (
         "sps_ratio_vs_sb3",
@@ -194,11 +163,9 @@ def bench_ppo_command(out: Path = BENCH_OUT_OPTION, quick: bool = QUICK_OPTION, 
         "sb3_sps_large_minibatch",
         "sps_ratio_ceiling_vs_sb3",
         "update_s_2048",
-        "heldout_success_vs_expert",
-        "heldout_success_vs_exploration",
     )
     console.print(json.dumps({k: round(result[k], 4) for k in keys}, indent=1))
-    console.print(f"-> {out / 'ppo.json'}, {out / 'ppo_learning.png'}")
+    console.print(f"-> {out / 'ppo.json'}")
 
 
 train_app.command("train")(train_command)

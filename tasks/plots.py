@@ -87,3 +87,20 @@ def write_plots(summary: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
     cons = summary["consistency"]
     plot_consistency_matrix(cons["canonical"], cons["per_variant"], out_dir / "consistency_matrix.png")
     return {"State coverage": "coverage_heatmap.png", "Policy consistency": "consistency_matrix.png"}
+
+
+def plot_learning_bench(result: Mapping[str, Any], path: Path) -> Path:
+    """Test process success of AgentFlow and MaskablePPO against training seconds and env steps."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, x, label in zip(
+        axes, ("train_s", "env_steps"), ("training wall time (s)", "environment steps"), strict=True
+    ):
+        for name in ("agentflow", "maskableppo"):
+            curve = result[name]["curve"]
+            ax.plot([c[x] for c in curve], [c["test_process_success"] for c in curve], "o-", ms=3, label=name)
+        ax.axhline(result["test_process_success_expert"], color="tab:green", ls=":", label="scripted expert")
+        ax.set(xlabel=label, ylabel="test process success (greedy)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("Same catalogue, hyper-parameters, reward and test split")
+    return _save(fig, path)

@@ -1,44 +1,18 @@
-"""Held-out split, best-checkpoint selection and the ``policy_convergence_flag``.
+"""Best-checkpoint selection and the ``policy_convergence_flag``.
 
-Held-out variants are chosen by a stable hash of their ``content_hash`` (sha256, not Python's
-salted ``hash``), so the split is the same in every process and run, and a variant never moves
-between train and held-out when the catalogue grows. The best checkpoint is the one with the
-highest held-out success rate (ties: higher mean return). Convergence: the last ``window``
+The catalogue's splits live in ``agentflow_core.splits``. The best checkpoint is the one with the
+highest validation process success rate (ties: higher mean return). Convergence: the last ``window``
 evaluations each improved the metric by less than ``min_rel_improvement`` relative to the one
 before, and their variance is below ``max_variance``.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-
-V = TypeVar("V")
-
-
-def heldout_bucket(key: str, salt: str = "heldout") -> float:
-    """Uniform in [0, 1) from sha256(salt:key): stable across processes and Python versions."""
-    digest = hashlib.sha256(f"{salt}:{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def split_heldout(variants: Sequence[V], heldout_fraction: float, salt: str = "heldout") -> tuple[list[V], list[V]]:
-    """(train, heldout): a variant is held out when its hash bucket < ``heldout_fraction``."""
-    train: list[V] = []
-    heldout: list[V] = []
-    for v in variants:
-        key = str(getattr(v, "content_hash", None) or getattr(v, "env_id", v))
-        (heldout if heldout_bucket(key, salt) < heldout_fraction else train).append(v)
-    if not train or not heldout:
-        raise ValueError(
-            f"held-out split of {len(variants)} variants at fraction {heldout_fraction} "
-            f"leaves {len(train)} train / {len(heldout)} held-out; both must be non-empty"
-        )
-    return train, heldout
 
 
 def policy_convergence_flag(

@@ -1,4 +1,4 @@
-"""PPO benchmark: throughput against stable-baselines3, update latency, and learning vs references.
+"""PPO benchmark: throughput against stable-baselines3 and update latency (learning: ``agentflow bench learning``).
 
 Measured side by side in one process, so machine speed cancels in the ratios:
 
@@ -19,12 +19,9 @@ Measured side by side in one process, so machine speed cancels in the ratios:
   ``ours_rollout_s`` / ``ours_update_s`` split one headline iteration of ours.
 - ``update_s_2048``: one PPO update on 2,048 samples, 4 epochs x 4 minibatches of 512 (median of
   repeats); ``sb3_update_s_2048`` is SB3's ``train()`` on the same sizes for reference.
-- ``heldout_success_vs_expert`` / ``heldout_success_vs_exploration``: a small training run on the
-  demo catalogue (three families) and held-out PAYMENT_SUCCESS rates of the trained policy, the
-  exploration policy (epsilon-greedy 0.95 around the untrained policy) and the scripted experts,
-  plus learning curves for the figure.
 
-Pure: returns a dict (the CLI writes ``data/bench/ppo.json`` and the PNG).
+How well the product learns, against sb3-contrib's MaskablePPO on the same catalogue's test split,
+is ``tasks.bench.learning_bench``'s question. Pure: returns a dict (the CLI writes ``data/bench/ppo.json``).
 """
 
 from __future__ import annotations
@@ -41,21 +38,14 @@ import torch
 from agentflow_core.config import PoolConfig, TrainConfig, VariantsConfig
 from agentflow_core.pool.base import PoolBatch, RegistryEnvFactory
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.rl.convergence import split_heldout
-from agentflow_core.rl.evaluate import evaluate_policy, expert_policy, exploration_policy, greedy_policy
 from agentflow_core.rl.policy import ActorCritic
-from agentflow_core.rl.ppo import PPO, MemorySink
+from agentflow_core.rl.ppo import PPO
 from agentflow_core.semantics import GOAL_TOKEN, OBS_DIM, TOKEN_INDEX
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants
 
 GOAL_INDEX = TOKEN_INDEX[GOAL_TOKEN]
 
-TARGETS = {
-    "sps_ratio_vs_sb3": 3.0,
-    "update_s_2048": 0.1,
-    "heldout_success_vs_expert": 0.8,
-    "heldout_success_vs_exploration": 2.0,
-}
+TARGETS = {"sps_ratio_vs_sb3": 3.0, "update_s_2048": 0.1}
 
 
 @dataclass(frozen=True)
@@ -320,69 +310,6 @@ def _packaged_factory(variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
     return RegistryEnvFactory({b: packaged_entry(b) for b in sorted({v.base_env_id for v in variants})})
 
 
-def learning_curves(
-    variants: Sequence[VariantSpec],
-    cfg: TrainConfig,
-    seed: int,
-    eval_every: int,
-    eval_episodes: int,
-    heldout_fraction: float = 0.2,
-) -> dict[str, Any]:
-    """Train on the non-held-out variants; evaluate trained / exploration / expert on the held-out ones."""
-    train, heldout = split_heldout(variants, heldout_fraction)
-    factory = _packaged_factory(variants)
-    pool = InProcessPool(train, factory, cfg.num_envs, PoolConfig(num_workers=0), seed=seed)
-    eval_pool = InProcessPool(heldout, factory, 16, PoolConfig(num_workers=0, scheduler="round_robin"), seed=seed + 1)
-    try:
-        torch.manual_seed(seed)
-        policy = ActorCritic(hidden_sizes=cfg.hidden_sizes)
-        untrained = ActorCritic(hidden_sizes=cfg.hidden_sizes)
-        untrained.load_state_dict(policy.state_dict())
-        sink = MemorySink()
-        ppo = PPO(policy, pool, cfg, seed=seed, sink=sink)
-        reference = {
-            "exploration": evaluate_policy(
-                eval_pool,
-                exploration_policy(untrained, 0.95, np.random.default_rng(seed)),
-                eval_episodes,
-                seed=seed + 3,
-            ),
-            "expert": evaluate_policy(eval_pool, expert_policy(eval_pool), eval_episodes, seed=seed + 3),
-        }
-        evals = [
-            {"step": 0, **evaluate_policy(eval_pool, greedy_policy(policy), eval_episodes, seed=seed + 3).metrics("")}
-        ]
-        while ppo.update < cfg.num_updates:
-            ppo.train_iteration()
-            if ppo.update % eval_every == 0 or ppo.update == cfg.num_updates:
-                result = evaluate_policy(eval_pool, greedy_policy(policy), eval_episodes, seed=seed + 3)
-                evals.append({"step": ppo.global_step, **result.metrics("")})
-    finally:
-        pool.close()
-        eval_pool.close()
-    final = evals[-1]
-    return {
-        "train_variants": len(train),
-        "heldout_variants": len(heldout),
-        "steps": ppo.global_step,
-        "heldout_success": final["success_rate"],
-        "heldout_return": final["mean_return"],
-        "heldout_success_exploration": reference["exploration"].success_rate,
-        "heldout_return_exploration": reference["exploration"].mean_return,
-        "heldout_success_expert": reference["expert"].success_rate,
-        "heldout_return_expert": reference["expert"].mean_return,
-        "evals": evals,
-        "train_curve": [
-            {
-                "step": s,
-                "success_rate": m.get("rollout/success_rate", float("nan")),
-                "episode_return": m.get("rollout/episode_return", float("nan")),
-            }
-            for s, m in sink.rows
-        ],
-    }
-
-
 def _env_only_sps(gym_id: str, n_envs: int, n_steps: int, seed: int) -> float:
     """Steps/s of the bare envs under uniformly random legal actions (what an untrained policy does),
     no learner: the ceiling for any learner on them."""
@@ -457,11 +384,9 @@ def run_ppo_bench(
     sps_updates: int = 5,
     repeats: int = 2,
     update_repeats: int = 7,
-    catalogue_samples: int = 3,
-    learn_updates: int = 30,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """All PPO benchmark numbers and the learning-curve data, as one dict."""
+    """All PPO benchmark numbers, as one dict."""
     torch.set_num_threads(1)
     total = sps_updates * n_envs * n_steps
     cfg = _matched_train_config(n_envs, n_steps, minibatch, epochs, total)
@@ -472,19 +397,6 @@ def run_ppo_bench(
     env_sps = _env_only_sps(gym_id, n_envs, n_steps, seed)
     rollout_s, update_s = _iteration_split(gym_id, cfg, seed)
     update_ours, update_sb3 = _update_latency(gym_id, seed, update_repeats)
-    learn_cfg = TrainConfig(
-        total_steps=learn_updates * 1024,
-        num_envs=16,
-        n_steps=64,
-        minibatch_size=256,
-        n_epochs=4,
-        learning_rate=1e-3,
-        clip_range=0.2,
-        hidden_sizes=[64, 64],
-    )
-    learning = learning_curves(
-        demo_catalogue(catalogue_samples, seed), learn_cfg, seed, eval_every=5, eval_episodes=128
-    )
     return {
         "gym_id": gym_id,
         "matched": {
@@ -517,9 +429,6 @@ def run_ppo_bench(
         "ours_update_s": update_s,
         "update_s_2048": update_ours,
         "sb3_update_s_2048": update_sb3,
-        "heldout_success_vs_expert": _ratio(learning["heldout_success"], learning["heldout_success_expert"]),
-        "heldout_success_vs_exploration": _ratio(learning["heldout_success"], learning["heldout_success_exploration"]),
-        "learning": learning,
         "targets": TARGETS,
         "notes": [
             "sps_ratio_vs_sb3: SB3's default minibatch 64 x 10 epochs on both sides, 8 envs x 256 steps, "
@@ -529,7 +438,3 @@ def run_ppo_bench(
             "sps_ratio_ceiling_vs_sb3 is the env alone over SB3.",
         ],
     }
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else float("inf")
