@@ -135,6 +135,18 @@ def _host() -> str:
     return f"{socket.gethostname()}/{ray.util.get_node_ip_address()}"
 
 
+def _lost_errors(timeout: bool = False) -> tuple[type[BaseException], ...]:
+    """What a call on a gone actor raises: dead or restarting (RayActorError), pinned to a dead node,
+    and with ``timeout`` no answer in time (GetTimeoutError)."""
+    from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
+
+    return (
+        (RayActorError, ActorUnschedulableError, GetTimeoutError)
+        if timeout
+        else (RayActorError, ActorUnschedulableError)
+    )
+
+
 def _cpu_nodes() -> list[str]:
     """Ids of the alive nodes that offer CPUs, the driver's own node first, then by id."""
     import ray
@@ -291,7 +303,7 @@ class RayPool(PoolDriver):
     # ------------------------------------------------------------------ transport
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
         import ray
-        from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError
 
         self._maybe_start_standby()
         pending = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
@@ -309,7 +321,7 @@ class RayPool(PoolDriver):
                 if ref in done:
                     try:
                         out[w] = ray.get(ref)
-                    except (RayActorError, ActorUnschedulableError) as exc:
+                    except _lost_errors() as exc:
                         error = exc
                 elif not self._alive(w):
                     error = WorkerProcessGone(f"worker {w}: process {self._procs[w]} is gone")
@@ -330,11 +342,10 @@ class RayPool(PoolDriver):
         slot the driver still thinks live on it steps as ``worker_lost``.
         """
         import ray
-        from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 
         try:
             return ray.get(getattr(self.actors[worker], method).remote(*args), timeout=self.call_timeout_s)
-        except (RayActorError, ActorUnschedulableError, GetTimeoutError) as exc:
+        except _lost_errors(timeout=True) as exc:
             self._recover(worker, exc)
         return ray.get(getattr(self.actors[worker], method).remote(*args), timeout=self.call_timeout_s)
 
@@ -360,14 +371,13 @@ class RayPool(PoolDriver):
     def _take_standby(self, worker: int) -> None:
         """The first standby that adopts the worker's slice becomes the worker; else a fresh actor."""
         import ray
-        from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 
         while self._standby:
             actor = self._standby.pop(0)
             self._standby_warm.pop(0)
             try:
                 ray.get(actor.adopt.remote(self._actor_args[worker][1], worker), timeout=self.restart_timeout_s)
-            except (RayActorError, ActorUnschedulableError, GetTimeoutError) as exc:
+            except _lost_errors(timeout=True) as exc:
                 logger.warning("pool: standby worker unusable (%s); trying the next", type(exc).__name__)
                 ray.kill(actor, no_restart=True)
                 continue

@@ -60,7 +60,7 @@ from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from tasks.compose import PoolFactory, build_pool, env_factory, reward_function
 from tasks.steps.explore import run_explore
-from tasks.steps.train import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES, _reward_transform
+from tasks.steps.train import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES, reward_transform
 from tasks.steps.variants import run_variants
 
 # (bound, higher is better): the learning benchmark's targets (README "Learning").
@@ -218,7 +218,7 @@ def train_agentflow(
     pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
     try:
         with reward_function(cfg, pool.num_envs) as reward_fn:
-            ppo = PPO(policy, pool, tc, seed=seed, reward_transform=_reward_transform(cfg, pool, reward_fn))
+            ppo = PPO(policy, pool, tc, seed=seed, reward_transform=reward_transform(cfg, pool, reward_fn))
             run.setup_s["pool_s"] = clock.elapsed - started
             evaluator.checkpoint(run, greedy_policy(ppo.policy), explore_steps, clock)
             while ppo.update < tc.num_updates:

@@ -61,7 +61,8 @@ EVAL_NUM_ENVS = 16
 FINAL_EVAL_EPISODES = 128
 
 
-def _reward_transform(cfg: AgentFlowConfig, pool: EnvPool, reward_fn: RewardFunction) -> TrainingReward:
+def reward_transform(cfg: AgentFlowConfig, pool: EnvPool, reward_fn: RewardFunction) -> TrainingReward:
+    """The reward PPO trains on over ``pool`` (normalised per base env); `agentflow bench learning` uses it too."""
     base_of = {i: v.base_env_id for i, v in enumerate(pool.variants)}
     normalizer = PerEnvRewardNormalizer() if cfg.train.reward.normalize else None
     return TrainingReward(
@@ -136,7 +137,7 @@ def run_train(
         cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 1, scheduler="round_robin", standby=False
     )
     resources.callback(eval_pool.close)
-    reward = _reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
+    reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
     ppo = PPO(policy, pool, tc, seed=seed, sink=sink, reward_transform=reward, device=device)
     manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes)
     tracker = ConvergenceTracker()
