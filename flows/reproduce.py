@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tasks.cli_common import PARAMS_OPTION, config_or_exit
+from flows.cli.common import PARAMS_OPTION, config_or_exit
 
 if TYPE_CHECKING:
     from mlflow.entities import Run

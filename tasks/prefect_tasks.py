@@ -236,7 +236,7 @@ def report_task(
 
     A checkpoint that failed stress validation is reported but never promoted.
     """
-    from tasks.champion import promote_if_better
+    from tasks.model_registry import promote_if_better
     from tasks.steps.report import run_report
 
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agentflow_core.splits import read_splits
+from flows.cli.bench import bench_app
 from tasks.bench.learning_bench import TrainVariantEnv, _batch, _vs
-from tasks.cli_bench import bench_app
 from tasks.compose import env_factory
 from tasks.config_io import load_config
 from tasks.steps.variants import run_variants

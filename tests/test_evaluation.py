@@ -17,7 +17,6 @@ from agentflow_core.evaluation.consistency import (
     mean_off_diagonal,
     policy_agreement,
 )
-from agentflow_core.evaluation.coverage import coverage_table
 from agentflow_core.evaluation.hacking import is_hacking, reward_hacking
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.report import (
@@ -31,6 +30,7 @@ from agentflow_core.evaluation.report import (
 from agentflow_core.evaluation.risk import risk_report
 from agentflow_core.evaluation.robustness import robustness_score
 from agentflow_core.evaluation.root_causes import cause_of, root_causes
+from agentflow_core.evaluation.token_frequency import coverage_table
 from agentflow_core.semantics import FEATURE_INDEX, N_TOKENS, SemanticAction, decode_tokens
 
 A = SemanticAction

@@ -119,7 +119,7 @@ def test_registered_model_predicts_from_observation_and_mask_columns(
     import numpy as np
 
     from agentflow_core.semantics import N_ACTIONS, OBS_DIM
-    from tasks.champion import champion_checkpoint
+    from tasks.model_registry import champion_checkpoint
     from tasks.policy_model import policy_frame, tracking_uri_set
     from tasks.steps.stress import load_policy
     from tasks.tracking import MlflowTracker

@@ -481,8 +481,8 @@ def _key_chain_demonstrations(n_envs: int = 8, steps: int = 64) -> tuple[np.ndar
 
 
 def test_behaviour_cloning_imitates_demonstrations() -> None:
+    from agentflow_core.evaluation.policy_eval import evaluate_policy, greedy_policy
     from agentflow_core.rl.bc import behaviour_cloning
-    from agentflow_core.rl.evaluate import evaluate_policy, greedy_policy
 
     obs, actions, masks = _key_chain_demonstrations()
     torch.manual_seed(0)
@@ -498,7 +498,7 @@ def test_behaviour_cloning_imitates_demonstrations() -> None:
 
 
 def test_evaluate_counts_an_equal_share_per_variant() -> None:
-    from agentflow_core.rl.evaluate import evaluate_policy
+    from agentflow_core.evaluation.policy_eval import evaluate_policy
 
     pool = KeyChainPool(4)
     result = evaluate_policy(pool, lambda obs, mask: np.array([np.flatnonzero(m)[0] for m in mask]), 9, seed=0)

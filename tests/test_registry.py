@@ -18,7 +18,7 @@ from agentflow_core.envs.base import Scenario, StepResult
 from agentflow_core.errors import MappingError, RegistryError
 from agentflow_core.registry import PACKAGED_MAPPINGS_DIR, EnvEntry, EnvRegistry, load_entry
 from agentflow_core.semantics import SemanticAction
-from tasks.cli_envs import envs_app
+from flows.cli.envs import envs_app
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,9 +14,9 @@ import torch
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.errors import DataFileError
+from agentflow_core.evaluation.policy_eval import evaluate_policy, stratified_eval_variants
 from agentflow_core.evaluation.proportions import SuccessBreakdown, wilson_interval
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.rl.evaluate import evaluate_policy, stratified_eval_variants
 from agentflow_core.semantics import GOAL_TOKEN, SemanticAction, accepted_outcomes, decode_tokens, process_success
 from agentflow_core.splits import SPLIT_FILE, SPLITS, assign_splits, read_splits, write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants

@@ -1,6 +1,6 @@
 """Every DVC stage's deps cover the code it runs: derived from the import graph of its entry point.
 
-A stage runs ``bin/agentflow <phase>``: ``flows/cli.py`` (and everything it imports at module level)
+A stage runs ``bin/agentflow <phase>``: ``flows/cli/app.py`` (and everything it imports at module level)
 plus the phase's command function, the same-module helpers it calls, and from there every import
 of every module reached (module-level and inside functions: an over-approximation outside the
 CLI modules, whose other commands do not run). A stage whose deps miss one of those files would
@@ -18,12 +18,12 @@ from tasks.stages import REPO_ROOT, Stage, load_stages
 
 PACKAGES = ("agentflow_core", "tasks", "flows")
 ENTRIES = {
-    "calibrate": ("tasks.cli_calibrate", "calibrate_command"),
-    "variants": ("tasks.cli_variants", "variants"),
-    "explore": ("tasks.cli_explore", "explore_command"),
-    "train": ("tasks.cli_train", "train_command"),
-    "stress": ("tasks.cli_stress", "stress_command"),
-    "report": ("tasks.cli_stress", "report_command"),
+    "calibrate": ("flows.cli.calibrate", "calibrate_command"),
+    "variants": ("flows.cli.variants", "variants"),
+    "explore": ("flows.cli.explore", "explore_command"),
+    "train": ("flows.cli.train", "train_command"),
+    "stress": ("flows.cli.stress", "stress_command"),
+    "report": ("flows.cli.stress", "report_command"),
 }
 
 
@@ -74,14 +74,16 @@ def entry_imports(module: str, function: str) -> set[str]:
 
 
 def is_cli(module: str) -> bool:
-    return module == "flows.cli" or module.startswith("tasks.cli_")
+    return module == "flows.cli" or module.startswith("flows.cli.")
 
 
 def stage_code(stage: str) -> set[Path]:
     """Every project source file the stage's command can run."""
     entry_module, entry_function = ENTRIES[stage]
     todo = (
-        entry_imports("flows.cli", "main") | entry_imports(entry_module, entry_function) | {"flows.cli", entry_module}
+        entry_imports("flows.cli.app", "main")
+        | entry_imports(entry_module, entry_function)
+        | {"flows.cli.app", entry_module}
     )
     seen: set[str] = set()
     while todo:

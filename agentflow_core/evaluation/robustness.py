@@ -32,12 +32,12 @@ from agentflow_core.evaluation.consistency import (
     per_variant_rows,
     random_policy,
 )
-from agentflow_core.evaluation.coverage import CoverageTable, coverage_table
 from agentflow_core.evaluation.hacking import HackingReport, reward_hacking
 from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn
 from agentflow_core.evaluation.risk import RiskReport, risk_report
 from agentflow_core.evaluation.root_causes import RECOMMENDATIONS, RootCause, root_causes
 from agentflow_core.evaluation.stress import StressRollout
+from agentflow_core.evaluation.token_frequency import CoverageTable, coverage_table
 from agentflow_core.semantics import TOKENS
 
 

@@ -14,7 +14,7 @@ reward + shaping - risk penalty, scaled per base env). They differ where the pro
   ``action_masks()``; SB3's ``target_kl`` stops an update's epochs early instead.
 
 At checkpoints (every ``eval_every_updates`` rollouts, and before the first) both policies are
-played greedily by :func:`~agentflow_core.rl.evaluate.evaluate_policy` on the same stratified
+played greedily by :func:`~agentflow_core.evaluation.policy_eval.evaluate_policy` on the same stratified
 validation and test pools, the ones ``agentflow train`` builds. Training time is the wall time of
 everything but those evaluations: for AgentFlow the exploration phase, BC, pool start-up and PPO;
 for MaskablePPO the vector env, the model and ``learn``. The reported policy of each learner is its
@@ -42,15 +42,15 @@ import torch
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import PolicyFn, PoolBatch, VariantLike
 from agentflow_core.envs.semantic_env import SemanticEnv
-from agentflow_core.pool.base import RegistryEnvFactory
-from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.evaluate import (
+from agentflow_core.evaluation.policy_eval import (
     EvalResult,
     evaluate_policy,
     expert_policy,
     greedy_policy,
     stratified_eval_variants,
 )
+from agentflow_core.pool.base import RegistryEnvFactory
+from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO, TrainingReward

@@ -23,8 +23,8 @@ import torch
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.evaluation.policy_eval import greedy_policy
 from agentflow_core.rl.coverage import CoverageTracker
-from agentflow_core.rl.evaluate import greedy_policy
 from agentflow_core.rl.exploration import ExploreProgress, explore
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.trajectories import TrajectoryWriter

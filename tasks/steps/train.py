@@ -35,10 +35,7 @@ from safetensors.torch import save_file
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
-from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
-from agentflow_core.rl.convergence import ConvergenceTracker
-from agentflow_core.rl.evaluate import (
+from agentflow_core.evaluation.policy_eval import (
     EvalResult,
     evaluate_policy,
     expert_policy,
@@ -46,6 +43,9 @@ from agentflow_core.rl.evaluate import (
     greedy_policy,
     stratified_eval_variants,
 )
+from agentflow_core.rl.bc import behaviour_cloning
+from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
+from agentflow_core.rl.convergence import ConvergenceTracker
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
 from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward

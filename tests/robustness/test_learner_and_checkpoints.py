@@ -178,7 +178,7 @@ def test_the_configured_network_must_match(saved: Path) -> None:
 
 def test_stress_and_the_champion_candidate_skip_a_damaged_best(saved: Path, tmp_path: Path) -> None:
     from agentflow_core.config import AgentFlowConfig
-    from tasks.champion import candidate_checkpoint
+    from tasks.model_registry import candidate_checkpoint
     from tasks.steps.stress import load_policy, resolve_checkpoint
 
     root = tmp_path / "data" / "checkpoints" / "checkpoints"  # where train writes them

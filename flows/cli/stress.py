@@ -2,7 +2,7 @@
 
 Register on the main app with ``app.command("stress")(stress_command)`` and
 ``app.command("report")(report_command)``; ``stress_app`` runs them standalone
-(``python -m tasks.cli_stress --help``).
+(``python -m flows.cli.stress --help``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rich.tree import Tree
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from tasks.cli_common import one_line, phase_config_or_exit
+from flows.cli.common import one_line, phase_config_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)

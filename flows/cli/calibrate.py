@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tasks.cli_common import phase_config_or_exit
+from flows.cli.common import phase_config_or_exit
 from tasks.paths import DataPaths
 from tasks.registry_io import configure_adapter_debug
 from tasks.steps.calibrate import run_calibrate

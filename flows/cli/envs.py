@@ -32,7 +32,7 @@ from agentflow_core.registry import (
     is_mapping_document,
     read_config,
 )
-from tasks.cli_common import one_line
+from flows.cli.common import one_line
 from tasks.registry_io import configure_adapter_debug, load_registry, yaml_load
 from tasks.yaml_io import YamlLimitError, load_yaml_file
 

@@ -2,7 +2,7 @@
 
 Register on the main app with ``app.command("train")(train_command)`` and
 ``bench_app.command("ppo")(bench_ppo_command)``; ``train_app`` runs both standalone
-(``python -m tasks.cli_train --help``).
+(``python -m flows.cli.train --help``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from rich.console import Console
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
+from flows.cli.common import one_line, phase_config_or_exit, phase_progress
 from tasks.bench_runs import run_repeated
-from tasks.cli_common import one_line, phase_config_or_exit, phase_progress
 from tasks.compose import backend
 from tasks.config_io import flatten_params
 from tasks.io import write_json

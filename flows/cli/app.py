@@ -17,16 +17,16 @@ from rich.tree import Tree
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError, MappingError, RegistryError
+from flows.cli.bench import bench_app
+from flows.cli.calibrate import calibrate_command
+from flows.cli.common import PARAMS_OPTION, config_or_exit, one_line
+from flows.cli.envs import envs_app
+from flows.cli.explore import explore_command
+from flows.cli.pool import profile_envs_cmd
+from flows.cli.stress import report_command, stress_command
+from flows.cli.train import train_command
+from flows.cli.variants import variants
 from flows.reproduce import reproduce_command
-from tasks.cli_bench import bench_app
-from tasks.cli_calibrate import calibrate_command
-from tasks.cli_common import PARAMS_OPTION, config_or_exit, one_line
-from tasks.cli_envs import envs_app
-from tasks.cli_explore import explore_command
-from tasks.cli_pool import profile_envs_cmd
-from tasks.cli_stress import report_command, stress_command
-from tasks.cli_train import train_command
-from tasks.cli_variants import variants
 
 app = typer.Typer(
     help="AgentFlow: train one decision policy across web, SQL and HTTP channels.",
@@ -184,7 +184,3 @@ def main() -> None:
     except AgentFlowError as exc:
         err_console.print(f"[bold red]error[/]: {one_line(exc)}")
         sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError) else 1)
-
-
-if __name__ == "__main__":
-    main()

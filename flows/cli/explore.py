@@ -1,7 +1,7 @@
 """``agentflow explore``: Phase 1, coverage-driven exploration into trajectory shards.
 
 Register on the main app with ``app.command("explore")(explore_command)``; ``explore_app`` runs
-it standalone (``python -m tasks.cli_explore --help``).
+it standalone (``python -m flows.cli.explore --help``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rich.console import Console
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.rl.exploration import ExploreProgress
-from tasks.cli_common import one_line, phase_config_or_exit, phase_progress
+from flows.cli.common import one_line, phase_config_or_exit, phase_progress
 from tasks.steps.explore import run_explore
 
 console = Console()

@@ -2,7 +2,7 @@
 
 Register on the main app with ``app.command("variants")(variants)``; ``scheduler_bench`` can be
 registered the same way (``agentflow bench scheduler``). ``variants_app`` runs both standalone
-(``python -m tasks.cli_variants --help``).
+(``python -m flows.cli.variants --help``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentflow_core.errors import AgentFlowError, ConfigError
+from flows.cli.common import one_line
 from tasks.bench.scheduler_bench import run_scheduler_bench
-from tasks.cli_common import one_line
 from tasks.config_io import load_config
 from tasks.determinism import make_deterministic
 from tasks.io import write_json

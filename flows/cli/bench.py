@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from tasks.cli_common import config_or_exit, phase_config_or_exit
+from flows.cli.common import config_or_exit, phase_config_or_exit
 from tasks.io import write_json
 
 bench_app = typer.Typer(
@@ -167,7 +167,7 @@ def pool(
     repeat: int = REPEAT_OPTION,
 ) -> None:
     """Pool: semantic overhead, Ray speed-up, memory, scheduler ratios, worker-kill recovery."""
-    from tasks.cli_pool import bench_pool
+    from flows.cli.pool import bench_pool
 
     bench_pool(params, BENCH_DIR / "pool.json", num_envs, steps, all_live, repeat)
     write_benchmarks_md()
@@ -193,7 +193,7 @@ def ppo(
     repeat: int = REPEAT_OPTION,
 ) -> None:
     """PPO: end-to-end throughput vs stable-baselines3 and update time (learning: `agentflow bench learning`)."""
-    from tasks.cli_train import bench_ppo
+    from flows.cli.train import bench_ppo
 
     bench_ppo(BENCH_DIR, quick, repeat)
     write_benchmarks_md()

@@ -1,0 +1,5 @@
+"""``python -m flows.cli``: what ``bin/agentflow`` runs."""
+
+from flows.cli.app import main
+
+main()
