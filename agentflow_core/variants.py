@@ -12,9 +12,6 @@ import datetime as _dt
 import hashlib
 import itertools
 import json
-import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -25,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agentflow_core.atomic import atomic_dir
 from agentflow_core.config import RangeSpec
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import DATA_ERRORS, AgentFlowError, ConfigError, DataFileError
@@ -408,11 +406,7 @@ def write_catalogue(
     ``created_at`` are added here.
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    tmp_dir.chmod(0o755)  # mkdtemp makes it private; the catalogue is a shared dataset
-    old_dir: Path | None = None
-    try:
+    with atomic_dir(out_dir) as tmp_dir:
         table = _table(variants)
         pq.write_table(table, tmp_dir / CATALOGUE_FILE)
         card = {
@@ -426,18 +420,6 @@ def write_catalogue(
         _write_meta(tmp_dir / META_FILE, card)
         for name, text in (files or {}).items():
             (tmp_dir / name).write_text(text, encoding="utf-8")
-        if out_dir.exists():
-            old_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old_dir / out_dir.name)
-        os.replace(tmp_dir, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        if old_dir is not None and not out_dir.exists():
-            os.replace(old_dir / out_dir.name, out_dir)
-        raise
-    finally:
-        if old_dir is not None:
-            shutil.rmtree(old_dir, ignore_errors=True)
     return out_dir / CATALOGUE_FILE
 
 

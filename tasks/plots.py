@@ -6,8 +6,6 @@ stress summary) and writes one PNG atomically.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,18 +17,13 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen befor
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from agentflow_core.atomic import atomic_file  # noqa: E402
+
 
 def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the plots are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
     return path

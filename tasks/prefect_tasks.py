@@ -25,10 +25,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from tasks.config_io import load_config
 from tasks.determinism import make_deterministic
-from tasks.io import write_json
 from tasks.paths import DataPaths
 from tasks.runtime import state_dir
 from tasks.stages import dvc_md5, stage_fingerprint

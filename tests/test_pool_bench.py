@@ -66,9 +66,9 @@ def test_semantic_overhead_sides_play_the_same_trajectories() -> None:
 
 
 def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: Path) -> None:
+    from agentflow_core.atomic import write_json
     from flows.cli.bench import render_benchmarks
     from tasks.bench_runs import combine_runs
-    from tasks.io import write_json
 
     pool_runs = [
         {

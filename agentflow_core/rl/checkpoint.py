@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from agentflow_core.atomic import atomic_dir, remove_stale, write_json
 from agentflow_core.config import MAX_LAYERS, MAX_WIDTH
 from agentflow_core.errors import AgentFlowError, NonFiniteError
 from agentflow_core.rl.policy import policy_hash
@@ -75,23 +74,6 @@ class Checkpoint:
     state: dict[str, Any]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex}")
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
 
@@ -104,33 +86,13 @@ def save_checkpoint(
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise NonFiniteError(int(state.get("ppo", {}).get("update", -1)), f"parameter {key}", "refused to save")
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".tmp-*"):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
-    tmp = root / f".tmp-{name}-{uuid.uuid4().hex}"
-    tmp.mkdir()
-    try:
+    remove_stale(root)
+    with atomic_dir(root / name) as tmp:
         save_file(_contiguous(model), str(tmp / MODEL_FILE))
         save_file(_contiguous(tensors), str(tmp / TENSORS_FILE))
-        with open(tmp / STATE_FILE, "w") as fh:
-            json.dump(state, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        final = root / name
-        if final.exists():  # re-saving the same update: move the old copy aside first
-            trash = root / f".tmp-old-{name}-{uuid.uuid4().hex}"
-            os.replace(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync_dir(root)
-    _write_json_atomic(root / LATEST, {"name": name})
-    return final
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+    write_json(root / LATEST, {"name": name}, indent=1)
+    return root / name
 
 
 def model_shapes(hidden_sizes: Sequence[int]) -> dict[str, tuple[int, ...]]:
@@ -348,7 +310,7 @@ class CheckpointManager:
 
     def mark_best(self, path: Path) -> None:
         """Point ``best.json`` at a saved checkpoint (pruning never deletes it)."""
-        _write_json_atomic(self.root / BEST, {"name": path.name})
+        write_json(self.root / BEST, {"name": path.name}, indent=1)
 
     def _prune(self) -> None:
         keep = {p for p in (latest_checkpoint(self.root), best_checkpoint(self.root)) if p is not None}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agentflow_core.atomic import atomic_file, write_text
 from agentflow_core.errors import DATA_ERRORS, DataFileError
 from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM, VOCAB_VERSION
 
@@ -65,12 +65,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class TrajectoryWriter:
@@ -117,9 +111,8 @@ class TrajectoryWriter:
         table = pa.table(self._columns, schema=SCHEMA)
         name = f"part-{len(self.shards):05d}.parquet"
         final = self.out_dir / name
-        tmp = self.out_dir / (name + ".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, final)
+        with atomic_file(final) as tmp:
+            pq.write_table(table, tmp)
         self.shards.append({"file": name, "rows": n, "sha256": _sha256(final)})
         self._columns = {name: [] for name in SCHEMA.names}
 
@@ -141,7 +134,7 @@ class TrajectoryWriter:
             "shards": self.shards,
             **self.extra_card,
         }
-        _atomic_write_text(self.out_dir / META_FILE, json.dumps(card, indent=2, sort_keys=True))
+        write_text(self.out_dir / META_FILE, json.dumps(card, indent=2, sort_keys=True))
         return card
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import typer
 
+from agentflow_core.atomic import write_json
 from flows.cli.common import config_or_exit, phase_config_or_exit
-from tasks.io import write_json
 
 bench_app = typer.Typer(
     help="Benchmarks (results in BENCHMARKS.md and data/bench/*.json).",

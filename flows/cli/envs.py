@@ -8,7 +8,6 @@ on the ``agentflow.adapter`` logger.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentflow_core.adapters.audit import AuditFinding, audit_entry
+from agentflow_core.atomic import write_text
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.registry import (
     EnvEntry,
@@ -204,18 +204,6 @@ def check(config_dir: Path = CONFIG_DIR_OPTION, show_info: bool = INFO_OPTION) -
     console.print(f"[green]{len(results)} env(s) ok[/]")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and rename, so readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_generated_env(
     env_config: dict[str, Any], mapping: dict[str, Any], out_dir: Path, force: bool = False
 ) -> tuple[Path, Path]:
@@ -243,8 +231,8 @@ def write_generated_env(
             if isinstance(other, dict) and not is_mapping_document(other) and other.get("env_id") == env_id:
                 raise FileExistsError(f"env_id {env_id!r} is already declared in {path}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(mapping_path, mapping_text)
-    _atomic_write(config_path, config_text)
+    write_text(mapping_path, mapping_text)
+    write_text(config_path, config_text)
     return config_path, mapping_path
 
 

@@ -18,13 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants
 from tasks.bench_runs import run_repeated
 from tasks.compose import start_ray
 from tasks.config_io import DEFAULT_PARAMS, load_config
-from tasks.io import write_json
 from tasks.registry_io import load_registry
 
 pool_app = typer.Typer(

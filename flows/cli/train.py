@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
+from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from flows.cli.common import one_line, phase_config_or_exit, phase_progress
 from tasks.bench_runs import run_repeated
 from tasks.compose import backend
 from tasks.config_io import flatten_params
-from tasks.io import write_json
 
 if TYPE_CHECKING:
     from tasks.tracking import MlflowTracker

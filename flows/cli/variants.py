@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agentflow_core.atomic import write_json
 from agentflow_core.errors import AgentFlowError, ConfigError
 from flows.cli.common import one_line
 from tasks.bench.scheduler_bench import run_scheduler_bench
 from tasks.config_io import load_config
 from tasks.determinism import make_deterministic
-from tasks.io import write_json
 from tasks.paths import DataPaths
 from tasks.steps.variants import run_variants
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.adapters.audit import audit_entry
+from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import expert_for
 from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.compose import base_env_infos, map_chunks
-from tasks.io import atomic_dir, write_json
 from tasks.registry_io import load_registry
 
 

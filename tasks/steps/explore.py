@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.evaluation.policy_eval import greedy_policy
@@ -32,7 +33,6 @@ from agentflow_core.semantics import VOCAB_VERSION
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import read_meta
 from tasks.compose import PoolFactory, build_pool, expert_policy_hash, reachable_tokens, reward_function
-from tasks.io import atomic_dir, write_json
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.registry_io import load_registry
 

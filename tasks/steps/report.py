@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion
@@ -34,7 +35,6 @@ from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.semantics import N_ACTIONS
 from agentflow_core.variants import VariantSpec
 from tasks.compose import PoolFactory, build_pool
-from tasks.io import atomic_dir, write_json
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout

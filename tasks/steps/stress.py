@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
@@ -33,7 +34,6 @@ from agentflow_core.evaluation.stress import StressRollout, stratified_sample
 from agentflow_core.semantics import ACTIONS
 from agentflow_core.variants import VariantSpec
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
-from tasks.io import atomic_dir, write_json
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
 from tasks.registry_io import load_registry

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from agentflow_core.atomic import write_json, write_text
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.evaluation.policy_eval import (
@@ -54,7 +55,6 @@ from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
 from tasks.compose import PoolFactory, build_pool, recovery_summary, reward_function
-from tasks.io import write_json
 
 EXPLORATION_EPSILON = 0.95
 EVAL_NUM_ENVS = 16
@@ -317,9 +317,7 @@ def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:
         f"{e['validation/success_rate']:.6f},{e['validation/mean_return']:.6f}"
         for e in evals
     ]
-    tmp = path.with_suffix(".csv.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, "\n".join(lines) + "\n")
 
 
 def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:

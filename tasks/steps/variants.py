@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.splits import write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta
 from tasks.config_io import load_config
-from tasks.io import write_json
 from tasks.paths import DataPaths
 from tasks.registry_io import load_registry
 
