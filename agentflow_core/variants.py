@@ -374,11 +374,8 @@ def _table(variants: Sequence[VariantSpec]) -> pa.Table:
 
 
 def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _write_meta(path: Path, meta: Mapping[str, Any]) -> None:

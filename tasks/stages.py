@@ -53,11 +53,8 @@ def load_stages(path: Path = DVC_YAML) -> dict[str, Stage]:
 
 
 def _file_md5(path: Path) -> str:
-    digest = hashlib.md5()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "md5").hexdigest()
 
 
 def dvc_md5(path: Path) -> str:

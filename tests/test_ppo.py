@@ -19,19 +19,17 @@ import torch
 
 from agentflow_core.config import TrainConfig
 from agentflow_core.rl.adaptive import AdaptiveKLController
-from agentflow_core.rl.policy import ActorCritic, policy_hash
-from agentflow_core.rl.ppo import (
-    PPO,
-    MemorySink,
+from agentflow_core.rl.losses import (
     approx_kl,
     clip_fraction,
     clipped_policy_loss,
     compute_gae,
     explained_variance,
     normalize_advantages,
-    rollout_seed,
     value_loss,
 )
+from agentflow_core.rl.policy import ActorCritic, policy_hash
+from agentflow_core.rl.ppo import PPO, MemorySink, rollout_seed
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec
 

@@ -4,13 +4,7 @@ Import pools from their modules (``agentflow_core.pool.inprocess``, ``agentflow_
 so importing the package does not pull in Ray.
 """
 
-from agentflow_core.pool.scheduler import (
-    STRATEGIES,
-    BaseScheduler,
-    EpisodeStats,
-    HeatTracker,
-    Scheduler,
-    make_scheduler,
-)
+from agentflow_core.pool.scheduler import BaseScheduler, EpisodeStats, HeatTracker, Scheduler
+from agentflow_core.pool.strategies import STRATEGIES, make_scheduler
 
 __all__ = ["STRATEGIES", "BaseScheduler", "EpisodeStats", "HeatTracker", "Scheduler", "make_scheduler"]

@@ -15,7 +15,7 @@ import numpy as np
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, VariantLike
 from agentflow_core.pool.driver import PoolDriver
-from agentflow_core.pool.scheduler import make_scheduler
+from agentflow_core.pool.strategies import make_scheduler
 from agentflow_core.pool.worker import EnvWorker, WorkerBatch
 
 

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.pool.scheduler import STRATEGIES, EpisodeStats, HeatTracker, make_scheduler
+from agentflow_core.pool.scheduler import EpisodeStats, HeatTracker
+from agentflow_core.pool.strategies import STRATEGIES, make_scheduler
 
 N_SIGNATURE_TOKENS = 24
 TARGETS = {"cold_share_vs_round_robin": 3.0, "max_visit_gap_over_n": 5.0, "draws_to_90pct_vs_round_robin": 1.0}
