@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +20,40 @@ from gymnasium.utils.env_checker import check_env
 
 from agentflow_core.envs.base import StepResult
 from agentflow_core.envs.experts import expert_for
+from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES, acquire_embedded, embedded_users, release_embedded
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvCrashError, EnvInvalidError
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM, SemanticAction
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
+REGISTERED = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
+# The SQL channel's contract holds on a real PostgreSQL server too (embedded through pgserver).
+ON_POSTGRES = [
+    dataclasses.replace(e, kwargs={**e.kwargs, "url": EMBEDDED_POSTGRES}) for e in REGISTERED if e.family == "order_db"
+]
+ENTRIES = REGISTERED + ON_POSTGRES
+IDS = [e.env_id for e in REGISTERED] + [f"{e.env_id}-postgresql" for e in ON_POSTGRES]
 
 
-@pytest.fixture(params=ENTRIES, ids=[e.env_id for e in ENTRIES])
+@pytest.fixture(scope="module", autouse=True)
+def embedded_postgres() -> Iterator[None]:
+    """One server for the module (each env is one more user of it), stopped at the end."""
+    acquire_embedded()
+    yield
+    release_embedded()
+    assert embedded_users() == 0
+
+
+@pytest.fixture(params=ENTRIES, ids=IDS)
 def entry(request: pytest.FixtureRequest) -> EnvEntry:
     return request.param
+
+
+def test_postgresql_entries_really_run_on_postgresql() -> None:
+    env = ON_POSTGRES[0].make()
+    assert env.physical.engine.dialect.name == "postgresql"  # type: ignore[attr-defined]
+    env.close()
 
 
 def test_the_registry_holds_every_family() -> None:

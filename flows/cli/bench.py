@@ -38,6 +38,7 @@ COMMANDS = {
     "scheduler": "agentflow bench scheduler",
     "train": "agentflow bench train",
     "learning": "agentflow bench learning",
+    "sql": "agentflow bench sql",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -45,6 +46,7 @@ TITLES = {
     "scheduler": "Scheduler strategies on a synthetic learner (1,000 variants, 100k draws)",
     "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
+    "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
 }
 
 
@@ -126,7 +128,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -136,6 +138,8 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --total-steps {result['total_steps']}"
         if name == "learning":
             command += f" --steps {result['config']['train']['total_steps']}"
+        if name == "sql":
+            command += f" --episodes {result['episodes']}"
         out += [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]
         out += _scheduler_table(result) if name == "scheduler" else _targets_table(result)
         if result.get("notes"):
@@ -253,6 +257,21 @@ def learning(
     typer.echo(bench_section(TITLES["learning"]))
 
 
+@bench_app.command("sql")
+def sql(
+    params: Path = PARAMS_OPTION,
+    episodes: int = typer.Option(200, "--episodes", min=10, help="Expert episodes per database."),
+) -> None:
+    """SQL channel: reset/step latency on SQLite vs an embedded PostgreSQL server, the same episodes."""
+    from tasks.bench.sql_bench import ENV_ID, run_sql_bench
+    from tasks.registry_io import load_registry
+
+    entry = load_registry(config_or_exit(params)).get(ENV_ID)
+    write_json(BENCH_DIR / "sql.json", run_sql_bench(entry, episodes))
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["sql"]))
+
+
 @bench_app.command("all")
 def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
@@ -261,3 +280,4 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     train(params, total_steps=None, repeat=repeat)
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
+    sql(params, episodes=200)

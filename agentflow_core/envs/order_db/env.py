@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -10,7 +11,6 @@ from typing import Any
 import numpy as np
 from sqlalchemy import (
     Connection,
-    select,
 )
 
 from agentflow_core.envs.base import (
@@ -26,7 +26,14 @@ from agentflow_core.envs.base import (
     StepResult,
 )
 from agentflow_core.envs.order_db import statements as sql
-from agentflow_core.envs.order_db.fixtures import _align_seed_rows, _clone_template, _insert_seed_rows, _template
+from agentflow_core.envs.order_db.fixtures import (
+    _align_seed_rows,
+    _clone_template,
+    _delete_seed_rows,
+    _insert_seed_rows,
+    _template,
+)
+from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES, acquire_embedded, release_embedded
 from agentflow_core.envs.order_db.raw_states import _blank_obs, _error_row
 from agentflow_core.envs.order_db.schema import (
     CODE_APPROVED,
@@ -42,11 +49,8 @@ from agentflow_core.envs.order_db.schema import (
     QUERY_TIMEOUT_S,
     VERSION,
     _constraint_name,
-    carts,
     make_engine,
     metadata,
-    products,
-    users,
 )
 
 
@@ -91,6 +95,13 @@ class OrderDBEnv:
         # A private database is a clone of the process template (schema + placeholder rows) whose
         # rows are then re-keyed to this env: ~0.5 ms instead of CREATE TABLE + INSERTs per env.
         self._private = url is None
+        self._embedded = url == EMBEDDED_POSTGRES
+        if self._embedded:
+            url = acquire_embedded()
+        # In a shared database this env's committed rows carry its own key, so two live envs of one
+        # variant never touch (or lock) each other's rows; close() deletes them.
+        self._rows_key = f"{env_id}#{uuid.uuid4().hex[:12]}"
+        self._seeded: tuple[int, int, list[int]] | None = None
         self.engine = make_engine(url, creator=_clone_template if self._private else None)
         if not self._private:
             metadata.create_all(self.engine)
@@ -127,8 +138,8 @@ class OrderDBEnv:
         """This env's customer and catalog rows, aligned with the scenario (inside the caller's transaction).
 
         A private database holds exactly one env's rows (the template's, at fixed ids): they are
-        re-keyed in place, so a fresh and a reconfigured env see the same ids and values. A shared
-        database keys rows by ``env_id``: they are inserted when missing, else aligned.
+        re-keyed in place, so a fresh and a reconfigured env see the same ids and values. In a shared
+        database the env inserts its rows once, under its own key, and re-aligns them to each scenario.
         """
         if self._private:
             # A private database keeps the template's committed rows; ``reset`` aligns them to this
@@ -136,17 +147,11 @@ class OrderDBEnv:
             # and the rollback at the next reset restores the template exactly.
             template = _template()
             return template.user_id, template.cart_id, list(template.product_ids)
-        name = f"customer@{self.env_id}"
-        user_id = conn.execute(select(users.c.id).where(users.c.name == name)).scalar()
-        if user_id is None:
-            return _insert_seed_rows(conn, self.scenario, self.env_id)
-        product_ids = [
-            int(conn.execute(select(products.c.id).where(products.c.sku == f"{self.env_id}/sku-{i}")).scalar_one())
-            for i in range(N_PRODUCTS)
-        ]
-        _align_seed_rows(self.db, self.scenario, self.env_id, int(user_id), product_ids)
-        cart_id = conn.execute(select(carts.c.id).where(carts.c.user_id == user_id)).scalar_one()
-        return int(user_id), int(cart_id), product_ids
+        if self._seeded is None:
+            self._seeded = _insert_seed_rows(conn, self.scenario, self._rows_key)
+        else:
+            _align_seed_rows(self.db, self.scenario, self._rows_key, self._seeded[0], self._seeded[2])
+        return self._seeded
 
     # ------------------------------------------------------------------------------- episode
     def _new_episode_state(self) -> None:
@@ -228,10 +233,15 @@ class OrderDBEnv:
         if self._txn is not None:
             self._txn.rollback()
             self._txn = None
+        if not self._private and self._seeded is not None:
+            with self._conn.begin():
+                _delete_seed_rows(self._conn, self._seeded[0], self._seeded[1], self._seeded[2])
         self._driver.close()
         self._conn.close()
         self._conn = None
         self.engine.dispose()
+        if self._embedded:
+            release_embedded()
 
     # ------------------------------------------------------------------------------- link
     def _network_fault(self) -> dict[str, Any] | None:

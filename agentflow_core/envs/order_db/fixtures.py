@@ -12,6 +12,7 @@ from sqlalchemy import (
     Connection,
     CursorResult,
     bindparam,
+    delete,
     insert,
     select,
     update,
@@ -109,6 +110,14 @@ def _insert_seed_rows(conn: Connection, scenario: Scenario, env_id: str) -> tupl
         conn.execute(insert(inventory).values(product_id=pid, stock=stock))
         product_ids.append(pid)
     return user_id, cart_id, product_ids
+
+
+def _delete_seed_rows(conn: Connection, user_id: int, cart_id: int, product_ids: Sequence[int]) -> None:
+    """Remove one env's committed rows from a shared database (episodes roll back; only these persist)."""
+    conn.execute(delete(inventory).where(inventory.c.product_id.in_(list(product_ids))))
+    conn.execute(delete(products).where(products.c.id.in_(list(product_ids))))
+    conn.execute(delete(carts).where(carts.c.id == cart_id))
+    conn.execute(delete(users).where(users.c.id == user_id))
 
 
 _ALIGN_USER = (

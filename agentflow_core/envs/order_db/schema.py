@@ -207,6 +207,11 @@ def make_engine(url: str | None, creator: Callable[[], sqlite3.Connection] | Non
     if url is None:
         extra: dict[str, Any] = {"creator": creator} if creator is not None else {}
         engine = create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}, **extra)
+    elif url.startswith("postgresql"):
+        # A row another client holds locked fails the statement after the query timeout (an error row,
+        # like SQLite's "database is locked") instead of blocking the env.
+        lock_ms = int(QUERY_TIMEOUT_S * 1000)
+        engine = create_engine(url, connect_args={"options": f"-c lock_timeout={lock_ms}"})
     else:
         engine = create_engine(url)
     if engine.dialect.name == "sqlite":
