@@ -345,12 +345,15 @@ def test_rolled_back_episodes_leave_database_byte_identical(tmp_path: Path, adap
             ops[f"{info['op']}:{info['applied']}"] += 1
             if terminated or truncated:
                 break
-    env.close()
     with reader.connect() as conn:
         after = dump_tables(conn)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == file_hash
+    env.close()
+    with reader.connect() as conn:
+        closed = dump_tables(conn)
     reader.dispose()
     assert after == before and before["users"] and before["orders"] == []
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == file_hash
+    assert closed["users"] == [] and closed["products"] == []  # close() removes the env's own rows
     assert ops["charge:True"] > 100 and ops["add_cart_item:True"] > 100 and ops["create_order:False"] > 100
 
 
