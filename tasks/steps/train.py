@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
+from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker
 from agentflow_core.rl.evaluate import (
     EvalResult,
@@ -113,28 +113,40 @@ def run_train(
     pool_factory: PoolFactory = build_pool,
     on_update: Callable[[int, int, dict[str, float]], None] | None = None,
     metrics_path: Path | None = None,
+    *,
+    seed: int | None = None,
+    warm_start: Path | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``)."""
-    tc, seed = cfg.train, cfg.base.seed
+    """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
+
+    A retrain passes its cycle ``seed`` and the champion's checkpoint as ``warm_start``. The cycle
+    seed drives what the cycle does anew -- network initialisation, behaviour cloning, the training
+    pool and PPO's minibatches; ``base.seed`` keeps choosing the validation and test episodes, so
+    every cycle is evaluated on the same held-out episodes. ``warm_start`` weights replace the
+    fresh initialisation (before the behaviour-cloning warm start, which then fine-tunes them).
+    """
+    tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     sink = sink or NullSink()
     splits = read_splits(catalogue_path)
     train_variants = splits["train"]
     dimensions = sorted(cfg.variants.dimensions)
-    validation = stratified_eval_variants(splits["validation"], tc.eval_episodes, dimensions, seed)
+    validation = stratified_eval_variants(splits["validation"], tc.eval_episodes, dimensions, eval_seed)
     n_final = max(tc.eval_episodes, FINAL_EVAL_EPISODES)
-    test = stratified_eval_variants(splits["test"], n_final, dimensions, seed)
+    test = stratified_eval_variants(splits["test"], n_final, dimensions, eval_seed)
     device = resolve_device(cfg.base.device)
     torch.manual_seed(seed)
     policy = ActorCritic(hidden_sizes=tc.hidden_sizes).to(device)
+    if warm_start is not None:
+        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes).model)
     untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
     pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
     resources.callback(pool.close)
     eval_pool = pool_factory(
-        cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 1, scheduler="round_robin", standby=False
+        cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 1, scheduler="round_robin", standby=False
     )
     resources.callback(eval_pool.close)
     reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
@@ -190,7 +202,7 @@ def run_train(
             new_best = False
             if ppo.update % tc.eval_every_updates == 0 or is_last:
                 result_eval = evaluate_policy(
-                    eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=seed + 7, dimensions=dimensions
+                    eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=eval_seed + 7, dimensions=dimensions
                 )
                 eval_metrics = result_eval.metrics("validation/")
                 evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
@@ -209,12 +221,12 @@ def run_train(
         best_policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
         best_policy.load_state_dict(best_ckpt.model)
         test_pool = pool_factory(
-            cfg, test, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 2, scheduler="round_robin", standby=False
+            cfg, test, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 2, scheduler="round_robin", standby=False
         )
         resources.callback(test_pool.close)
-        explorer = exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(seed))
+        explorer = exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(eval_seed))
         final = {
-            name: evaluate_policy(test_pool, act, n_final, seed=seed + 11, dimensions=dimensions)
+            name: evaluate_policy(test_pool, act, n_final, seed=eval_seed + 11, dimensions=dimensions)
             for name, act in (
                 ("trained", greedy_policy(best_policy)),
                 ("exploration", explorer),
@@ -242,6 +254,10 @@ def run_train(
         "worker_restarts": recovery["worker_restarts"],
         "steps_lost": recovery["steps_lost"],
         "worker_recovery_s": max((r["recovery_s"] for r in recovery["recoveries"]), default=0.0),
+        "seed": seed,
+        "warm_start": None
+        if warm_start is None
+        else {"checkpoint": str(warm_start), "policy_hash": policy_hash(untrained)},
         "wall_s": time.perf_counter() - t_start,
         "update_sps": update_sps,
     }
