@@ -122,6 +122,7 @@ def run_explore(
                 reference_fn=expert.act_batch,
                 reference_pool_steps=cfg.explore.reference_pool_steps,
                 on_progress=on_progress,
+                restart_schedule=bool(priority),
             )
             card = writer.close()
             write_json(tmp / "coverage.json", result.coverage_graph)

@@ -123,7 +123,8 @@ def run_train(
     seed drives what the cycle does anew -- network initialisation, behaviour cloning, the training
     pool and PPO's minibatches; ``base.seed`` keeps choosing the validation and test episodes, so
     every cycle is evaluated on the same held-out episodes. ``warm_start`` weights replace the
-    fresh initialisation (before the behaviour-cloning warm start, which then fine-tunes them).
+    fresh initialisation and the behaviour-cloning warm start (its at least 500 gradient steps
+    would overwrite what the champion learnt): PPO continues from the champion.
     """
     tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)
@@ -167,7 +168,9 @@ def run_train(
             curve, evals, bc_summary = extra["curve"], extra["evals"], extra["bc"]
             untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
         else:
-            if tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
+            if warm_start is not None:
+                bc_summary = {"used": False, "reason": f"warm start from {warm_start}"}
+            elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
                 accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
                 obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted)
                 result = behaviour_cloning(policy, obs, actions, masks, seed=seed)
