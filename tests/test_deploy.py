@@ -148,7 +148,10 @@ def test_a_worker_runs_a_deployment_run_and_a_nested_override_takes_effect(deplo
     experiment = client.get_experiment_by_name("agentflow")
     parents = [r for r in client.search_runs([experiment.experiment_id]) if "prefect.flow_run_id" in r.data.tags]
     assert [r.data.tags["prefect.flow_run_id"] for r in parents] == [state["id"]]
-    assert parents[0].data.params["train.total_steps"] == "512" and parents[0].data.params["report.champion_episodes"] == "4"
+    assert (
+        parents[0].data.params["train.total_steps"] == "512"
+        and parents[0].data.params["report.champion_episodes"] == "4"
+    )
 
 
 def test_a_bad_override_fails_the_run_within_seconds_naming_the_key(deployed: dict[str, Any]) -> None:
