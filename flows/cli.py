@@ -146,6 +146,10 @@ def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
     tree.add(escape(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}"))
     tree.add("Prefect runs: PREFECT_HOME=.agentflow/prefect prefect server start  -> http://127.0.0.1:4200")
     report = results.get("report", {})
+    if "cycle_report" in report:
+        tree.add(escape(f"this cycle's report and decision: {report['cycle_report']} (newest cycle: reports/latest)"))
+    if "retrain" in results:
+        tree.add(escape(f"retrain: cycle seed {results['retrain']['cycle_seed']}, plan {results['retrain']['plan']}"))
     if "promotion_reason" in report:
         tree.add(escape(f"champion/challenger: {report['promotion_reason']}"))
     return tree
