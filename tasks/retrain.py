@@ -11,8 +11,8 @@ deployment or the Prefect UI) differs from a fresh cycle in four places:
   every other one by how rarely exploration visited it so far (rows per env id in the dataset
   card). The plan is a JSON file (``plan.json``); tasks get its path. The seed is logged as the
   parent run's ``cycle_seed`` param and tag.
-* **explore** (:func:`explore_retrain`): ε-greedy around the champion, walking the train split
-  round-robin in the plan's order, with the cycle seed; its shards are *appended* to
+* **explore** (:func:`explore_retrain`): ε-greedy around ``explore.behaviour`` (the expert, or with
+  ``policy`` the champion), walking the train split round-robin in the plan's order, with the cycle seed; its shards are *appended* to
   ``data/trajectories`` (:mod:`tasks.dataset`), each naming its cycle.
 * **train**: PPO starts from the champion's weights with the cycle seed (``run_train``'s
   ``warm_start`` and ``seed``); validation and test episodes stay those of ``base.seed``.
@@ -163,7 +163,8 @@ def explore_retrain(
     on_progress: Callable[[ExploreProgress], None] | None = None,
     pool_factory: PoolFactory = build_pool,
 ) -> dict[str, Any]:
-    """Explore in the plan's order around the champion with the cycle seed; append the shards to the dataset."""
+    """Explore in the plan's order with the cycle seed (around the champion when ``explore.behaviour`` is ``policy``);
+    append the shards to the dataset."""
     from tasks.steps.explore import run_explore
 
     paths = DataPaths.of(cfg)
