@@ -25,6 +25,7 @@ from tasks.compose import backend
 from tasks.config_io import flatten_params, load_config
 from tasks.determinism import determinism_tags, make_deterministic
 from tasks.lifetime import bind_ephemeral_servers
+from tasks.overrides import resolve_params
 from tasks.paths import DataPaths
 from tasks.prefect_tasks import (
     GateFailed,
@@ -37,6 +38,7 @@ from tasks.prefect_tasks import (
     variants_task,
 )
 from tasks.provenance import git_tags
+from tasks.retrain_tasks import plan_retrain_task
 from tasks.runtime import mlflow_uri
 from tasks.stages import dvc_md5, params_hash
 from tasks.tracking import CHECKPOINTS_TAG, PARAMS_HASH_TAG, MlflowTracker
@@ -84,6 +86,8 @@ def training_cycle(
     run_name: str | None = None,
     min_state_coverage: float = 0.0,
     use_cache: bool = True,
+    overrides: dict[str, Any] | None = None,
+    retrain: bool = False,
 ) -> dict[str, Any]:
     """Run one training cycle.
 
@@ -93,7 +97,16 @@ def training_cycle(
         run_name: MLflow parent run name (defaults to ``base.run_name``).
         min_state_coverage: exploration gate; the cycle stops if coverage stays below it.
         use_cache: reuse variants/exploration whose deps, params and outputs are unchanged.
+        overrides: ``{"train.total_steps": 4096, ...}``: dotted params.yaml keys set for this cycle, validated
+            like the file (``tasks.overrides``).
+        retrain: warm-start from the champion with a fresh cycle seed, explore what it fails first, append to
+            the dataset, promote only on a paired held-out win (``tasks.retrain``).
     """
+    if resume and retrain:
+        raise ValueError(
+            "resume and retrain cannot be combined: a retrain draws a new seed and starts from the champion"
+        )
+    params_path = resolve_params(params_path, overrides)  # a bad override fails here, naming the key
     cfg = load_config(params_path)  # a bad params.yaml fails here, before any run exists
     make_deterministic(cfg.base.seed)
     bind_ephemeral_servers()  # a killed run must not leave Prefect's temporary server behind
@@ -103,8 +116,12 @@ def training_cycle(
     parent = open_cycle(tracker, cfg, params_path, run_name or cfg.base.run_name, resume)
     paths = DataPaths.of(cfg)
     tracker.set_tags(parent, backend(cfg).params(cfg.train.num_envs))  # where the envs are stepped
-    results: dict[str, Any] = {"mlflow_run_id": parent}
+    results: dict[str, Any] = {"mlflow_run_id": parent, "params_path": params_path}
+    plan: str | None = None
     try:
+        if retrain:
+            results["retrain"] = plan_retrain_task(params_path, parent, uri, experiment)
+            plan = str(results["retrain"]["plan"])
         calibration = calibrate_task(params_path, parent, uri, experiment)
         results["calibrate"] = calibration
         record_phase(tracker, parent, paths, "calibrate", paths.calibration)
@@ -116,7 +133,7 @@ def training_cycle(
         record_phase(tracker, parent, paths, "variants", paths.variants)
         results["variants"] = variants
 
-        explore = explore_task(params_path, use_cache)
+        explore = explore_task(params_path, use_cache, retrain_plan=plan)
         track_phase(params_path, parent, uri, experiment, "explore", explore, paths.trajectories)
         record_phase(tracker, parent, paths, "explore", paths.trajectories)
         results["explore"] = explore
@@ -126,7 +143,7 @@ def training_cycle(
                 f"< {min_state_coverage}"
             )
 
-        train = train_task(params_path, parent, uri, experiment, resume)
+        train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train
         record_phase(tracker, parent, paths, "train", paths.checkpoints)
         tracker.set_tags(parent, {"agentflow.policy_hash": str(train["policy_hash"])})
@@ -136,7 +153,9 @@ def training_cycle(
         record_phase(tracker, parent, paths, "stress", paths.stress)
 
         # The report explains a failed stress gate too; only promotion is withheld.
-        results["report"] = report_task(params_path, parent, uri, experiment, train["train_run_id"], stress["passed"])
+        results["report"] = report_task(
+            params_path, parent, uri, experiment, train["train_run_id"], stress["passed"], retrain=retrain
+        )
         if not stress["passed"]:
             raise GateFailed(
                 f"stress gate failed: robustness_score={stress['robustness_score']:.3f}, "

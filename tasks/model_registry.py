@@ -31,6 +31,14 @@ def candidate_checkpoint(cfg: AgentFlowConfig) -> Path:
     return found.path
 
 
+def champion_version(tracker: MlflowTracker, name: str) -> str | None:
+    """The registry version the ``champion`` alias points at, or None if there is no champion yet."""
+    try:
+        return str(tracker.client.get_model_version_by_alias(name, CHAMPION).version)
+    except MlflowException:
+        return None
+
+
 def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:
     """Download the current champion's checkpoint folder, or None if there is no champion yet."""
     try:
@@ -47,18 +55,23 @@ def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:
 
 
 def promote_if_better(
-    cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str, allowed: bool = True
+    cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str, allowed: bool = True, paired: bool = False
 ) -> dict[str, Any]:
     """Register the candidate; move the ``champion`` alias to it only if the canary test passes.
 
     ``allowed=False`` (the candidate failed stress validation) registers it without promoting.
+    ``paired=True`` (a retrain) adds the paired held-out comparison after a passed canary
+    (:func:`tasks.retrain.paired_decision`): promoted only if it beats the champion there too.
     """
+    from tasks.retrain import paired_decision
     from tasks.steps.report import run_champion_challenger
 
     name = cfg.base.tracking.registered_model
     challenger = candidate_checkpoint(cfg)
     champion = champion_checkpoint(tracker, name)
     decision = run_champion_challenger(cfg, challenger, champion)
+    if paired and champion is not None:
+        decision = paired_decision(cfg, challenger, champion, decision)
     if not allowed:
         decision = {
             **decision,

@@ -135,13 +135,27 @@ def variants_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
 
 
 @task(name="explore", retries=1, **NOT_PERSISTED)
-def explore_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
-    """Phase 1: coverage-driven exploration into trajectory shards (reused for the same inputs)."""
+def explore_task(params_path: str, use_cache: bool = True, retrain_plan: str | None = None) -> dict[str, Any]:
+    """Phase 1: coverage-driven exploration into trajectory shards (reused for the same inputs).
+
+    A retrain (``retrain_plan``: its plan.json) explores anew and appends to the dataset (``tasks.retrain``).
+    """
     from tasks.steps.explore import run_explore
 
     cfg = _config(params_path)
     paths = DataPaths.of(cfg)
     progress = Throttled("explore")
+    if retrain_plan is not None:
+        from tasks.retrain import RetrainPlan, explore_retrain
+
+        summary = explore_retrain(
+            cfg,
+            RetrainPlan.read(retrain_plan),
+            paths.metrics_file("explore"),
+            on_progress=lambda p: progress(p.steps, p.total_steps, f"coverage {p.state_coverage_ratio:.3f}"),
+        )
+        _publish("exploration", "Phase 1: exploration (retrain, appended)", summary)
+        return summary
     summary = cached(
         cfg,
         "explore",
@@ -182,12 +196,23 @@ def track_phase(
 
 @task(name="train", retries=0, **NOT_PERSISTED)
 def train_task(
-    params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, resume: bool
+    params_path: str,
+    parent_run_id: str,
+    tracking_uri: str,
+    experiment: str,
+    resume: bool,
+    retrain_plan: str | None = None,
 ) -> dict[str, Any]:
-    """Phase 2: PPO refinement with checkpoints; resumes from the last checkpoint when asked."""
+    """Phase 2: PPO refinement with checkpoints; resumes from the last checkpoint when asked.
+
+    A retrain starts from the champion's weights with the cycle seed of its plan.
+    """
+    from tasks.retrain import RetrainPlan
     from tasks.tracked import tracked_train
 
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    plan = RetrainPlan.read(retrain_plan) if retrain_plan is not None else None
+    warm_start = Path(plan.champion_checkpoint) if plan is not None and plan.champion_checkpoint else None
     run_id = tracker.start_phase(parent_run_id, "train")
     progress = Throttled("train update")
     summary = tracked_train(
@@ -202,6 +227,8 @@ def train_task(
             f"return {m.get('rollout/episode_return', float('nan')):.2f} "
             f"{m.get('time/sps', 0.0):.0f} steps/s",
         ),
+        seed=None if plan is None else plan.seed,
+        warm_start=warm_start,
     )
     _publish("training", "Phase 2: PPO refinement", summary)
     return {**summary, "train_run_id": run_id}
@@ -230,19 +257,31 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
 
 @task(name="report", retries=1, **NOT_PERSISTED)
 def report_task(
-    params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, train_run_id: str, stress_passed: bool
+    params_path: str,
+    parent_run_id: str,
+    tracking_uri: str,
+    experiment: str,
+    train_run_id: str,
+    stress_passed: bool,
+    retrain: bool = False,
 ) -> dict[str, Any]:
     """Report + champion/challenger: register the checkpoint and move the ``champion`` alias if promoted.
 
-    A checkpoint that failed stress validation is reported but never promoted.
+    A checkpoint that failed stress validation is reported but never promoted. A retrain's challenger
+    must also beat the champion on the paired held-out episodes. The report is kept per cycle
+    (``tasks.retrain.keep_cycle_report``).
     """
     from tasks.model_registry import promote_if_better
+    from tasks.retrain import keep_cycle_report
     from tasks.steps.report import run_report
 
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "report")
     summary = run_report(cfg)
-    decision = promote_if_better(cfg, tracker, train_run_id, allowed=stress_passed)
+    decision = promote_if_better(cfg, tracker, train_run_id, allowed=stress_passed, paired=retrain)
+    summary["cycle_report"] = str(keep_cycle_report(cfg, parent_run_id, decision))
+    if "paired" in decision:
+        summary["paired"] = decision["paired"]
     summary = {**summary, "promoted": decision["promote"], "promotion_reason": decision["reason"]}
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.reports, "reports")

@@ -28,8 +28,14 @@ def tracked_train(
     catalogue: Path | None = None,
     trajectories: Path | None = None,
     out: Path | None = None,
+    *,
+    seed: int | None = None,
+    warm_start: Path | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) PPO and record it into the MLflow run ``run_id``; paths default to ``base.data_dir``'s."""
+    """Run (or resume) PPO and record it into the MLflow run ``run_id``; paths default to ``base.data_dir``'s.
+
+    ``seed`` and ``warm_start`` are a retrain's cycle seed and champion checkpoint (``run_train``).
+    """
     from tasks.steps.train import run_train, train_metrics
 
     paths = DataPaths.of(cfg)
@@ -44,6 +50,8 @@ def tracked_train(
             sink=tracker.sink(run_id, prefix="train/"),
             metrics_path=paths.metrics_file("train"),
             on_update=on_update,
+            seed=seed,
+            warm_start=warm_start,
         )
     except BaseException:
         tracker.end(run_id, "FAILED")

@@ -139,14 +139,22 @@ def explore(
     reference_pool_steps: int = 0,
     on_progress: Callable[[ExploreProgress], None] | None = None,
     progress_every: int = 10,
+    restart_schedule: bool = False,
 ) -> ExploreResult:
-    """Explore for ``cfg.total_steps`` env steps with coverage-driven ε; rows go to ``writer``."""
+    """Explore for ``cfg.total_steps`` env steps with coverage-driven ε; rows go to ``writer``.
+
+    ``restart_schedule`` puts the pool's scheduler back where it was before the reference run, so
+    the recorded exploration starts at the scheduler's first variants (a retrain's priority order).
+    """
     tracker = tracker or CoverageTracker()
+    snapshot = pool.scheduler.state_dict() if restart_schedule else None
     reference_steps = (
         reference_run(pool, reference_fn, tracker, reference_pool_steps, seed + 1)
         if reference_fn and reference_pool_steps
         else 0
     )
+    if snapshot is not None:
+        pool.scheduler.load_state_dict(snapshot)
     n = pool.num_envs
     batch = pool.reset(seed)
     tracker.observe(batch.obs)

@@ -82,17 +82,28 @@ def validate(params: Path = PARAMS_OPTION) -> None:
     console.print("[green]params.yaml is valid[/]")
 
 
+SET_OPTION = typer.Option(
+    [],
+    "--set",
+    metavar="KEY=VALUE",
+    help="Override a params.yaml key for this cycle, e.g. train.total_steps=4096 (repeatable).",
+)
+RETRAIN_HELP = "Warm-start from the champion with a fresh seed, explore what it fails first, append to the dataset."
+
+
 @app.command()
 def run(
     params: Path = PARAMS_OPTION,
     resume: bool = typer.Option(False, "--resume", help="Continue PPO from the last checkpoint."),
     run_name: str | None = typer.Option(None, "--run-name", help="MLflow parent run name."),
+    retrain: bool = typer.Option(False, "--retrain", help=RETRAIN_HELP),
+    sets: list[str] = SET_OPTION,
 ) -> None:
     """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> train -> stress -> report)."""
     from tasks.compose import backend
     from tasks.runtime import configure_services
 
-    cfg = config_or_exit(params)
+    cfg, overrides = overrides_or_exit(params, sets)
     pool = backend(cfg)  # starts or joins Ray first: an unreachable cluster fails before anything is written
     services = configure_services(cfg)  # before prefect/mlflow are imported
     console.print(plan_tree(cfg))
@@ -103,7 +114,9 @@ def run(
     from tasks.prefect_tasks import GateFailed
 
     try:
-        results = training_cycle(params_path=str(params), resume=resume, run_name=run_name)
+        results = training_cycle(
+            params_path=str(params), resume=resume, run_name=run_name, overrides=overrides or None, retrain=retrain
+        )
     except GateFailed as exc:
         err_console.print(f"[bold red]gate failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
@@ -133,9 +146,62 @@ def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
     tree.add(escape(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}"))
     tree.add("Prefect runs: PREFECT_HOME=.agentflow/prefect prefect server start  -> http://127.0.0.1:4200")
     report = results.get("report", {})
+    if "cycle_report" in report:
+        tree.add(escape(f"this cycle's report and decision: {report['cycle_report']} (newest cycle: reports/latest)"))
+    if "retrain" in results:
+        tree.add(escape(f"retrain: cycle seed {results['retrain']['cycle_seed']}, plan {results['retrain']['plan']}"))
     if "promotion_reason" in report:
         tree.add(escape(f"champion/challenger: {report['promotion_reason']}"))
     return tree
+
+
+def overrides_or_exit(params: Path, sets: list[str]) -> tuple[AgentFlowConfig, dict[str, object]]:
+    """params.yaml with the ``--set`` overrides applied and validated, or exit 2 naming the key."""
+    from tasks.overrides import overridden_config, parse_set
+
+    cfg = config_or_exit(params)
+    try:
+        overrides = parse_set(sets)
+        return (overridden_config(params, overrides)[0] if overrides else cfg), overrides
+    except ConfigError as exc:
+        err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
+        raise typer.Exit(code=2) from None
+
+
+def cycle_parameters(params: Path, retrain: bool, overrides: dict[str, object]) -> dict[str, object]:
+    """A deployment's default flow parameters (every one can be changed per run from the UI or the API)."""
+    return {"params_path": str(params.resolve()), "retrain": retrain, "overrides": overrides}
+
+
+@app.command()
+def deploy(
+    params: Path = PARAMS_OPTION,
+    pool: str = typer.Option("agentflow", "--pool", help="Prefect process work pool (created if missing)."),
+    name: str = typer.Option("agentflow-cycle", "--name", help="Deployment name."),
+    cron: str | None = typer.Option(
+        None, "--cron", help="Schedule of recurring cycles (cron syntax); none by default."
+    ),
+    retrain: bool = typer.Option(True, "--retrain/--no-retrain", help="Default of the runs' retrain parameter."),
+    sets: list[str] = SET_OPTION,
+) -> None:
+    """Register the cycle as a deployment on a Prefect process work pool; `prefect worker start --pool` runs it."""
+    from tasks.runtime import configure_services
+
+    _, overrides = overrides_or_exit(params, sets)
+    if "PREFECT_API_URL" not in os.environ and not config_or_exit(params).base.tracking.prefect_api_url:
+        err_console.print(
+            "[bold red]error[/]: a work-pool deployment needs a Prefect server: start one "
+            "(`prefect server start`) and export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+        raise typer.Exit(code=2)
+    configure_services(config_or_exit(params))
+    from tasks.deploy import deploy_cycle
+
+    deployment_id = deploy_cycle(name, pool, cycle_parameters(params, retrain, overrides), cron=cron)
+    console.print(f"deployment agentflow-training-cycle/{escape(name)} ({deployment_id}) on work pool {escape(pool)}")
+    console.print(
+        f"  run it: prefect worker start --pool {escape(pool)}   (then UI -> Deployments -> Run, or the schedule)"
+    )
 
 
 @app.command()
@@ -143,11 +209,13 @@ def serve(
     params: Path = PARAMS_OPTION,
     cron: str = typer.Option("0 3 * * *", "--cron", help="Schedule of recurring retrains (cron syntax)."),
     name: str = typer.Option("agentflow-cycle", "--name", help="Deployment name."),
+    retrain: bool = typer.Option(True, "--retrain/--no-retrain", help="Default of the runs' retrain parameter."),
+    sets: list[str] = SET_OPTION,
 ) -> None:
     """Serve the training cycle as a scheduled Prefect deployment (trigger it from the Prefect UI)."""
     from tasks.runtime import configure_services
 
-    cfg = config_or_exit(params)
+    cfg, overrides = overrides_or_exit(params, sets)
     configure_services(cfg)
     if "PREFECT_API_URL" not in os.environ:
         err_console.print(
@@ -160,7 +228,7 @@ def serve(
     training_cycle.serve(
         name=name,
         cron=cron,
-        parameters={"params_path": str(params.resolve())},
+        parameters=cycle_parameters(params, retrain, overrides),
         description="AgentFlow training cycle: calibrate -> variants -> explore -> train -> stress -> report",
     )
 

@@ -14,7 +14,7 @@ coverage-driven ε-random legal actions. The expert alone first runs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.evaluation.policy_eval import greedy_policy
+from agentflow_core.rl.checkpoint import load_checkpoint
 from agentflow_core.rl.coverage import CoverageTracker
 from agentflow_core.rl.exploration import ExploreProgress, explore
 from agentflow_core.rl.policy import ActorCritic, policy_hash
@@ -37,13 +38,21 @@ from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.registry_io import load_registry
 
 
-def behaviour_policy(cfg: AgentFlowConfig) -> tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], str]:
-    """(greedy policy fn, policy hash) that ε-greedy exploration wraps."""
+def behaviour_policy(
+    cfg: AgentFlowConfig, warm_start: Path | None = None
+) -> tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], str]:
+    """(greedy policy fn, policy hash) that ε-greedy exploration wraps.
+
+    ``warm_start`` (a retrain's champion checkpoint) is the network PPO will start from, so with
+    ``explore.behaviour: policy`` exploration is ε-greedy around it.
+    """
     if cfg.explore.behaviour == "expert":
         expert = ScriptedExpert()
         return expert.act_batch, expert_policy_hash(expert)
     torch.manual_seed(cfg.base.seed)  # the same initialisation run_train starts PPO from
     policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    if warm_start is not None:
+        policy.load_state_dict(load_checkpoint(warm_start, cfg.train.hidden_sizes).model)
     return greedy_policy(policy), policy_hash(policy)
 
 
@@ -55,17 +64,33 @@ def run_explore(
     on_progress: Callable[[ExploreProgress], None] | None = None,
     pool_factory: PoolFactory = build_pool,
     class_paths: Collection[str] | None = None,
+    *,
+    seed: int | None = None,
+    priority: Sequence[str] = (),
+    warm_start: Path | None = None,
+    card: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Explore the catalogue's train split; write shards + card + coverage graph; return the summary."""
+    """Explore the catalogue's train split; write shards + card + coverage graph; return the summary.
+
+    A retrain passes its cycle ``seed`` (default ``base.seed``), the champion as ``warm_start`` and
+    ``priority``: env ids explored first. With a priority the pool walks the train split round-robin
+    in that order (the priority variants, then the rest in catalogue order) instead of using
+    ``pool.scheduler``. ``card`` adds entries to the dataset card.
+    """
     variants = read_splits(catalogue_path)["train"]
+    seed = cfg.base.seed if seed is None else seed
+    if priority:
+        rank = {env_id: i for i, env_id in enumerate(priority)}
+        variants = sorted(variants, key=lambda v: rank.get(v.env_id, len(rank)))
     if class_paths is None:
         registry = load_registry(cfg)
         class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
     tracker = CoverageTracker(reachable_tokens(class_paths))
     expert = ScriptedExpert()
-    behaviour, behaviour_hash = behaviour_policy(cfg)
+    behaviour, behaviour_hash = behaviour_policy(cfg, warm_start)
     reward_cfg = cfg.train.reward
-    pool = pool_factory(cfg, variants, cfg.explore.num_envs, seed=cfg.base.seed)
+    scheduler = "round_robin" if priority else None
+    pool = pool_factory(cfg, variants, cfg.explore.num_envs, seed=seed, scheduler=scheduler)
     try:
         with reward_function(cfg, pool.num_envs) as reward_fn, atomic_dir(Path(out_dir)) as tmp:
             writer = TrajectoryWriter(
@@ -81,21 +106,23 @@ def run_explore(
                     "variants": len(variants),
                     "reward_mode": reward_cfg.mode,
                     "vocab_version": VOCAB_VERSION,
+                    **(card or {}),
                 },
             )
             result = explore(
                 pool,
                 behaviour,
                 cfg.explore,
-                np.random.default_rng(cfg.base.seed),
+                np.random.default_rng(seed),
                 writer,
-                seed=cfg.base.seed,
+                seed=seed,
                 tracker=tracker,
                 reward_fn=reward_fn,
                 policy_hash=behaviour_hash,
                 reference_fn=expert.act_batch,
                 reference_pool_steps=cfg.explore.reference_pool_steps,
                 on_progress=on_progress,
+                restart_schedule=bool(priority),
             )
             card = writer.close()
             write_json(tmp / "coverage.json", result.coverage_graph)

@@ -45,7 +45,7 @@ from agentflow_core.evaluation.policy_eval import (
     stratified_eval_variants,
 )
 from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
+from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
@@ -113,28 +113,41 @@ def run_train(
     pool_factory: PoolFactory = build_pool,
     on_update: Callable[[int, int, dict[str, float]], None] | None = None,
     metrics_path: Path | None = None,
+    *,
+    seed: int | None = None,
+    warm_start: Path | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``)."""
-    tc, seed = cfg.train, cfg.base.seed
+    """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
+
+    A retrain passes its cycle ``seed`` and the champion's checkpoint as ``warm_start``. The cycle
+    seed drives what the cycle does anew -- network initialisation, behaviour cloning, the training
+    pool and PPO's minibatches; ``base.seed`` keeps choosing the validation and test episodes, so
+    every cycle is evaluated on the same held-out episodes. ``warm_start`` weights replace the
+    fresh initialisation and the behaviour-cloning warm start (its at least 500 gradient steps
+    would overwrite what the champion learnt): PPO continues from the champion.
+    """
+    tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     sink = sink or NullSink()
     splits = read_splits(catalogue_path)
     train_variants = splits["train"]
     dimensions = sorted(cfg.variants.dimensions)
-    validation = stratified_eval_variants(splits["validation"], tc.eval_episodes, dimensions, seed)
+    validation = stratified_eval_variants(splits["validation"], tc.eval_episodes, dimensions, eval_seed)
     n_final = max(tc.eval_episodes, FINAL_EVAL_EPISODES)
-    test = stratified_eval_variants(splits["test"], n_final, dimensions, seed)
+    test = stratified_eval_variants(splits["test"], n_final, dimensions, eval_seed)
     device = resolve_device(cfg.base.device)
     torch.manual_seed(seed)
     policy = ActorCritic(hidden_sizes=tc.hidden_sizes).to(device)
+    if warm_start is not None:
+        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes).model)
     untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
     pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
     resources.callback(pool.close)
     eval_pool = pool_factory(
-        cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 1, scheduler="round_robin", standby=False
+        cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 1, scheduler="round_robin", standby=False
     )
     resources.callback(eval_pool.close)
     reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
@@ -155,7 +168,9 @@ def run_train(
             curve, evals, bc_summary = extra["curve"], extra["evals"], extra["bc"]
             untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
         else:
-            if tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
+            if warm_start is not None:
+                bc_summary = {"used": False, "reason": f"warm start from {warm_start}"}
+            elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
                 accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
                 obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted)
                 result = behaviour_cloning(policy, obs, actions, masks, seed=seed)
@@ -190,7 +205,7 @@ def run_train(
             new_best = False
             if ppo.update % tc.eval_every_updates == 0 or is_last:
                 result_eval = evaluate_policy(
-                    eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=seed + 7, dimensions=dimensions
+                    eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=eval_seed + 7, dimensions=dimensions
                 )
                 eval_metrics = result_eval.metrics("validation/")
                 evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
@@ -209,12 +224,12 @@ def run_train(
         best_policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
         best_policy.load_state_dict(best_ckpt.model)
         test_pool = pool_factory(
-            cfg, test, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 2, scheduler="round_robin", standby=False
+            cfg, test, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 2, scheduler="round_robin", standby=False
         )
         resources.callback(test_pool.close)
-        explorer = exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(seed))
+        explorer = exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(eval_seed))
         final = {
-            name: evaluate_policy(test_pool, act, n_final, seed=seed + 11, dimensions=dimensions)
+            name: evaluate_policy(test_pool, act, n_final, seed=eval_seed + 11, dimensions=dimensions)
             for name, act in (
                 ("trained", greedy_policy(best_policy)),
                 ("exploration", explorer),
@@ -242,6 +257,10 @@ def run_train(
         "worker_restarts": recovery["worker_restarts"],
         "steps_lost": recovery["steps_lost"],
         "worker_recovery_s": max((r["recovery_s"] for r in recovery["recoveries"]), default=0.0),
+        "seed": seed,
+        "warm_start": None
+        if warm_start is None
+        else {"checkpoint": str(warm_start), "policy_hash": policy_hash(untrained)},
         "wall_s": time.perf_counter() - t_start,
         "update_sps": update_sps,
     }

@@ -1,0 +1,290 @@
+"""Retrains that build on the champion: the plan, the appended dataset, the paired promotion, per-cycle reports.
+
+A cycle run with ``retrain=True`` (``agentflow run --retrain``, or the flow parameter from a
+deployment or the Prefect UI) differs from a fresh cycle in four places:
+
+* **plan** (:func:`plan_retrain`, first thing after the parent run opens): download the current
+  champion (registry alias ``champion`` of ``base.tracking.registered_model``) into
+  ``<state_dir>/cycles/<run>/champion``; draw a fresh cycle seed from the OS (not ``base.seed``, not
+  a seed already in the dataset); play the champion greedily on a stratified sample of the train
+  split; rank the train variants: the ones the champion failed first (most failures first), then
+  every other one by how rarely exploration visited it so far (rows per env id in the dataset
+  card). The plan is a JSON file (``plan.json``); tasks get its path. The seed is logged as the
+  parent run's ``cycle_seed`` param and tag.
+* **explore** (:func:`explore_retrain`): ε-greedy around ``explore.behaviour`` (the expert, or with
+  ``policy`` the champion), walking the train split round-robin in the plan's order, with the cycle seed; its shards are *appended* to
+  ``data/trajectories`` (:mod:`tasks.dataset`), each naming its cycle.
+* **train**: PPO starts from the champion's weights with the cycle seed (``run_train``'s
+  ``warm_start`` and ``seed``); validation and test episodes stay those of ``base.seed``.
+* **promotion** (:func:`paired_decision`): the canary first -- the existing consistency and reward
+  gain rule on the stable ``report.champion_slice`` of the test split
+  (``tasks.steps.report.run_champion_challenger``); only if it passes, both policies play the same
+  held-out episodes (:func:`paired_heldout`) and the challenger is promoted only if it beats the
+  champion on them (:mod:`agentflow_core.evaluation.paired`).
+
+Every cycle, retrain or not, keeps its report under ``<state_dir>/reports/<run>/`` (the rendered
+report and ``decision.json``) with a ``latest`` link to the newest cycle and a ``champion`` link that
+moves only on promotion (:func:`keep_cycle_report`): a failed challenger never replaces the
+champion's report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agentflow_core.atomic import write_json
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.evaluation.paired import EpisodeOutcome, PairedComparison, compare_paired
+from agentflow_core.evaluation.policy_eval import stratified_eval_variants
+from agentflow_core.evaluation.records import EpisodeRecord
+from agentflow_core.rl.exploration import ExploreProgress
+from agentflow_core.splits import read_splits
+from agentflow_core.variants import VariantSpec
+from tasks.compose import PoolFactory, build_pool, reward_function
+from tasks.dataset import append_cycle, dataset_seeds, visit_counts
+from tasks.paths import DataPaths
+from tasks.rollout import load_policy, resolve_checkpoint, stress_rollout
+from tasks.runtime import state_dir
+from tasks.tracking import MlflowTracker
+
+PLAN_FILE = "plan.json"
+HELDOUT_EPISODES = 128  # as many as training's final test evaluation plays (tasks.steps.train.FINAL_EVAL_EPISODES)
+PRIORITY_SAMPLE = 128  # train variants the champion plays to find what it fails
+
+
+@dataclass(frozen=True)
+class RetrainPlan:
+    """What a retrain cycle does anew: its seed, the champion it starts from, the variants it explores first."""
+
+    cycle: str  # the MLflow parent run id
+    seed: int
+    champion_version: str | None
+    champion_checkpoint: str | None
+    priority: tuple[str, ...]  # env ids, explored first in this order
+    champion_failed: tuple[str, ...]  # the train variants the champion failed in the sample
+    sampled: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``plan.json``)."""
+        return asdict(self)
+
+    @classmethod
+    def read(cls, path: str | Path) -> RetrainPlan:
+        """The plan written by :func:`plan_retrain`."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return cls(**{**data, "priority": tuple(data["priority"]), "champion_failed": tuple(data["champion_failed"])})
+
+    def summary(self) -> dict[str, Any]:
+        """The small part that goes into the cycle's results and MLflow."""
+        return {
+            "cycle_seed": self.seed,
+            "champion_version": self.champion_version,
+            "warm_start": self.champion_checkpoint,
+            "champion_failed_train_variants": len(self.champion_failed),
+            "champion_sampled_train_variants": self.sampled,
+            "priority_variants": len(self.priority),
+        }
+
+
+def cycle_dir(cfg: AgentFlowConfig, cycle: str) -> Path:
+    """``<state_dir>/cycles/<run>``: the plan and the champion checkpoint a retrain started from."""
+    return state_dir(cfg) / "cycles" / cycle
+
+
+def draw_cycle_seed(exclude: set[int]) -> int:
+    """A fresh 32-bit seed from the OS, none of ``exclude`` (``base.seed`` and the dataset's seeds)."""
+    while True:
+        seed = secrets.randbelow(2**32)
+        if seed not in exclude:
+            return seed
+
+
+def _outcomes(records: Sequence[EpisodeRecord]) -> Counter[str]:
+    return Counter(r.env_id for r in records if not r.success)
+
+
+def priority_order(train: Sequence[VariantSpec], failures: Counter[str], visits: dict[str, int]) -> list[str]:
+    """Failed variants first (most failures first), then the rest by how rarely they were visited (catalogue order on ties)."""
+    position = {v.env_id: i for i, v in enumerate(train)}
+    failed = sorted((e for e in failures if e in position), key=lambda e: (-failures[e], position[e]))
+    rest = sorted((v.env_id for v in train if v.env_id not in failures), key=lambda e: (visits.get(e, 0), position[e]))
+    return failed + rest
+
+
+def plan_retrain(
+    cfg: AgentFlowConfig, tracker: MlflowTracker, cycle: str, pool_factory: PoolFactory = build_pool
+) -> RetrainPlan:
+    """Download the champion, draw the cycle seed, rank the train variants; write ``plan.json``."""
+    from tasks.model_registry import champion_checkpoint, champion_version
+
+    paths = DataPaths.of(cfg)
+    out = cycle_dir(cfg, cycle)
+    seed = draw_cycle_seed({cfg.base.seed, *dataset_seeds(paths.trajectories)})
+    name = cfg.base.tracking.registered_model
+    downloaded = champion_checkpoint(tracker, name)
+    checkpoint: Path | None = None
+    train = read_splits(paths.variants)["train"]
+    failures: Counter[str] = Counter()
+    sample: list[VariantSpec] = []
+    if downloaded is not None:
+        checkpoint = out / "champion"
+        if checkpoint.exists():
+            shutil.rmtree(checkpoint)
+        shutil.copytree(downloaded, checkpoint)
+        sample = stratified_eval_variants(train, PRIORITY_SAMPLE, sorted(cfg.variants.dimensions), seed)
+        champion = load_policy(resolve_checkpoint(cfg, checkpoint))
+        rollout = stress_rollout(cfg, champion, sample, len(sample), pool_factory=pool_factory, seed=seed)
+        failures = _outcomes(rollout.episodes)
+    plan = RetrainPlan(
+        cycle=cycle,
+        seed=seed,
+        champion_version=champion_version(tracker, name),
+        champion_checkpoint=None if checkpoint is None else str(checkpoint),
+        priority=tuple(priority_order(train, failures, visit_counts(paths.trajectories))),
+        champion_failed=tuple(sorted(failures)),
+        sampled=len(sample),
+    )
+    write_json(out / PLAN_FILE, plan.to_dict())
+    return plan
+
+
+def explore_retrain(
+    cfg: AgentFlowConfig,
+    plan: RetrainPlan,
+    metrics_path: Path | None = None,
+    on_progress: Callable[[ExploreProgress], None] | None = None,
+    pool_factory: PoolFactory = build_pool,
+) -> dict[str, Any]:
+    """Explore in the plan's order with the cycle seed (around the champion when ``explore.behaviour`` is ``policy``);
+    append the shards to the dataset."""
+    from tasks.steps.explore import run_explore
+
+    paths = DataPaths.of(cfg)
+    fresh = cycle_dir(cfg, plan.cycle) / "trajectories"
+    summary = run_explore(
+        cfg,
+        paths.variants,
+        fresh,
+        metrics_path,
+        on_progress,
+        pool_factory,
+        seed=plan.seed,
+        priority=plan.priority,
+        warm_start=None if plan.champion_checkpoint is None else Path(plan.champion_checkpoint),
+        card={"cycle": plan.cycle, "cycle_seed": plan.seed, "champion_version": plan.champion_version},
+    )
+    card = append_cycle(paths.trajectories, fresh, plan.cycle, plan.seed)
+    shutil.rmtree(fresh)
+    return {
+        **summary,
+        "cycle_rows": summary["rows"],
+        "rows": card["rows"],
+        "shards": len(card["shards"]),
+        "dataset_cycles": len(card["cycles"]),
+    }
+
+
+def _heldout(cfg: AgentFlowConfig) -> list[VariantSpec]:
+    splits = read_splits(DataPaths.of(cfg).variants)
+    n = max(cfg.train.eval_episodes, HELDOUT_EPISODES)
+    return stratified_eval_variants(splits["test"], n, sorted(cfg.variants.dimensions), cfg.base.seed)
+
+
+def heldout_outcomes(
+    cfg: AgentFlowConfig, checkpoint: str | Path, pool_factory: PoolFactory = build_pool
+) -> list[EpisodeOutcome]:
+    """One policy's outcomes on the held-out episodes (test split, ``base.seed``), identical for every policy.
+
+    One pool slot walks the variants round-robin and draws each reset seed from the pool's
+    generator seeded with ``base.seed``: the k-th episode is the same (variant, seed) whatever the
+    policy does, which is what makes the comparison paired.
+    """
+    from agentflow_core.evaluation.stress import RiskRule, run_stress_episodes
+
+    variants = _heldout(cfg)
+    n = max(cfg.train.eval_episodes, HELDOUT_EPISODES)
+    policy = load_policy(resolve_checkpoint(cfg, checkpoint))
+    pool = pool_factory(cfg, variants, 1, seed=cfg.base.seed + 13, scheduler="round_robin", standby=False)
+    try:
+        with reward_function(cfg, pool.num_envs) as reward_fn:
+            rollout = run_stress_episodes(
+                pool,
+                policy.act,
+                variants,
+                n,
+                seed=cfg.base.seed + 13,
+                reward_fn=reward_fn,
+                risk=RiskRule(cfg.stress.risk_threshold, cfg.stress.risk_penalty),
+            )
+    finally:
+        pool.close()
+    return [
+        EpisodeOutcome(f"{k}:{e.env_id}", bool(e.success), float(e.evaluated_return))
+        for k, e in enumerate(rollout.episodes)
+    ]
+
+
+def paired_heldout(
+    cfg: AgentFlowConfig, challenger: str | Path, champion: str | Path, pool_factory: PoolFactory = build_pool
+) -> PairedComparison:
+    """Challenger vs champion on the identical held-out episodes."""
+    return compare_paired(
+        heldout_outcomes(cfg, challenger, pool_factory), heldout_outcomes(cfg, champion, pool_factory)
+    )
+
+
+def paired_decision(
+    cfg: AgentFlowConfig, challenger: str | Path, champion: str | Path, canary: dict[str, Any]
+) -> dict[str, Any]:
+    """The canary decision, then (only if it passed) the paired held-out comparison, as one decision."""
+    if not canary["promote"]:
+        return {**canary, "reason": f"canary failed on the {cfg.report.champion_slice:.0%} slice: {canary['reason']}"}
+    paired = paired_heldout(cfg, challenger, champion)
+    detail = (
+        f"held-out paired on {paired.episodes} identical episodes: process success {paired.challenger_success:.3f} "
+        f"vs champion {paired.champion_success:.3f} ({paired.wins} wins, {paired.losses} losses), "
+        f"mean return diff {paired.mean_return_diff:+.3f}, sign test p={paired.sign_test_p:.3f}"
+    )
+    verdict = "promote" if paired.beats else "keep the champion (the challenger does not beat it on held-out episodes)"
+    return {
+        **canary,
+        "promote": paired.beats,
+        "reason": f"{verdict}: canary passed; {detail}",
+        "paired": paired.to_dict(),
+    }
+
+
+def _point(root: Path, name: str, target: str) -> None:
+    link = root / name
+    tmp = root / f".{name}.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def reports_root(cfg: AgentFlowConfig) -> Path:
+    """``<state_dir>/reports``: one folder per cycle plus the ``latest`` and ``champion`` links."""
+    return state_dir(cfg) / "reports"
+
+
+def keep_cycle_report(cfg: AgentFlowConfig, cycle: str, decision: dict[str, Any]) -> Path:
+    """Copy this cycle's rendered report to ``reports/<cycle>/`` with its decision; move ``latest`` (and ``champion`` if promoted)."""
+    root = reports_root(cfg)
+    out = root / cycle
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(DataPaths.of(cfg).reports, out)
+    write_json(out / "decision.json", decision)
+    _point(root, "latest", cycle)
+    if decision.get("promote"):
+        _point(root, "champion", cycle)
+    return out
