@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from agentflow_core.config import AgentFlowConfig
+from agentflow_core.config import AgentFlowConfig, StressConfig
 
 Comparison = Literal[">=", "<="]
 
@@ -119,18 +119,22 @@ def train_gate(cfg: AgentFlowConfig) -> PhaseGate:
     return PhaseGate("train", tuple(checks), f"{stop}, or at the wall-clock budget", t.budget_s, t.total_steps)
 
 
+def stress_checks(s: StressConfig) -> tuple[GateCheck, ...]:
+    """Phase 3's checks: robustness, consistency and crash rate, all three."""
+    return (
+        GateCheck("robustness_score", ">=", s.min_robustness),
+        GateCheck("consistency", ">=", s.consistency_target),
+        GateCheck("crash_rate", "<=", s.max_crash_rate),
+    )
+
+
 def stress_gate(cfg: AgentFlowConfig) -> PhaseGate:
     """Phase 3: robustness, consistency and crash rate, all three."""
-    s = cfg.stress
     return PhaseGate(
         "stress",
-        (
-            GateCheck("robustness_score", ">=", s.min_robustness),
-            GateCheck("consistency", ">=", s.consistency_target),
-            GateCheck("crash_rate", "<=", s.max_crash_rate),
-        ),
-        "none (a failed stress gate is reported, never promoted)",
-        s.budget_s,
+        stress_checks(cfg.stress),
+        "none (the report is still written; a checkpoint that fails it is never promoted)",
+        cfg.stress.budget_s,
     )
 
 

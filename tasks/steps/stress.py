@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import time
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +38,8 @@ from tasks.io import atomic_dir, write_json
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
 from tasks.registry_io import load_registry
+from agentflow_core.gates import evaluate_gate, stress_gate
+from tasks.budgets import budget_metrics
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
 METRIC_KEYS = (
@@ -44,6 +47,7 @@ METRIC_KEYS = (
     "consistency",
     "success_rate",
     "crash_episodes",
+    "crash_rate",
     "matched_state_consistency",
     "consistency_random",
     "payment_success_rate",
@@ -188,6 +192,7 @@ def run_stress(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Stress-validate a checkpoint; write the records, summary and plots; return the summary."""
+    started = time.perf_counter()
     paths = DataPaths.of(cfg)
     out_dir = out_dir or paths.stress
     metrics_path = metrics_path or paths.metrics_file("stress")
@@ -197,12 +202,18 @@ def run_stress(
         cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
+    verdict = evaluate_gate(stress_gate(cfg), summary["metrics"])
+    summary["gate"] = verdict.message
+    summary["budget"] = budget_metrics("stress", time.perf_counter() - started, cfg.stress.budget_s)
     with atomic_dir(Path(out_dir)) as tmp:
         write_records(tmp, rollout.steps, rollout.episodes)
         summary["plots"] = write_plots(summary, tmp)
         write_json(tmp / "summary.json", summary)
     write_json(
         metrics_path,
-        {k: summary["metrics"][k] for k in METRIC_KEYS} | {"passed": summary["passed"]} | summary["breakdown_metrics"],
+        {k: summary["metrics"][k] for k in METRIC_KEYS}
+        | {"passed": summary["passed"]}
+        | summary["breakdown_metrics"]
+        | summary["budget"],
     )
     return summary
