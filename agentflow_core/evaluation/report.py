@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,9 +100,9 @@ def cycle_context(
     commit: str,
     links: Mapping[str, str],
     training: Mapping[str, Any] | None,
-    gates: list[Mapping[str, Any]],
-    budgets: list[Mapping[str, Any]],
-    quarantine: list[Mapping[str, Any]],
+    gates: Sequence[Mapping[str, Any]],
+    budgets: Sequence[Mapping[str, Any]],
+    quarantine: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
     """What the report opens with, as plain data (assembled at the edge from the cycle's outputs)."""
     return {
@@ -124,7 +124,11 @@ def _headline(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
     train = cycle.get("training")
     if train:
         rows = [
-            ["trained policy (best checkpoint)", _pct(train["test_process_success"]), _pct(train["test_payment_success"])],
+            [
+                "trained policy (best checkpoint)",
+                _pct(train["test_process_success"]),
+                _pct(train["test_payment_success"]),
+            ],
             ["scripted expert", _pct(train["test_process_success_expert"]), _pct(train["test_payment_success_expert"])],
             [
                 "exploration policy",
@@ -154,7 +158,9 @@ def _headline(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
     ]
     out.append(("Budgets: used / allotted", ["phase", "wall clock", "env steps", "within"], budgets))
     quarantine = [[q["env_id"], q["family"], q["reason"]] for q in cycle.get("quarantine", [])]
-    out.append(("Quarantined by calibration (left out of every later phase)", ["env_id", "family", "reason"], quarantine))
+    out.append(
+        ("Quarantined by calibration (left out of every later phase)", ["env_id", "family", "reason"], quarantine)
+    )
     return out
 
 

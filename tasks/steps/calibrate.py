@@ -26,8 +26,8 @@ from agentflow_core.envs.experts import expert_for
 from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.gates import calibrate_gate, evaluate_gate
 from agentflow_core.variants import VariantSpec, generate_variants
-from tasks.compose import base_env_infos, map_chunks
 from tasks.budgets import budget_metrics
+from tasks.compose import base_env_infos, map_chunks
 from tasks.io import atomic_dir, write_json
 from tasks.registry_io import load_registry
 

@@ -27,6 +27,7 @@ import torch
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.gates import evaluate_gate, explore_gate
 from agentflow_core.rl.coverage import CoverageTracker
 from agentflow_core.rl.evaluate import greedy_policy
 from agentflow_core.rl.exploration import ExploreProgress, explore
@@ -35,7 +36,6 @@ from agentflow_core.rl.trajectories import TrajectoryWriter
 from agentflow_core.semantics import VOCAB_VERSION
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import read_meta
-from agentflow_core.gates import evaluate_gate, explore_gate
 from tasks.budgets import budget_metrics
 from tasks.compose import (
     PoolFactory,
@@ -134,7 +134,9 @@ def run_explore(
         gate=verdict.message,
         message=verdict.message
         + (f"; unseen tokens: {', '.join(summary['unseen_tokens'])}" if summary["unseen_tokens"] else ""),
-        **budget_metrics("explore", time.perf_counter() - started, cfg.explore.budget_s, result.steps, gate.budget_steps),
+        **budget_metrics(
+            "explore", time.perf_counter() - started, cfg.explore.budget_s, result.steps, gate.budget_steps
+        ),
     )
     if metrics_path is not None:
         write_json(metrics_path, _metric_subset(summary))

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import time
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,15 +31,15 @@ from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
 from agentflow_core.evaluation.stress import StressRollout, stratified_sample
+from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.semantics import ACTIONS
 from agentflow_core.variants import VariantSpec
+from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.io import atomic_dir, write_json
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
 from tasks.registry_io import load_registry
-from agentflow_core.gates import evaluate_gate, stress_gate
-from tasks.budgets import budget_metrics
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
 METRIC_KEYS = (

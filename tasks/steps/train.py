@@ -34,8 +34,8 @@ import torch
 from safetensors.torch import save_file
 
 from agentflow_core.config import AgentFlowConfig, TrainConfig
-from agentflow_core.gates import evaluate_gate, train_gate
 from agentflow_core.contracts import EnvPool
+from agentflow_core.gates import evaluate_gate, train_gate
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker

@@ -51,7 +51,9 @@ def run_variants(
         "dimensions": v.dimensions,
         "perturbations": {name: spec.model_dump(exclude_none=True) for name, spec in v.perturbations.items()},
         "samples_per_combination": v.samples_per_combination,
-        "quarantined": [{"env_id": q["env_id"], "content_hash": q["content_hash"], "reason": q["reason"]} for q in quarantine],
+        "quarantined": [
+            {"env_id": q["env_id"], "content_hash": q["content_hash"], "reason": q["reason"]} for q in quarantine
+        ],
     }
     path, splits = write_split_catalogue(
         variants,
