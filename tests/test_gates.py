@@ -27,7 +27,11 @@ from tests.tiny import REPO, write_tiny_params
 QUARANTINE = {
     "calibrate": {"variants_per_family": 2, "resets": 5, "handled_outcomes": [], "max_failed_fraction": 0.6},
     "variants": {
-        "dimensions": {"start_stage": ["login", "checkout"], "user_tier": ["standard", "blocked"], "network": ["normal"]},
+        "dimensions": {
+            "start_stage": ["login", "checkout"],
+            "user_tier": ["standard", "blocked"],
+            "network": ["normal"],
+        },
         "samples_per_combination": 3,
         "split": {"validation": 0.2, "test": 0.2},
     },
@@ -146,7 +150,7 @@ def test_training_gate_out_of_reach_stops_the_flow_and_logs_why_training_stopped
 ) -> None:
     from tasks.prefect_tasks import GateFailed
 
-    train = {"gate": {"stop_on_convergence": False, "require_convergence": True}}
+    train = {"gate": {"stop_on_convergence": False, "require_convergence": True, "min_validation_process_success": 0.0}}
     with pytest.raises(GateFailed, match=r"^train gate failed: policy_convergence_flag=0 \(required >= 1\)$"):
         _cycle(tmp_path, train=train)
     summary = json.loads((tmp_path / "data" / "checkpoints" / "train_summary.json").read_text())
@@ -190,7 +194,7 @@ def test_quarantined_variants_never_reach_a_later_phase_and_a_failed_stress_gate
     assert all(q in md for q in ids)
     assert [b["phase"] for b in report["cycle"]["budgets"]] == ["calibrate", "variants", "explore", "train", "stress"]
     html = (data / "reports" / "report.html").read_text()
-    assert html.index("GATE FAILED") < html.index("training curve") < html.index("Evaluation report:")
+    assert html.index("GATE FAILED") < html.index("training curve") < html.index("<h1>Evaluation report:")
 
     client = MlflowClient(f"sqlite:///{tmp_path / '.agentflow' / 'mlflow.db'}")
     parent = _parent_run(tmp_path)
