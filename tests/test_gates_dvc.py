@@ -16,14 +16,14 @@ from tests.test_dvc import DVC, clone, run  # noqa: F401  (clone is the module-s
 pytestmark = pytest.mark.slow
 
 
-def _set(clone: Path, section: str, values: dict[str, Any]) -> None:
-    params = yaml.safe_load((clone / "params.yaml").read_text())
+def _set(root: Path, section: str, values: dict[str, Any]) -> None:
+    params = yaml.safe_load((root / "params.yaml").read_text())
     params[section].update(values)
-    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def _fails(clone: Path, pattern: str) -> str:
-    proc = run([DVC, "repro"], clone, check=False)
+def _fails(root: Path, pattern: str) -> str:
+    proc = run([DVC, "repro"], root, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-2000:]
     assert re.search(pattern, output), output[-3000:]
