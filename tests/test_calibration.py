@@ -106,16 +106,26 @@ def test_run_calibrate_writes_report_stats_and_metrics(tmp_path: Path) -> None:
         }
     )
     summary = run_calibrate(cfg, tmp_path / "calibration", tmp_path / "metrics" / "calibrate.json")
-    assert summary["passed"] and summary["variants"] == 6 and summary["env_stability_score"] == 1.0
+    # 2 per family asked, 4 per family drawn: the sample covers the 4 start stages of every family
+    assert summary["passed"] and summary["variants"] == 12 and summary["env_stability_score"] == 1.0
     stats = json.loads((tmp_path / "calibration" / "reward_stats.json").read_text())
     assert set(stats["per_base_env"]) == {"web_checkout_v2", "order_db_v1", "payment_api_v1"}
-    assert len(stats["per_env"]) == 6
+    assert len(stats["per_env"]) == 12
     assert json.loads((tmp_path / "metrics" / "calibrate.json").read_text())["env_stability_score"] == 1.0
     assert sorted(p.name for p in (tmp_path / "calibration").iterdir()) == [
         "audit.json",
+        "quarantine.json",
         "report.json",
         "reward_stats.json",
     ]
+    report = json.loads((tmp_path / "calibration" / "report.json").read_text())
+    sampled = {v["env_id"] for v in report["variants"]}
+    cfg_dims = cfg.variants.dimensions
+    for dim, values in cfg_dims.items():  # every family x every dimension value is calibrated
+        for family in ("web_checkout", "order_db", "payment_api"):
+            for value in values:
+                abbreviation = {"start_stage": "stage", "user_tier": "user", "network": "net"}[dim]
+                assert any(e.startswith(family) and f"_{abbreviation}_{value}" in e for e in sampled), (family, value)
 
 
 def test_planted_broken_env_config_fails_run_calibrate(tmp_path: Path) -> None:

@@ -49,11 +49,12 @@ def test_each_gate_out_of_reach_fails_dvc_repro_at_its_stage(clone: Path) -> Non
 
     _set(clone, "explore", {"min_state_coverage": base["explore"]["min_state_coverage"]})
     gate = {**base["train"]["gate"], "stop_on_convergence": False, "require_convergence": True}
-    _set(clone, "train", {"gate": gate})
+    # one evaluation (at the end) cannot make the flag, which needs four: convergence is out of reach
+    _set(clone, "train", {"gate": gate, "eval_every_updates": 1000})
     _fails(clone, r"train gate failed: policy_convergence_flag=0 \(required >= 1\)")
     assert (data / "checkpoints" / "train_summary.json").exists() and not (data / "stress").exists()
 
-    _set(clone, "train", {"gate": base["train"]["gate"]})
+    _set(clone, "train", {"gate": base["train"]["gate"], "eval_every_updates": base["train"]["eval_every_updates"]})
     _set(clone, "stress", {"min_robustness": 1.0})
     _fails(clone, r"stress gate failed: robustness_score=0\.\d+ \(required >= 1\)")
     report = json.loads((data / "reports" / "report.json").read_text())
