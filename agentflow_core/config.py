@@ -26,7 +26,7 @@ StepCount = Annotated[int, Field(gt=0, le=MAX_STEPS)]
 Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 Seed = Annotated[int, Field(ge=0, lt=2**32, description="numpy and torch seeds are 32-bit.")]
 TimeoutS = Annotated[float, Field(gt=0.0, le=MAX_TIMEOUT_S)]
-# A phase's wall-clock allotment (docs/design.md §2.2: the seed's days become per-phase budgets); at most 30 days.
+# A phase's wall-clock allotment (docs/design.md §2.2: the article's days become per-phase budgets); at most 30 days.
 MAX_BUDGET_S = 30 * 24 * 3600.0
 BudgetS = Annotated[
     float, Field(gt=0.0, le=MAX_BUDGET_S, description="Wall-clock seconds this phase is allotted (recorded vs used).")
@@ -264,7 +264,7 @@ class ExploreConfig(_Section):
             description="Pool steps of the scripted expert whose transitions are the edge-coverage reference.",
         ),
     ] = 60
-    min_state_coverage: Fraction = Field(0.92, description="Phase 1 gate (docs/design.md §2.2: the seed's 92%).")
+    min_state_coverage: Fraction = Field(0.92, description="Phase 1 gate (docs/design.md §2.2: the article's 92%).")
     remediation: CoverageRemediation = CoverageRemediation()
     budget_s: BudgetS = 300.0
 
