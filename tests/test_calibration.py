@@ -118,14 +118,14 @@ def test_run_calibrate_writes_report_stats_and_metrics(tmp_path: Path) -> None:
         "report.json",
         "reward_stats.json",
     ]
+    from tasks.steps.calibrate import sample_variants
+
+    sampled = sample_variants(cfg, 2, np.random.default_rng(cfg.base.seed))
     report = json.loads((tmp_path / "calibration" / "report.json").read_text())
-    sampled = {v["env_id"] for v in report["variants"]}
-    cfg_dims = cfg.variants.dimensions
-    for dim, values in cfg_dims.items():  # every family x every dimension value is calibrated
+    assert [v["env_id"] for v in report["variants"]] == [v.env_id for v in sampled]
+    for dim, values in cfg.variants.dimensions.items():  # every family x every dimension value is calibrated
         for family in ("web_checkout", "order_db", "payment_api"):
-            for value in values:
-                abbreviation = {"start_stage": "stage", "user_tier": "user", "network": "net"}[dim]
-                assert any(e.startswith(family) and f"_{abbreviation}_{value}" in e for e in sampled), (family, value)
+            assert {v.params[dim] for v in sampled if v.family == family} == set(values), (family, dim)
 
 
 def test_planted_broken_env_config_fails_run_calibrate(tmp_path: Path) -> None:
