@@ -133,8 +133,11 @@ def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
     tree.add(escape(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}"))
     tree.add("Prefect runs: PREFECT_HOME=.agentflow/prefect prefect server start  -> http://127.0.0.1:4200")
     report = results.get("report", {})
-    if "promotion_reason" in report:
-        tree.add(escape(f"champion/challenger: {report['promotion_reason']}"))
+    if "verdict" in report:
+        tree.add(escape(f"verdict: {report['verdict']} — {report['verdict_reason']}"))
+    train = results.get("train", {})
+    if "stop_reason" in train:
+        tree.add(escape(f"training stopped on {train['stop_reason']} after {train['global_step']} env steps"))
     return tree
 
 

@@ -156,7 +156,9 @@ def run_train(
             extra = ckpt.state["extra"]
             tracker.load_state_dict(extra["tracker"])
             curve, evals, bc_summary = extra["curve"], extra["evals"], extra["bc"]
-            stop_reason = extra.get("stop_reason")
+            # a converged run stays stopped; one cut by its step or time budget goes on to the new budget
+            if extra.get("stop_reason") == "converged" and tc.gate.stop_on_convergence:
+                stop_reason = "converged"
             untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
         else:
             if tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
