@@ -131,12 +131,16 @@ def run_calibrate(
         **budget_metrics("calibrate", wall_s, cfg.calibrate.budget_s),
     }
     with atomic_dir(out_dir) as tmp:
-        write_json(tmp / "report.json", {"summary": summary, "variants": [v.to_dict() for v in report.variants]})
+        # no timings in the output: its md5 keys the variants stage (and the flow's phase cache)
+        stable = {k: v for k, v in summary.items() if not k.startswith("budget/")}
+        write_json(tmp / "report.json", {"summary": stable, "variants": [v.to_dict() for v in report.variants]})
         write_json(tmp / "reward_stats.json", reward_stats)
         write_json(tmp / "audit.json", findings)
         write_json(tmp / QUARANTINE_FILE, {"variants": quarantine})
     if metrics_path is not None:
-        write_json(metrics_path, {k: v for k, v in summary.items() if isinstance(v, int | float)})
+        budget = {k: v for k, v in summary.items() if k.startswith("budget/")}
+        # keys distinct from the other phases' metrics: the cycle's MLflow parent run carries them all
+        write_json(metrics_path, {**metrics, "calibrated_variants": len(report.variants), **budget})
     return summary
 
 
