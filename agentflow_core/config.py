@@ -26,6 +26,11 @@ StepCount = Annotated[int, Field(gt=0, le=MAX_STEPS)]
 Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 Seed = Annotated[int, Field(ge=0, lt=2**32, description="numpy and torch seeds are 32-bit.")]
 TimeoutS = Annotated[float, Field(gt=0.0, le=MAX_TIMEOUT_S)]
+# A phase's wall-clock allotment (docs/design.md §2.2: the article's days become per-phase budgets); at most 30 days.
+MAX_BUDGET_S = 30 * 24 * 3600.0
+BudgetS = Annotated[
+    float, Field(gt=0.0, le=MAX_BUDGET_S, description="Wall-clock seconds this phase is allotted (recorded vs used).")
+]
 
 
 class _Section(BaseModel):
@@ -86,6 +91,7 @@ class CalibrateConfig(_Section):
     max_failed_fraction: Fraction = 0.2
     min_expert_success: Fraction = 0.9
     handled_outcomes: list[str] = ["user_blocked"]
+    budget_s: BudgetS = 600.0
 
 
 class RangeSpec(_Section):
@@ -136,6 +142,7 @@ class VariantsConfig(_Section):
     }
     samples_per_combination: Annotated[int, Field(gt=0, le=100_000)] = 67
     split: SplitConfig = SplitConfig()
+    budget_s: BudgetS = 120.0
 
     @field_validator("dimensions")
     @classmethod
@@ -221,6 +228,15 @@ class PoolConfig(_Section):
         return self
 
 
+class CoverageRemediation(_Section):
+    """What exploration does while ``state_coverage_ratio`` is below the gate after ``total_steps``."""
+
+    max_steps: Annotated[
+        int, Field(ge=0, le=MAX_STEPS, description="Extra env steps allowed for remediation (0: none).")
+    ] = 20_000
+    epsilon: Fraction = Field(1.0, description="Exploration rate during remediation (raised, not scheduled).")
+
+
 class ExploreConfig(_Section):
     """`explore` (Phase 1): coverage-driven exploration that writes the trajectory dataset."""
 
@@ -248,6 +264,9 @@ class ExploreConfig(_Section):
             description="Pool steps of the scripted expert whose transitions are the edge-coverage reference.",
         ),
     ] = 60
+    min_state_coverage: Fraction = Field(0.92, description="Phase 1 gate (docs/design.md §2.2: the article's 92%).")
+    remediation: CoverageRemediation = CoverageRemediation()
+    budget_s: BudgetS = 300.0
 
     @model_validator(mode="after")
     def _order(self) -> ExploreConfig:
@@ -313,6 +332,21 @@ class RewardConfig(_Section):
         return self
 
 
+class TrainGate(_Section):
+    """Phase 2's stop rule and exit gate."""
+
+    stop_on_convergence: bool = Field(
+        True, description="Stop at the first evaluation where policy_convergence_flag holds (else at total_steps)."
+    )
+    min_steps: Annotated[
+        int, Field(ge=0, le=MAX_STEPS, description="No convergence stop before this many env steps.")
+    ] = 0
+    require_convergence: bool = Field(False, description="Fail the gate when the budget ends before convergence.")
+    min_validation_process_success: Fraction = Field(
+        0.5, description="The best checkpoint's validation process success must reach this."
+    )
+
+
 class TrainConfig(_Section):
     """PPO (CleanRL names). The learner's batch is one rollout, ``num_envs`` x ``n_steps`` transitions
     (CleanRL derives it the same way), cut into minibatches of ``minibatch_size``. Episode length is
@@ -341,6 +375,8 @@ class TrainConfig(_Section):
     eval_episodes: Count = 64
     bc_warm_start: bool = True
     reward: RewardConfig = RewardConfig()
+    gate: TrainGate = TrainGate()
+    budget_s: BudgetS = 1800.0
 
     @model_validator(mode="after")
     def _batches(self) -> TrainConfig:
@@ -375,6 +411,9 @@ class StressConfig(_Section):
     long_tail_frequency: Fraction = Field(
         0.01, description="Tokens seen on fewer than this share of steps are long-tail."
     )
+    min_robustness: Fraction = Field(0.8, description="Phase 3 gate: robustness_score must reach this.")
+    max_crash_rate: Fraction = Field(0.0, description="Phase 3 gate: share of crashed episodes allowed.")
+    budget_s: BudgetS = 600.0
 
 
 class ReportConfig(_Section):
@@ -385,6 +424,7 @@ class ReportConfig(_Section):
     champion_episodes: Count = Field(200, description="Episodes per policy on the champion slice.")
     promote_min_consistency: Fraction = 0.85
     promote_min_reward_gain: float = 0.05
+    budget_s: BudgetS = 300.0
 
 
 class AgentFlowConfig(_Section):

@@ -50,9 +50,15 @@ def comparison(original: dict[str, float | str], rerun: dict[str, float | str]) 
     return table, differences
 
 
+def is_timing(key: str) -> bool:
+    """Wall-clock budget use (``budget/<phase>/wall_s``, ``.../wall_fraction``): measured, never reproduced."""
+    return key.startswith("budget/") and key.rsplit("/", 1)[-1] in ("wall_s", "wall_fraction")
+
+
 def tracked_values(run: Run) -> dict[str, float | str]:
-    """What a reproduction must match: every metric of the parent run, and the policy hash."""
-    return {**run.data.metrics, **{k: run.data.tags[k] for k in COMPARED_TAGS if k in run.data.tags}}
+    """What a reproduction must match: every metric of the parent run but timings, and the policy hash."""
+    metrics = {k: v for k, v in run.data.metrics.items() if not is_timing(k)}
+    return {**metrics, **{k: run.data.tags[k] for k in COMPARED_TAGS if k in run.data.tags}}
 
 
 def reproduce_command(run_id: str = RUN_ID_ARGUMENT, params: Path = PARAMS_OPTION) -> None:

@@ -1,8 +1,10 @@
 """The training cycle as a Prefect DAG: calibrate → variants → explore → train → stress → report.
 
 The flow is composition only: each phase is a task in ``tasks.prefect_tasks`` that calls the
-same step function as ``agentflow <phase>`` and the DVC stage. A failed exit gate raises
-:class:`GateFailed` with the metrics in its message, so no downstream task runs. One MLflow
+same step function as ``agentflow <phase>`` and the DVC stage. Each step judges its phase against
+the gate declared in params.yaml (``agentflow_core.gates``); a failed gate raises :class:`GateFailed`
+with the verdict's one-line message (gate, metric, value, threshold), so no downstream task runs and
+nothing is promoted, while every output already written stays. One MLflow
 parent run per cycle; each phase opens its nested run with the parent's id. The parent run names
 its code (git commit, dirty flag), params (hash, and params.yaml as an artifact), the DVC md5 of
 every dataset the cycle wrote, the Prefect flow run, and carries every phase's metrics (the same
@@ -84,7 +86,6 @@ def training_cycle(
     params_path: str = "params.yaml",
     resume: bool = False,
     run_name: str | None = None,
-    min_state_coverage: float = 0.0,
     use_cache: bool = True,
     overrides: dict[str, Any] | None = None,
     retrain: bool = False,
@@ -95,7 +96,6 @@ def training_cycle(
         params_path: the run configuration (params.yaml); validated before any run is created.
         resume: continue PPO from the last checkpoint under ``data/checkpoints``, in the same MLflow runs.
         run_name: MLflow parent run name (defaults to ``base.run_name``).
-        min_state_coverage: exploration gate; the cycle stops if coverage stays below it.
         use_cache: reuse variants/exploration whose deps, params and outputs are unchanged.
         overrides: ``{"train.total_steps": 4096, ...}``: dotted params.yaml keys set for this cycle, validated
             like the file (``tasks.overrides``).
@@ -126,7 +126,7 @@ def training_cycle(
         results["calibrate"] = calibration
         record_phase(tracker, parent, paths, "calibrate", paths.calibration)
         if not calibration["passed"]:
-            raise GateFailed(f"calibration gate failed: {calibration['message']}")
+            raise GateFailed(calibration["gate"])
 
         variants = variants_task(params_path, use_cache)
         track_phase(params_path, parent, uri, experiment, "variants", variants, paths.variants)
@@ -137,16 +137,21 @@ def training_cycle(
         track_phase(params_path, parent, uri, experiment, "explore", explore, paths.trajectories)
         record_phase(tracker, parent, paths, "explore", paths.trajectories)
         results["explore"] = explore
-        if explore["state_coverage_ratio"] < min_state_coverage:
-            raise GateFailed(
-                f"exploration gate failed: state_coverage_ratio {explore['state_coverage_ratio']:.3f} "
-                f"< {min_state_coverage}"
-            )
+        if not explore["passed"]:
+            raise GateFailed(explore["gate"])
 
         train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train
         record_phase(tracker, parent, paths, "train", paths.checkpoints)
-        tracker.set_tags(parent, {"agentflow.policy_hash": str(train["policy_hash"])})
+        tracker.set_tags(
+            parent,
+            {
+                "agentflow.policy_hash": str(train["policy_hash"]),
+                "agentflow.train.stop_reason": str(train["stop_reason"]),
+            },
+        )
+        if not train["passed"]:
+            raise GateFailed(train["gate"])
 
         stress = stress_task(params_path, parent, uri, experiment)
         results["stress"] = stress
@@ -156,12 +161,9 @@ def training_cycle(
         results["report"] = report_task(
             params_path, parent, uri, experiment, train["train_run_id"], stress["passed"], retrain=retrain
         )
+        tracker.log_metrics(parent, {k: v for k, v in results["report"].items() if k.startswith("budget/")})
         if not stress["passed"]:
-            raise GateFailed(
-                f"stress gate failed: robustness_score={stress['robustness_score']:.3f}, "
-                f"consistency={stress['consistency']:.3f}, crash_episodes={stress['crash_episodes']}; "
-                f"see {paths.reports}"
-            )
+            raise GateFailed(f"{stress['gate']}; see {paths.reports}")
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
@@ -178,6 +180,7 @@ def cycle_markdown(results: dict[str, Any]) -> str:
         ("calibrate", "env_stability_score", results.get("calibrate", {}).get("env_stability_score")),
         ("explore", "state_coverage_ratio", results.get("explore", {}).get("state_coverage_ratio")),
         ("train", "policy_convergence_flag", results.get("train", {}).get("policy_convergence_flag")),
+        ("train", "stop_reason", results.get("train", {}).get("stop_reason")),
         ("train", "test_process_success", results.get("train", {}).get("test_process_success")),
         ("train", "test_payment_success", results.get("train", {}).get("test_payment_success")),
         ("stress", "robustness_score", results.get("stress", {}).get("robustness_score")),

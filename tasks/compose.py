@@ -243,14 +243,31 @@ def expert_policy_hash(expert: ScriptedExpert) -> str:
 
 
 def reachable_tokens(class_paths: Collection[str]) -> list[str]:
-    """Union of the intended tokens in the env families' ``RAW_STATES`` (all tokens if none declare any)."""
+    """Tokens some env family of the catalogue can reach: its ``RAW_STATES`` tokens less its ``UNREACHABLE_TOKENS``.
+
+    ``RAW_STATES`` lists every token the family's mapping can emit; ``UNREACHABLE_TOKENS`` declares
+    (with the reason) those that no semantic action leads to. All tokens if no family declares any.
+    """
     found: set[str] = set()
     for class_path in class_paths:
         module = importlib.import_module(class_path.split(":")[0])
+        unreachable = set(getattr(module, "UNREACHABLE_TOKENS", {}))
         for _raw, token in getattr(module, "RAW_STATES", ()):
-            if token in TOKENS:
+            if token in TOKENS and token not in unreachable:
                 found.add(token)
     return sorted(found) or list(TOKENS)
+
+
+def unreachable_tokens(class_paths: Collection[str]) -> dict[str, str]:
+    """Declared unreachable tokens (with reasons) that no family of the catalogue reaches."""
+    reachable = set(reachable_tokens(class_paths))
+    out: dict[str, str] = {}
+    for class_path in sorted(class_paths):
+        module = importlib.import_module(class_path.split(":")[0])
+        for token, reason in getattr(module, "UNREACHABLE_TOKENS", {}).items():
+            if token not in reachable:
+                out.setdefault(token, f"{class_path.split(':')[0]}: {reason}")
+    return out
 
 
 def map_chunks(

@@ -7,7 +7,7 @@ deployment's code is this checkout (``flow.from_source`` with a local path: the 
 flow from ``flows/training_cycle.py`` with this directory as its working directory, in the
 worker's own Python, so start the worker from this checkout's ``.venv``). Parameters a run can set
 from the UI or the API: ``params_path``, ``overrides`` (dotted params.yaml keys, validated like the
-file), ``retrain``, ``run_name``, ``resume``, ``use_cache``, ``min_state_coverage``.
+file), ``retrain``, ``run_name``, ``resume``, ``use_cache``.
 """
 
 from __future__ import annotations

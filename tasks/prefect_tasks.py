@@ -17,6 +17,7 @@ the output folder still has the DVC md5 it was written with. Training resumes fr
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -244,9 +245,11 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
     full = run_stress(cfg, on_progress=Throttled("stress episodes"))
     summary = {
         **full["metrics"],
+        **full["budget"],
         "passed": full["passed"],
+        "gate": full["gate"],
         "policy": full["policy"],
-        "message": "; ".join(full.get("recommendations", [])[:3]),
+        "message": full["gate"] + "; " + "; ".join(full.get("recommendations", [])[:3]),
     }
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.stress, "stress")
@@ -268,21 +271,35 @@ def report_task(
     """Report + champion/challenger: register the checkpoint and move the ``champion`` alias if promoted.
 
     A checkpoint that failed stress validation is reported but never promoted. A retrain's challenger
-    must also beat the champion on the paired held-out episodes. The report is kept per cycle
+    must also beat the champion on the paired held-out episodes. The decision comes first, so the
+    report opens with it (promoted / kept / gate failed, and why); the report is kept per cycle
     (``tasks.retrain.keep_cycle_report``).
     """
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_UI_URL
+
+    from tasks.budgets import budget_metrics
     from tasks.model_registry import promote_if_better
     from tasks.retrain import keep_cycle_report
     from tasks.steps.report import run_report
 
+    started = time.perf_counter()
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "report")
-    summary = run_report(cfg)
     decision = promote_if_better(cfg, tracker, train_run_id, allowed=stress_passed, paired=retrain)
+    links = {"MLflow run": tracker.run_url(parent_run_id)}
+    if flow_run.id:
+        links["Prefect flow run"] = f"{PREFECT_UI_URL.value() or 'http://127.0.0.1:4200'}/runs/flow-run/{flow_run.id}"
+    summary = run_report(cfg, champion=decision, links=links)
     summary["cycle_report"] = str(keep_cycle_report(cfg, parent_run_id, decision))
     if "paired" in decision:
         summary["paired"] = decision["paired"]
-    summary = {**summary, "promoted": decision["promote"], "promotion_reason": decision["reason"]}
+    summary = {
+        **summary,
+        "promoted": decision["promote"],
+        "promotion_reason": decision["reason"],
+        **budget_metrics("report", time.perf_counter() - started, cfg.report.budget_s),
+    }
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.reports, "reports")
     tracker.set_tags(run_id, {"promotion": decision["reason"][:500]})

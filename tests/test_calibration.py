@@ -106,16 +106,26 @@ def test_run_calibrate_writes_report_stats_and_metrics(tmp_path: Path) -> None:
         }
     )
     summary = run_calibrate(cfg, tmp_path / "calibration", tmp_path / "metrics" / "calibrate.json")
-    assert summary["passed"] and summary["variants"] == 6 and summary["env_stability_score"] == 1.0
+    # 2 per family asked, 4 per family drawn: the sample covers the 4 start stages of every family
+    assert summary["passed"] and summary["variants"] == 12 and summary["env_stability_score"] == 1.0
     stats = json.loads((tmp_path / "calibration" / "reward_stats.json").read_text())
     assert set(stats["per_base_env"]) == {"web_checkout_v2", "order_db_v1", "payment_api_v1"}
-    assert len(stats["per_env"]) == 6
+    assert len(stats["per_env"]) == 12
     assert json.loads((tmp_path / "metrics" / "calibrate.json").read_text())["env_stability_score"] == 1.0
     assert sorted(p.name for p in (tmp_path / "calibration").iterdir()) == [
         "audit.json",
+        "quarantine.json",
         "report.json",
         "reward_stats.json",
     ]
+    from tasks.steps.calibrate import sample_variants
+
+    sampled = sample_variants(cfg, 2, np.random.default_rng(cfg.base.seed))
+    report = json.loads((tmp_path / "calibration" / "report.json").read_text())
+    assert [v["env_id"] for v in report["variants"]] == [v.env_id for v in sampled]
+    for dim, values in cfg.variants.dimensions.items():  # every family x every dimension value is calibrated
+        for family in ("web_checkout", "order_db", "payment_api"):
+            assert {v.params[dim] for v in sampled if v.family == family} == set(values), (family, dim)
 
 
 def test_planted_broken_env_config_fails_run_calibrate(tmp_path: Path) -> None:

@@ -93,7 +93,11 @@ def checkpoint_hashes(root: Path) -> dict[str, str]:
 
 
 def metrics(root: Path) -> dict[str, dict]:
-    return {f.stem: json.loads(f.read_text()) for f in sorted((root / "data" / "metrics").glob("*.json"))}
+    """Every phase's metrics file, less the wall-clock budget use (measured, never reproduced)."""
+    from flows.reproduce import is_timing
+
+    files = sorted((root / "data" / "metrics").glob("*.json"))
+    return {f.stem: {k: v for k, v in json.loads(f.read_text()).items() if not is_timing(k)} for f in files}
 
 
 def kill_mid_training(clone: Path) -> list[psutil.Process]:

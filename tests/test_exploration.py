@@ -179,7 +179,13 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
     )
     cfg = AgentFlowConfig.model_validate(
         {
-            "explore": {"total_steps": 400, "num_envs": 8, "shard_rows": 1000, "reference_pool_steps": 10},
+            "explore": {
+                "total_steps": 400,
+                "num_envs": 8,
+                "shard_rows": 1000,
+                "reference_pool_steps": 10,
+                "remediation": {"max_steps": 0},
+            },
             "pool": {"num_workers": 1},
         }
     )
@@ -198,6 +204,10 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
     assert summary["token_coverage"] == pytest.approx(4 / 23)
     assert summary["state_coverage_ratio"] == pytest.approx(4 / 23)
     assert summary["rows"] == 400 and summary["shards"] == 1 and seen
+    assert (
+        not summary["passed"]
+        and summary["gate"] == "explore gate failed: state_coverage_ratio=0.1739 (required >= 0.92)"
+    )
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["state_coverage_ratio"] == pytest.approx(4 / 23) and metrics["mean_epsilon"] == pytest.approx(0.95)
     assert (tmp_path / "explore" / "coverage.json").is_file()
@@ -227,12 +237,19 @@ def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
     cfg = AgentFlowConfig.model_validate(
         {
             "base": {"env_config_dir": str(repo_root / "configs" / "envs")},
-            "explore": {"total_steps": 1600, "num_envs": 16, "reference_pool_steps": 20},
+            "explore": {
+                "total_steps": 1600,
+                "num_envs": 16,
+                "reference_pool_steps": 20,
+                "remediation": {"max_steps": 0},
+            },
             "pool": {"num_workers": 1},
         }
     )
     summary = run_explore(cfg, tmp_path / "variants", tmp_path / "explore", tmp_path / "metrics.json")
-    assert summary["rows"] == 1600 and summary["reachable_tokens"] == 23
+    # PAGE_NOT_FOUND: every family's mapping can emit it, no semantic action leads to it (UNREACHABLE_TOKENS)
+    assert summary["rows"] == 1600 and summary["reachable_tokens"] == 22
+    assert list(summary["unreachable_tokens"]) == ["PAGE_NOT_FOUND"]
     assert 0.5 <= summary["token_coverage"] <= 1.0 and 0.0 < summary["edge_coverage"] <= 1.0
     card = read_card(tmp_path / "explore")
     assert card["env_versions"] == {s.env_id: ("2" if s.family == "web_checkout" else "1") for s in specs}
@@ -263,3 +280,39 @@ def test_behaviour_policy_is_the_expert_or_the_network_ppo_starts_from(behaviour
     else:
         torch.manual_seed(3)  # run_train's initialisation for the same seed
         assert digest == policy_hash(ActorCritic(hidden_sizes=cfg.train.hidden_sizes))
+
+
+@pytest.mark.parametrize(("gate", "expected_steps"), [(0.1, 400), (1.0, 400 + 240)])
+def test_remediation_runs_until_the_gate_or_its_step_budget(tmp_path: Path, gate: float, expected_steps: int) -> None:
+    """Below the gate after total_steps, exploration goes on with the raised epsilon for at most max_steps."""
+    from agentflow_core.splits import write_split_catalogue
+    from tasks.steps.explore import run_explore
+
+    write_split_catalogue(
+        tiny_variants(4), tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0, dimensions=[]
+    )
+    cfg = AgentFlowConfig.model_validate(
+        {
+            "explore": {
+                "total_steps": 400,
+                "num_envs": 8,
+                "reference_pool_steps": 10,
+                "min_state_coverage": gate,
+                "remediation": {"max_steps": 240, "epsilon": 1.0},
+            },
+            "pool": {"num_workers": 1},
+        }
+    )
+    summary = run_explore(
+        cfg,
+        tmp_path / "variants",
+        tmp_path / "explore",
+        tmp_path / "metrics.json",
+        pool_factory=lambda c, variants, num_envs, **_: InProcessPool(variants, TinyFactory(), num_envs, c.pool),
+        class_paths=["pool_fixtures:TinyShopEnv"],
+    )
+    assert summary["explore_steps"] == expected_steps and summary["rows"] == expected_steps
+    assert summary["remediation_steps"] == expected_steps - 400
+    assert summary["passed"] is (gate < 1.0)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["budget/explore/steps"] == expected_steps and metrics["budget/explore/budget_steps"] == 640

@@ -179,7 +179,7 @@ def test_a_failed_gate_stops_the_downstream_phases(tmp_path: Path, prefect_harne
     params = write_tiny_params(tmp_path, calibrate={"variants_per_family": 2, "resets": 5, "max_failed_fraction": 0.1})
     text = params.read_text().replace(str(REPO / "configs" / "envs"), str(config_dir))
     params.write_text(text)
-    with pytest.raises(GateFailed, match="calibration gate failed: env_stability_score=0.667"):
+    with pytest.raises(GateFailed, match=r"calibrate gate failed: failed_fraction=0.3333 \(required <= 0.1\)"):
         training_cycle(params_path=str(params), run_name="broken")
     runs = runs_by_name(mlflow_client(tmp_path))
     assert runs["broken"][0].info.status == "FAILED"

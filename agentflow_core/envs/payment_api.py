@@ -312,6 +312,13 @@ def _err(code: str) -> dict[str, Any]:
     return {"error": {"code": code}}
 
 
+# Tokens the mapping can emit (RAW_STATES) that no semantic action leads to: the exploration coverage
+# denominator leaves them out (docs/design.md §2.2). A 404 answers only GET /order/<id> or an unknown path,
+# and no semantic action (mappings/payment_api_v1.json) requests either.
+UNREACHABLE_TOKENS: dict[str, str] = {
+    "PAGE_NOT_FOUND": "a 404 answers only GET /order/<id> or an unknown path; no semantic action requests either",
+}
+
 # Every raw state the channel produces, labelled with the token it must carry (mapping audit).
 RAW_STATES: list[tuple[dict[str, Any], str]] = [
     (_exchange(401, _body("none", **_err("unauthenticated")), "/cart"), "LOGGED_OUT"),

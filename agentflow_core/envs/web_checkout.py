@@ -391,6 +391,13 @@ def _raw_states_cached() -> tuple[tuple[dict[str, Any], str], ...]:
 
 RAW_STATES: list[tuple[dict[str, Any], str]]  # built on first access (module __getattr__): no work at import
 
+# Tokens the mapping can emit (RAW_STATES) that no semantic action leads to: the exploration coverage
+# denominator leaves them out (docs/design.md §2.2). The 404 page is reached only by navigating to an
+# unknown URL, and the semantic action set (mappings/web_checkout_v2.json) has no navigate action.
+UNREACHABLE_TOKENS: dict[str, str] = {
+    "PAGE_NOT_FOUND": "only an unknown URL renders the 404 page; no semantic action navigates to a URL",
+}
+
 
 def __getattr__(name: str) -> Any:
     """Lazily provide ``RAW_STATES`` so importing the module renders nothing."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "recommendations",
     "plots",
     "champion",
+    "cycle",
 )
 
 
@@ -53,8 +54,13 @@ def build_report(
     created_at: str,
     plots: Mapping[str, str] | None = None,
     champion: Mapping[str, Any] | None = None,
+    cycle: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The report document; ``plots`` maps a plot name to its file name next to the report."""
+    """The report document; ``plots`` maps a plot name to its file name next to the report.
+
+    ``cycle`` (:func:`cycle_context`'s shape: verdict, date, commit, links, training, gates, budgets,
+    quarantine) is what the report opens with; without it the report is the stress detail alone.
+    """
     recs = list(analysis.get("recommendations", []))
     return {
         "schema_version": SCHEMA_VERSION,
@@ -75,7 +81,104 @@ def build_report(
         "recommendations": recs,
         "plots": dict(plots or {}),
         "champion": dict(champion) if champion is not None else None,
+        "cycle": dict(cycle) if cycle is not None else None,
     }
+
+
+def verdict(stress_passed: bool, stress_gate: str, champion: Mapping[str, Any] | None) -> dict[str, str]:
+    """``promoted`` / ``kept`` / ``gate failed`` (or ``not compared`` without a champion/challenger run), and why."""
+    if not stress_passed:
+        return {"verdict": "gate failed", "reason": stress_gate}
+    if champion is None:
+        return {"verdict": "not compared", "reason": "stress gate passed; no champion/challenger comparison was run"}
+    return {"verdict": "promoted" if champion["promote"] else "kept", "reason": str(champion["reason"])}
+
+
+def cycle_context(
+    verdict_: Mapping[str, str],
+    created_at: str,
+    commit: str,
+    links: Mapping[str, str],
+    training: Mapping[str, Any] | None,
+    gates: Sequence[Mapping[str, Any]],
+    budgets: Sequence[Mapping[str, Any]],
+    quarantine: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """What the report opens with, as plain data (assembled at the edge from the cycle's outputs)."""
+    return {
+        **dict(verdict_),
+        "created_at": created_at,
+        "commit": commit,
+        "links": dict(links),
+        "training": dict(training) if training is not None else None,
+        "gates": [dict(g) for g in gates],
+        "budgets": [dict(b) for b in budgets],
+        "quarantine": [dict(q) for q in quarantine],
+    }
+
+
+def _headline(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
+    """The tables the report opens with: policies compared, gates, budgets, quarantine (shared by md and HTML)."""
+    cycle = report.get("cycle") or {}
+    out: list[tuple[str, list[str], list[list[Any]]]] = []
+    train = cycle.get("training")
+    if train:
+        rows = [
+            [
+                "trained policy (best checkpoint)",
+                _pct(train["test_process_success"]),
+                _pct(train["test_payment_success"]),
+            ],
+            ["scripted expert", _pct(train["test_process_success_expert"]), _pct(train["test_payment_success_expert"])],
+            [
+                "exploration policy",
+                _pct(train["test_process_success_exploration"]),
+                _pct(train["test_payment_success_exploration"]),
+            ],
+        ]
+        out.append(("Test split: trained vs scripted expert", ["policy", "process success", "payment success"], rows))
+    champ = report.get("champion")
+    if champ and champ.get("champion_stats"):
+        ch, cp = champ["challenger_stats"], champ["champion_stats"]
+        rows = [
+            ["challenger", f"{ch['mean_evaluated_return']:.3f}", _pct(ch["success_rate"])],
+            ["champion", f"{cp['mean_evaluated_return']:.3f}", _pct(cp["success_rate"])],
+        ]
+        out.append(("Champion slice: challenger vs champion", ["policy", "mean evaluated return", "success"], rows))
+    gates = [[g["phase"], g["enforced"], g["outcome"]] for g in cycle.get("gates", [])]
+    out.append(("Gates", ["phase", "enforced", "outcome"], gates))
+    budgets = [
+        [
+            b["phase"],
+            f"{b['wall_s']:.1f} / {b['budget_s']:g} s",
+            f"{b['steps']} / {b['budget_steps']}" if b.get("steps") is not None else "",
+            "yes" if b["within"] else "OVER",
+        ]
+        for b in cycle.get("budgets", [])
+    ]
+    out.append(("Budgets: used / allotted", ["phase", "wall clock", "env steps", "within"], budgets))
+    quarantine = [[q["env_id"], q["family"], q["reason"]] for q in cycle.get("quarantine", [])]
+    out.append(
+        ("Quarantined by calibration (left out of every later phase)", ["env_id", "family", "reason"], quarantine)
+    )
+    return out
+
+
+def _opening(report: Mapping[str, Any]) -> list[str]:
+    """Verdict, date, commit and links as plain lines (markdown-safe)."""
+    cycle = report.get("cycle")
+    if not cycle:
+        return []
+    lines = [f"Verdict: {cycle['verdict'].upper()} — {cycle['reason']}", f"Date: {cycle['created_at']}"]
+    lines.append(f"Commit: {cycle['commit']}")
+    lines += [f"{name}: {url}" for name, url in cycle["links"].items()]
+    train = cycle.get("training")
+    if train:
+        lines.append(
+            f"Training: stopped on {train['stop_reason']} after {train['global_step']} env steps "
+            f"({train['updates']} updates; policy_convergence_flag={train['policy_convergence_flag']})"
+        )
+    return lines
 
 
 def _mark(ok: bool) -> str:
@@ -233,7 +336,17 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     """Markdown with the tree in a code block, the tables, and the plots linked by file name."""
-    lines = [
+    lines = []
+    opening = _opening(report)
+    if opening:
+        cycle = report["cycle"]
+        lines += [f"# {cycle['verdict'].upper()}: {report['policy']}", "", *[f"- {line}" for line in opening], ""]
+        train_plot = (cycle.get("training") or {}).get("plot")
+        if train_plot:
+            lines += [f"![training curve]({train_plot})", ""]
+        for title, headers, rows in _headline(report):
+            lines += [f"## {title}", "", *(_table(headers, rows) if rows else ["none"]), ""]
+    lines += [
         f"# Evaluation report: {report['policy']}",
         "",
         f"Created {report['created_at']} from checkpoint `{report['checkpoint']}`; "
@@ -264,21 +377,44 @@ def render_html(report: Mapping[str, Any], images: Mapping[str, bytes]) -> str:
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}"
         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}pre{background:#f6f6f6;padding:1em}</style>",
         "</head><body>",
+    ]
+    opening = _opening(report)
+    if opening:
+        cycle = report["cycle"]
+        parts.append(f"<h1>{esc(cycle['verdict'].upper())}: {esc(report['policy'])}</h1><ul>")
+        parts += [f"<li>{esc(line)}</li>" for line in opening]
+        parts.append("</ul>")
+        if "training curve" in images:
+            parts.append(_img("training curve", images["training curve"]))
+        for title, headers, rows in _headline(report):
+            parts.append(_html_table(title, headers, rows) if rows else f"<h2>{esc(title)}</h2><p>none</p>")
+    parts += [
         f"<h1>Evaluation report: {esc(report['policy'])}</h1>",
         f"<pre>{esc(chr(10).join(tree_text(report_tree(report))))}</pre>",
     ]
     for name, data in images.items():
-        parts.append(
-            f"<h2>{esc(name)}</h2><img alt='{esc(name)}' style='max-width:100%' "
-            f"src='data:image/png;base64,{base64.b64encode(data).decode('ascii')}'>"
-        )
+        if name != "training curve":
+            parts.append(_img(name, data))
     for title, headers, rows in _sections(report):
         if rows:
-            parts.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>")
-            parts += ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in rows]
-            parts.append("</table>")
+            parts.append(_html_table(title, headers, rows))
     parts.append(
         "<h2>Recommendations</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in report["recommendations"]) + "</ul>"
     )
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _img(name: str, data: bytes) -> str:
+    esc = html.escape
+    return (
+        f"<h2>{esc(name)}</h2><img alt='{esc(name)}' style='max-width:100%' "
+        f"src='data:image/png;base64,{base64.b64encode(data).decode('ascii')}'>"
+    )
+
+
+def _html_table(title: str, headers: list[str], rows: list[list[Any]]) -> str:
+    esc = html.escape
+    head = f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"
+    body = ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in rows]
+    return "\n".join([head, *body, "</table>"])

@@ -11,7 +11,8 @@
 
 Each factor is in [0, 1], so the score is too, and any one of them at zero zeroes it: a policy
 that succeeds but behaves differently per variant, or an env set that crashes, cannot score high.
-The phase passes when there is no crash episode and ``consistency >= consistency_target``.
+The phase passes when ``robustness_score >= min_robustness``, ``consistency >= consistency_target``
+and ``crash_rate <= max_crash_rate`` (``agentflow_core.gates.stress_checks``, all three).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from agentflow_core.evaluation.risk import RiskReport, risk_report
 from agentflow_core.evaluation.root_causes import RECOMMENDATIONS, RootCause, root_causes
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.evaluation.token_frequency import CoverageTable, coverage_table
+from agentflow_core.gates import stress_checks
 from agentflow_core.semantics import TOKENS
 
 
@@ -191,7 +193,7 @@ def analyze_stress(
         "risk_rate": risk.rate,
     }
     recommendations = _recommendations(metrics, cfg, per_variant, causes, hacking, coverage)
-    passed = crash_episodes == 0 and consistency.score >= cfg.consistency_target
+    passed = all(check.holds(float(metrics[check.metric])) for check in stress_checks(cfg))
     return StressAnalysis(
         metrics,
         _by_family(episodes),

@@ -7,6 +7,12 @@ it with an action drawn uniformly among the legal ones. ε follows the state cov
 vocabulary and the expert's transitions are covered. An optional reference run of a second
 policy (the scripted expert) first fills the coverage tracker's reference edges.
 
+Remediation (the Phase 1 gate, docs/design.md §2.2): when the ratio is still below
+``cfg.min_state_coverage`` after ``cfg.total_steps``, exploration goes on with ε raised to
+``cfg.remediation.epsilon`` until the ratio reaches the gate or ``cfg.remediation.max_steps`` more
+steps are spent, whichever comes first. Long, mostly random episodes are what reach the timer
+states (an expired session or order) that the expert's short episodes never live to see.
+
 The loop writes one trajectory row per env step to an injected writer and reports progress
 through an injected callback; it never prints. Exit metric: ``state_coverage_ratio``.
 """
@@ -63,6 +69,7 @@ class ExploreResult:
     mean_epsilon: float
     explored_fraction: float
     reference_steps: int
+    remediation_steps: int
     coverage_graph: dict[str, Any] = field(repr=False)
     failure_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -78,6 +85,7 @@ class ExploreResult:
             "final_epsilon": self.final_epsilon,
             "mean_epsilon": self.mean_epsilon,
             "explored_fraction": self.explored_fraction,
+            "remediation_steps": float(self.remediation_steps),
         }
 
 
@@ -141,7 +149,7 @@ def explore(
     progress_every: int = 10,
     restart_schedule: bool = False,
 ) -> ExploreResult:
-    """Explore for ``cfg.total_steps`` env steps with coverage-driven ε; rows go to ``writer``.
+    """Explore for ``cfg.total_steps`` env steps with coverage-driven ε, then remediate; rows go to ``writer``.
 
     ``restart_schedule`` puts the pool's scheduler back where it was before the reference run, so
     the recorded exploration starts at the scheduler's first variants (a retrain's priority order).
@@ -165,8 +173,10 @@ def explore(
     epsilon_sum = 0.0
     failures: dict[str, int] = {}
     epsilon = epsilon_for(tracker.ratio, cfg)
-    while steps < cfg.total_steps:
-        epsilon = epsilon_for(tracker.ratio, cfg)
+    budget = cfg.total_steps + cfg.remediation.max_steps
+    while steps < cfg.total_steps or (steps < budget and tracker.ratio < cfg.min_state_coverage):
+        remediating = steps >= cfg.total_steps
+        epsilon = cfg.remediation.epsilon if remediating else epsilon_for(tracker.ratio, cfg)
         obs, masks = batch.obs, batch.action_mask
         actions, explored = epsilon_greedy(policy_fn(obs, masks), masks, epsilon, rng)
         batch = pool.step(actions)
@@ -200,11 +210,11 @@ def explore(
         pool_steps += 1
         explored_total += int(explored.sum())
         epsilon_sum += epsilon * n
-        if on_progress is not None and (pool_steps % progress_every == 0 or steps >= cfg.total_steps):
+        if on_progress is not None and (pool_steps % progress_every == 0 or steps - n < cfg.total_steps <= steps):
             on_progress(
                 ExploreProgress(
                     steps,
-                    cfg.total_steps,
+                    budget if remediating else cfg.total_steps,
                     episodes,
                     goal,
                     tracker.ratio,
@@ -224,6 +234,7 @@ def explore(
         mean_epsilon=epsilon_sum / max(steps, 1),
         explored_fraction=explored_total / max(steps, 1),
         reference_steps=reference_steps,
+        remediation_steps=max(steps - cfg.total_steps, 0),
         coverage_graph=tracker.graph(),
         failure_reasons=failures,
     )

@@ -39,33 +39,32 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def plan_tree(cfg: AgentFlowConfig) -> Tree:
-    """The planned training cycle, phase by phase, with each phase's exit gate."""
+    """The planned training cycle, phase by phase, with exactly the gates the cycle enforces."""
+    from agentflow_core.gates import declared_gates
+
+    gates = {g.phase: g for g in declared_gates(cfg)}
     tree = Tree(f"[bold]AgentFlow cycle[/] run={escape(cfg.base.run_name)} seed={cfg.base.seed}")
     v = cfg.variants
     n_combos = len(v.base_envs)
     for values in v.dimensions.values():
         n_combos *= len(values)
-    tree.add(
-        f"calibrate: {cfg.calibrate.variants_per_family} variants/family x {cfg.calibrate.resets} resets; "
-        f"gate: reward variance < {cfg.calibrate.max_reward_variance} (env_stability_score)"
-    )
-    tree.add(
-        f"variants: {n_combos} combinations x {v.samples_per_combination} samples = "
-        f"{n_combos * v.samples_per_combination} variants"
-    )
-    tree.add(
-        f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs; "
-        f"gate: state_coverage_ratio (eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})"
-    )
-    tree.add(
-        f"train: PPO {cfg.train.total_steps} steps, clip {cfg.train.clip_range}, target KL {cfg.train.target_kl}; "
-        "gate: policy_convergence_flag"
-    )
-    tree.add(
-        f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants "
-        f"(target {cfg.stress.consistency_target}); gate: robustness_score"
-    )
-    tree.add(f"report: {', '.join(cfg.report.formats)}; champion/challenger on {cfg.report.champion_slice:.0%} slice")
+    plans = {
+        "calibrate": f"calibrate: {cfg.calibrate.variants_per_family}+ variants/family (every dimension value) x "
+        f"{cfg.calibrate.resets} resets",
+        "variants": f"variants: {n_combos} combinations x {v.samples_per_combination} samples = "
+        f"{n_combos * v.samples_per_combination} variants, less the quarantined; budget {v.budget_s:g} s",
+        "explore": f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs "
+        f"(eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})",
+        "train": f"train: PPO up to {cfg.train.total_steps} steps, clip {cfg.train.clip_range}, "
+        f"target KL {cfg.train.target_kl}",
+        "stress": f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants",
+        "report": f"report: {', '.join(cfg.report.formats)}; champion/challenger on {cfg.report.champion_slice:.0%} "
+        f"slice; budget {cfg.report.budget_s:g} s",
+    }
+    for phase in cfg.phases:
+        node = tree.add(escape(plans[phase]))
+        if phase in gates:
+            node.add(escape(f"gate: {gates[phase].describe()}"))
     return tree
 
 
@@ -76,7 +75,7 @@ def _root() -> None:
 
 @app.command()
 def validate(params: Path = PARAMS_OPTION) -> None:
-    """Validate params.yaml and print the planned cycle."""
+    """Validate params.yaml and print the planned cycle with every gate it enforces."""
     cfg = config_or_exit(params)
     console.print(plan_tree(cfg))
     console.print("[green]params.yaml is valid[/]")
@@ -118,7 +117,8 @@ def run(
             params_path=str(params), resume=resume, run_name=run_name, overrides=overrides or None, retrain=retrain
         )
     except GateFailed as exc:
-        err_console.print(f"[bold red]gate failed[/]: {one_line(exc)}")
+        err_console.print(f"[bold red]{one_line(exc)}[/]")
+        err_console.print("nothing promoted; every output written so far is kept")
         raise typer.Exit(code=1) from None
     print_report_tree(cfg)
     console.print(where_to_look(cfg, results))
@@ -146,6 +146,11 @@ def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
     tree.add(escape(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}"))
     tree.add("Prefect runs: PREFECT_HOME=.agentflow/prefect prefect server start  -> http://127.0.0.1:4200")
     report = results.get("report", {})
+    if "verdict" in report:
+        tree.add(escape(f"verdict: {report['verdict']} — {report['verdict_reason']}"))
+    train = results.get("train", {})
+    if "stop_reason" in train:
+        tree.add(escape(f"training stopped on {train['stop_reason']} after {train['global_step']} env steps"))
     if "cycle_report" in report:
         tree.add(escape(f"this cycle's report and decision: {report['cycle_report']} (newest cycle: reports/latest)"))
     if "retrain" in results:

@@ -40,12 +40,12 @@ def calibrate_command(
             progress=lambda done, total: progress.update(task, completed=done, total=total),
         )
     table = Table("metric", "value", title="Phase 0: calibration")
-    for key in ("env_stability_score", "variants", "failed", "audit_errors"):
+    for key in ("env_stability_score", "variants", "failed", "failed_fraction", "audit_errors"):
         table.add_row(key, f"{summary[key]:.3f}" if isinstance(summary[key], float) else str(summary[key]))
     console.print(table)
     for env_id, reason in summary["quarantine"].items():
         console.print(f"[yellow]quarantined[/] {escape(str(env_id))}: {escape(str(reason))}")
     if not summary["passed"]:
-        err_console.print(f"[bold red]calibration gate failed[/]: {escape(str(summary['message']))}")
+        err_console.print(f"[bold red]gate failed[/]: {escape(str(summary['gate']))}")
         raise typer.Exit(code=1)
-    console.print(f"[green]calibration gate passed[/] -> {escape(str(paths.calibration))}")
+    console.print(f"[green]{escape(str(summary['gate']))}[/] -> {escape(str(paths.calibration))}")

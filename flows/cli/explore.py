@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.rl.exploration import ExploreProgress
@@ -35,7 +36,10 @@ def explore_command(
     metrics: Path | None = METRICS_OPTION,
     total_steps: int | None = STEPS_OPTION,
 ) -> None:
-    """Explore the catalogue ε-greedily around the current policy (or the expert), ε driven by coverage; write trajectory shards."""
+    """Explore the catalogue ε-greedily around the current policy (or the expert), ε driven by coverage; write trajectory shards.
+
+    Exits 1 after writing them when state_coverage_ratio stays below explore.min_state_coverage.
+    """
     cfg = phase_config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})
@@ -63,8 +67,14 @@ def explore_command(
         f"state_coverage_ratio [bold]{summary['state_coverage_ratio']:.3f}[/] "
         f"(token {summary['token_coverage']:.3f}, edge {summary['edge_coverage']:.3f}); "
         f"{summary['rows']} rows in {summary['shards']} shard(s) -> {out}; "
-        f"{int(summary['goal_episodes'])} goal episodes of {int(summary['explore_episodes'])}"
+        f"{int(summary['goal_episodes'])} goal episodes of {int(summary['explore_episodes'])}; "
+        f"{int(summary['remediation_steps'])} remediation steps"
     )
+    if not summary["passed"]:
+        # the shards and the card are written: a failed gate keeps every output, and the stage exits 1
+        err_console.print(f"[bold red]gate failed[/]: {escape(str(summary['message']))}")
+        raise typer.Exit(code=1)
+    console.print(f"[green]{escape(str(summary['gate']))}[/]")
 
 
 explore_app.command("explore")(explore_command)

@@ -97,6 +97,7 @@ def stress_command(
         f"crash episodes {m['crash_episodes']} -> {out or Path(cfg.base.data_dir) / 'stress'}"
     )
     if strict and not summary["passed"]:
+        err_console.print(f"[bold red]{escape(str(summary['gate']))}[/]")
         raise typer.Exit(code=1)
 
 
@@ -137,7 +138,9 @@ def report_command(
         console.print(summary["tree"])
     console.print(escape(f"report -> {summary['report_dir']}: {', '.join(summary['files'])}"))
     if strict and not summary["passed"]:
-        err_console.print("[bold red]stress gate failed[/]: the report says why")
+        err_console.print(
+            f"[bold red]{escape(str(summary['gate']))}[/] (the report says why: {escape(summary['report_dir'])})"
+        )
         raise typer.Exit(code=1)
 
 

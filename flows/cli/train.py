@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
@@ -99,7 +100,8 @@ def train_command(
         f"(x{summary['test_process_success_vs_exploration']:.1f}) and expert "
         f"{summary['test_process_success_expert']:.3f} ({summary['test_process_success_vs_expert']:.0%}); "
         f"by family {', '.join(f'{k} {v:.3f}' for k, v in summary['test_process_success_by_family'].items())}; "
-        f"converged={summary['policy_convergence_flag']} -> {out}"
+        f"converged={summary['policy_convergence_flag']}, stopped on {summary['stop_reason']} after "
+        f"{summary['global_step']} steps -> {out}"
     )
     lost = summary["pool"]
     if lost["worker_restarts"]:
@@ -109,6 +111,11 @@ def train_command(
             f"{lost['episodes_lost']} episodes / {lost['steps_lost']} steps lost"
         )
     console.print(f"MLflow run {run_id}: {tracker.run_url(run_id)}")
+    if not summary["passed"]:
+        # checkpoints, policy and curves are written: a failed gate keeps every output, and the stage exits 1
+        err_console.print(f"[bold red]gate failed[/]: {escape(str(summary['gate']))}")
+        raise typer.Exit(code=1)
+    console.print(f"[green]{escape(str(summary['gate']))}[/]")
 
 
 def open_train_run(cfg: AgentFlowConfig, out: Path, resume: bool) -> tuple[MlflowTracker, str]:

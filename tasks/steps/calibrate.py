@@ -2,7 +2,8 @@
 
 Called by ``agentflow calibrate`` (and so by the DVC stage) and by the Prefect task; neither
 starts the other. Outputs (atomically, under ``data/calibration/``): ``report.json`` (one row
-per variant), ``reward_stats.json`` (per env_id and per base env step-reward mean/std of the
+per variant), ``quarantine.json`` (the variants that failed, with the reason: the variants stage leaves them out
+of the catalogue, so no later phase of the cycle sees them), ``reward_stats.json`` (per env_id and per base env step-reward mean/std of the
 scripted expert, for the report) and ``audit.json`` (the mapping audit). The exit
 metric ``env_stability_score`` also goes to ``data/metrics/calibrate.json``.
 """
@@ -10,6 +11,8 @@ metric ``env_stability_score`` also goes to ``data/metrics/calibrate.json``.
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,23 +24,33 @@ from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import expert_for
+from agentflow_core.evaluation.stress import stratified_sample
+from agentflow_core.gates import calibrate_gate, evaluate_gate
 from agentflow_core.variants import VariantSpec, generate_variants
+from tasks.budgets import budget_metrics
 from tasks.compose import base_env_infos, map_chunks
 from tasks.registry_io import load_registry
 
+QUARANTINE_FILE = "quarantine.json"
+
 
 def sample_variants(cfg: AgentFlowConfig, per_family: int, rng: np.random.Generator) -> list[VariantSpec]:
-    """``per_family`` variants of every base env, one draw per dimension cell, picked at random.
+    """A stratified sample of the catalogue: every family x every dimension value, ``per_family`` or more each.
 
-    The calibration gate runs before the catalogue exists, so it samples the same generator
-    (one perturbation draw per cell) rather than reading ``data/variants``.
+    The calibration gate runs before the catalogue is written, so it draws from the same generator
+    with the same settings as the variants stage: every sampled variant is a catalogue member, and
+    quarantining its content hash removes exactly it from the catalogue. Per family the sample holds
+    at least as many variants as the largest dimension has values, so the cover always fits.
     """
+    v = cfg.variants
     bases = base_env_infos(cfg)
-    cells = generate_variants(bases, cfg.variants.dimensions, cfg.variants.perturbations, 1, cfg.base.seed)
+    catalogue = generate_variants(bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed)
+    dimensions = sorted(v.dimensions)
+    size = max(per_family, *(len(values) for values in v.dimensions.values()))
     picked: list[VariantSpec] = []
     for base in bases:
-        own = [v for v in cells if v.base_env_id == base.base_env_id]
-        picked.extend(own[i] for i in sorted(rng.choice(len(own), size=min(per_family, len(own)), replace=False)))
+        own = [spec for spec in catalogue if spec.base_env_id == base.base_env_id]
+        picked.extend(stratified_sample(own, size, dimensions, rng))
     return picked
 
 
@@ -59,6 +72,7 @@ def run_calibrate(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the calibration gate's measurements; returns the summary (the gate verdict included)."""
+    started = time.perf_counter()
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
     c = cfg.calibrate
@@ -91,19 +105,48 @@ def run_calibrate(
             for base, rs in by_base.items()
         },
     }
-    summary = {
+    metrics = {
         "env_stability_score": report.env_stability_score,
-        "variants": len(report.variants),
         "failed": len(report.failed),
-        "passed": report.passed and not errors,
+        "failed_fraction": len(report.failed) / max(len(report.variants), 1),
         "audit_errors": len(errors),
-        "quarantine": {v.env_id: v.reason for v in report.failed},
-        "message": report.summary() + (f"\n  mapping audit: {len(errors)} error finding(s)" if errors else ""),
+    }
+    verdict = evaluate_gate(calibrate_gate(cfg), metrics)
+    quarantine = [
+        {"env_id": spec.env_id, "content_hash": spec.content_hash, "family": spec.family, "reason": result.reason}
+        for spec, result in zip(variants, report.variants, strict=True)
+        if not result.stable
+    ]
+    wall_s = time.perf_counter() - started
+    summary = {
+        **metrics,
+        "variants": len(report.variants),
+        "passed": verdict.passed,
+        "gate": verdict.message,
+        "quarantine": {q["env_id"]: q["reason"] for q in quarantine},
+        "message": (verdict.message if not verdict.passed else "calibration gate passed")
+        + "\n"
+        + report.summary()
+        + (f"\n  mapping audit: {len(errors)} error finding(s)" if errors else ""),
+        **budget_metrics("calibrate", wall_s, cfg.calibrate.budget_s),
     }
     with atomic_dir(out_dir) as tmp:
-        write_json(tmp / "report.json", {"summary": summary, "variants": [v.to_dict() for v in report.variants]})
+        # no timings in the output: its md5 keys the variants stage (and the flow's phase cache)
+        stable = {k: v for k, v in summary.items() if not k.startswith("budget/")}
+        write_json(tmp / "report.json", {"summary": stable, "variants": [v.to_dict() for v in report.variants]})
         write_json(tmp / "reward_stats.json", reward_stats)
         write_json(tmp / "audit.json", findings)
+        write_json(tmp / QUARANTINE_FILE, {"variants": quarantine})
     if metrics_path is not None:
-        write_json(metrics_path, {"env_stability_score": report.env_stability_score, "failed": len(report.failed)})
+        budget = {k: v for k, v in summary.items() if k.startswith("budget/")}
+        # keys distinct from the other phases' metrics: the cycle's MLflow parent run carries them all
+        write_json(metrics_path, {**metrics, "calibrated_variants": len(report.variants), **budget})
     return summary
+
+
+def read_quarantine(calibration_dir: Path) -> list[dict[str, Any]]:
+    """The variants calibration quarantined (env_id, content_hash, family, reason); none if it has not run."""
+    path = Path(calibration_dir) / QUARANTINE_FILE
+    if not path.exists():
+        return []
+    return list(json.loads(path.read_text(encoding="utf-8"))["variants"])

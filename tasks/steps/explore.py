@@ -4,7 +4,10 @@ Only the catalogue's train split is explored (validation and test stay unseen un
 Called by ``agentflow explore`` (and so by the DVC stage) and by the Prefect task. Outputs
 (atomically, as one directory ``out_dir``): ``part-*.parquet`` shards and their ``_meta.json``
 card (``agentflow_core.rl.trajectories``), ``coverage.json`` (the token-transition graph and the
-coverage numbers). The exit metric ``state_coverage_ratio`` also goes to ``metrics_path``.
+coverage numbers). The exit metric ``state_coverage_ratio`` also goes to ``metrics_path``; the
+summary carries the Phase 1 gate's verdict (``passed``, ``gate``) over the tokens the catalogue's
+families can reach (``tasks.compose.reachable_tokens``), the unseen ones and the declared unreachable
+ones with their reasons.
 
 The behaviour policy is ε-greedy around ``explore.behaviour``: the current policy (by default: the
 network PPO will start from, initialised from ``base.seed``) or the scripted expert, with
@@ -14,6 +17,7 @@ coverage-driven ε-random legal actions. The expert alone first runs
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.evaluation.policy_eval import greedy_policy
+from agentflow_core.gates import evaluate_gate, explore_gate
 from agentflow_core.rl.checkpoint import load_checkpoint
 from agentflow_core.rl.coverage import CoverageTracker
 from agentflow_core.rl.exploration import ExploreProgress, explore
@@ -33,7 +38,15 @@ from agentflow_core.rl.trajectories import TrajectoryWriter
 from agentflow_core.semantics import VOCAB_VERSION
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import read_meta
-from tasks.compose import PoolFactory, build_pool, expert_policy_hash, reachable_tokens, reward_function
+from tasks.budgets import budget_metrics
+from tasks.compose import (
+    PoolFactory,
+    build_pool,
+    expert_policy_hash,
+    reachable_tokens,
+    reward_function,
+    unreachable_tokens,
+)
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.registry_io import load_registry
 
@@ -77,6 +90,7 @@ def run_explore(
     in that order (the priority variants, then the rest in catalogue order) instead of using
     ``pool.scheduler``. ``card`` adds entries to the dataset card.
     """
+    started = time.perf_counter()
     variants = read_splits(catalogue_path)["train"]
     seed = cfg.base.seed if seed is None else seed
     if priority:
@@ -86,6 +100,7 @@ def run_explore(
         registry = load_registry(cfg)
         class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
     tracker = CoverageTracker(reachable_tokens(class_paths))
+    unreachable = unreachable_tokens(class_paths)
     expert = ScriptedExpert()
     behaviour, behaviour_hash = behaviour_policy(cfg, warm_start)
     reward_cfg = cfg.train.reward
@@ -136,7 +151,20 @@ def run_explore(
         "failure_reasons": result.failure_reasons,
         "reward_model_failures": model_failures,
         "reachable_tokens": int(tracker.reachable.sum()),
+        "unseen_tokens": [n["token"] for n in result.coverage_graph["nodes"] if n["reachable"] and not n["visits"]],
+        "unreachable_tokens": unreachable,
     }
+    gate = explore_gate(cfg)
+    verdict = evaluate_gate(gate, summary)
+    summary.update(
+        passed=verdict.passed,
+        gate=verdict.message,
+        message=verdict.message
+        + (f"; unseen tokens: {', '.join(summary['unseen_tokens'])}" if summary["unseen_tokens"] else ""),
+        **budget_metrics(
+            "explore", time.perf_counter() - started, cfg.explore.budget_s, result.steps, gate.budget_steps
+        ),
+    )
     if metrics_path is not None:
         write_json(metrics_path, _metric_subset(summary))
     return summary
@@ -153,4 +181,5 @@ def _metric_subset(summary: Mapping[str, Any]) -> dict[str, float]:
         "mean_epsilon",
         "final_epsilon",
     )
-    return {k: float(summary[k]) for k in keys}
+    budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
+    return {**{k: float(summary[k]) for k in keys}, "remediation_steps": float(summary["remediation_steps"]), **budget}

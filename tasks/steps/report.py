@@ -10,7 +10,9 @@ the champion on a stable ``report.champion_slice`` of the catalogue and returns 
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,15 +31,27 @@ from agentflow_core.evaluation.consistency import (
     probe_observation,
 )
 from agentflow_core.evaluation.records import PolicyFn
-from agentflow_core.evaluation.report import build_report, render_html, render_markdown, report_tree, tree_text
+from agentflow_core.evaluation.report import (
+    build_report,
+    cycle_context,
+    render_html,
+    render_markdown,
+    report_tree,
+    tree_text,
+    verdict,
+)
 from agentflow_core.evaluation.robustness import consistency_variants
 from agentflow_core.evaluation.stress import StressRollout
+from agentflow_core.gates import declared_gates, evaluate_gate
 from agentflow_core.semantics import N_ACTIONS
 from agentflow_core.variants import VariantSpec
+from tasks.budgets import read_budgets
 from tasks.compose import PoolFactory, build_pool
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
+from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
+from tasks.steps.calibrate import read_quarantine
 
 
 def load_stress_summary(stress_dir: Path) -> dict[str, Any] | None:
@@ -46,21 +60,87 @@ def load_stress_summary(stress_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
+TRAIN_CURVE = "train_curves.png"
+
+
+def gate_rows(cfg: AgentFlowConfig, metrics_dir: Path) -> list[dict[str, Any]]:
+    """Every declared gate with what it enforces and its outcome, judged on the phases' metrics files."""
+    rows = []
+    for gate in declared_gates(cfg):
+        path = metrics_dir / f"{gate.phase}.json"
+        if path.exists():
+            outcome = evaluate_gate(gate, json.loads(path.read_text(encoding="utf-8"))).message
+        else:
+            outcome = "not run"
+        rows.append({"phase": gate.phase, "enforced": gate.describe(), "outcome": outcome})
+    return rows
+
+
+def training_summary(checkpoints: Path) -> dict[str, Any] | None:
+    """The headline of ``train_summary.json`` (test split: trained vs expert vs exploration; why it stopped)."""
+    path = checkpoints / "train_summary.json"
+    if not path.exists():
+        return None
+    t = json.loads(path.read_text(encoding="utf-8"))
+    keys = (
+        "test_process_success",
+        "test_payment_success",
+        "test_process_success_expert",
+        "test_payment_success_expert",
+        "test_process_success_exploration",
+        "test_payment_success_exploration",
+        "policy_convergence_flag",
+        "global_step",
+        "updates",
+    )
+    return {**{k: t[k] for k in keys}, "stop_reason": t.get("stop_reason", "step_budget")}
+
+
+def build_cycle(
+    cfg: AgentFlowConfig, stress: Mapping[str, Any], champion: Mapping[str, Any] | None, links: Mapping[str, str]
+) -> dict[str, Any]:
+    """The report's opening: verdict, date, commit, links, training, gates, budgets, quarantine."""
+    paths = DataPaths.of(cfg)
+    stress_gate_message = str(stress.get("gate", "stress gate failed"))
+    training = training_summary(paths.checkpoints)
+    if training is not None and (paths.checkpoints / "plots" / TRAIN_CURVE).exists():
+        training["plot"] = TRAIN_CURVE
+    return cycle_context(
+        verdict(bool(stress["passed"]), stress_gate_message, champion),
+        _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        git_tags()[GIT_COMMIT_TAG],
+        links,
+        training,
+        gate_rows(cfg, paths.metrics),
+        read_budgets(paths.metrics),
+        read_quarantine(paths.calibration),
+    )
+
+
 def write_report(
-    summary: Mapping[str, Any], out_dir: Path, formats: Sequence[str], champion: Mapping[str, Any] | None = None
+    summary: Mapping[str, Any],
+    out_dir: Path,
+    formats: Sequence[str],
+    champion: Mapping[str, Any] | None = None,
+    cycle: Mapping[str, Any] | None = None,
+    train_curve: Path | None = None,
 ) -> dict[str, Any]:
     """Render the report of a stress summary into ``out_dir`` (atomically); returns the document."""
     with atomic_dir(out_dir) as tmp:
         plots = write_plots(summary, tmp)
+        images: dict[str, bytes] = {}
+        if train_curve is not None and train_curve.exists():
+            shutil.copyfile(train_curve, tmp / TRAIN_CURVE)
+            images["training curve"] = train_curve.read_bytes()
         report = build_report(
-            summary, summary["policy"], summary.get("checkpoint"), summary["created_at"], plots, champion
+            summary, summary["policy"], summary.get("checkpoint"), summary["created_at"], plots, champion, cycle
         )
         if "json" in formats:
             write_json(tmp / "report.json", report)
         if "md" in formats:
             (tmp / "report.md").write_text(render_markdown(report), encoding="utf-8")
         if "html" in formats:
-            images = {name: (tmp / file).read_bytes() for name, file in plots.items()}
+            images |= {name: (tmp / file).read_bytes() for name, file in plots.items()}
             (tmp / "report.html").write_text(render_html(report, images), encoding="utf-8")
     return report
 
@@ -72,9 +152,10 @@ def run_report(
     out_dir: Path | None = None,
     *,
     champion: Mapping[str, Any] | None = None,
+    links: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write ``report.{json,md,html}`` and the plots of the stress summary of ``checkpoint``; returns the
-    metrics, verdict, tree and paths."""
+    metrics, verdict, tree and paths. The report opens with the cycle's verdict (:func:`build_cycle`)."""
     paths = DataPaths.of(cfg)
     stress_dir = stress_dir or paths.stress
     out_dir = out_dir or paths.reports
@@ -82,10 +163,15 @@ def run_report(
     summary = load_stress_summary(stress_dir)
     if summary is None or summary.get("checkpoint") != ref:
         raise AgentFlowError(f"no stress summary of {ref} in {stress_dir}: run `agentflow stress` for it first")
-    report = write_report(summary, out_dir, cfg.report.formats, champion)
+    cycle = build_cycle(cfg, summary, champion, links or {})
+    train_curve = paths.checkpoints / "plots" / TRAIN_CURVE
+    report = write_report(summary, out_dir, cfg.report.formats, champion, cycle, train_curve)
     return {
         **report["metrics"],
         "passed": report["passed"],
+        "gate": summary.get("gate", ""),
+        "verdict": cycle["verdict"],
+        "verdict_reason": cycle["reason"],
         "policy": report["policy"],
         "checkpoint": ref,
         "recommendation": report["recommendation"],

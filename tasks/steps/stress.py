@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,10 @@ from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
 from agentflow_core.evaluation.stress import StressRollout, stratified_sample
+from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.semantics import ACTIONS
 from agentflow_core.variants import VariantSpec
+from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
@@ -44,6 +47,7 @@ METRIC_KEYS = (
     "consistency",
     "success_rate",
     "crash_episodes",
+    "crash_rate",
     "matched_state_consistency",
     "consistency_random",
     "payment_success_rate",
@@ -188,6 +192,7 @@ def run_stress(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Stress-validate a checkpoint; write the records, summary and plots; return the summary."""
+    started = time.perf_counter()
     paths = DataPaths.of(cfg)
     out_dir = out_dir or paths.stress
     metrics_path = metrics_path or paths.metrics_file("stress")
@@ -197,12 +202,18 @@ def run_stress(
         cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
+    verdict = evaluate_gate(stress_gate(cfg), summary["metrics"])
+    summary["gate"] = verdict.message
+    summary["budget"] = budget_metrics("stress", time.perf_counter() - started, cfg.stress.budget_s)
     with atomic_dir(Path(out_dir)) as tmp:
         write_records(tmp, rollout.steps, rollout.episodes)
         summary["plots"] = write_plots(summary, tmp)
         write_json(tmp / "summary.json", summary)
     write_json(
         metrics_path,
-        {k: summary["metrics"][k] for k in METRIC_KEYS} | {"passed": summary["passed"]} | summary["breakdown_metrics"],
+        {k: summary["metrics"][k] for k in METRIC_KEYS}
+        | {"passed": summary["passed"]}
+        | summary["breakdown_metrics"]
+        | summary["budget"],
     )
     return summary

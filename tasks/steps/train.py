@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from agentflow_core.atomic import write_json, write_text
-from agentflow_core.config import AgentFlowConfig
+from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.evaluation.policy_eval import (
     EvalResult,
@@ -44,6 +44,7 @@ from agentflow_core.evaluation.policy_eval import (
     greedy_policy,
     stratified_eval_variants,
 )
+from agentflow_core.gates import evaluate_gate, train_gate
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker
@@ -54,6 +55,7 @@ from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
+from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, recovery_summary, reward_function
 
 EXPLORATION_EPSILON = 0.95
@@ -159,6 +161,7 @@ def run_train(
     bc_summary: dict[str, Any] = {"used": False}
     update_sps: list[float] = []  # this process's throughput per update (timing, so not in checkpoints)
     t_start = time.perf_counter()
+    stop_reason: str | None = None  # converged | step_budget | time_budget, whichever came first
     try:
         ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes) if resume else None
         if ckpt is not None:
@@ -166,6 +169,9 @@ def run_train(
             extra = ckpt.state["extra"]
             tracker.load_state_dict(extra["tracker"])
             curve, evals, bc_summary = extra["curve"], extra["evals"], extra["bc"]
+            # a converged run stays stopped; one cut by its step or time budget goes on to the new budget
+            if extra.get("stop_reason") == "converged" and tc.gate.stop_on_convergence:
+                stop_reason = "converged"
             untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
         else:
             if warm_start is not None:
@@ -185,7 +191,7 @@ def run_train(
                 {k: v.contiguous() for k, v in untrained.state_dict().items()}, str(ckpt_root / "untrained.safetensors")
             )
         num_updates = tc.num_updates
-        while ppo.update < num_updates:
+        while ppo.update < num_updates and stop_reason is None:
             metrics = ppo.train_iteration()
             update_sps.append(metrics["time/sps"])
             curve.append(
@@ -201,8 +207,9 @@ def run_train(
                     if k in metrics
                 }
             )
-            is_last = ppo.update == num_updates
-            new_best = False
+            over_time = time.perf_counter() - t_start >= tc.budget_s
+            is_last = ppo.update == num_updates or over_time
+            new_best = evaluated = False
             if ppo.update % tc.eval_every_updates == 0 or is_last:
                 result_eval = evaluate_policy(
                     eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=eval_seed + 7, dimensions=dimensions
@@ -211,13 +218,22 @@ def run_train(
                 evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
                 new_best = tracker.add(ppo.update, result_eval.process_success_rate, result_eval.mean_return)
                 sink.record(ppo.global_step, {**eval_metrics, "policy_convergence_flag": float(tracker.converged)})
-            if manager.due(ppo.update) or new_best or is_last:
-                extra = {"tracker": tracker.state_dict(), "curve": curve, "evals": evals, "bc": bc_summary}
+                evaluated = True
+            stop_reason = _stop_reason(tc, tracker, ppo.global_step, evaluated, over_time, ppo.update == num_updates)
+            if manager.due(ppo.update) or new_best or stop_reason is not None:
+                extra = {
+                    "tracker": tracker.state_dict(),
+                    "curve": curve,
+                    "evals": evals,
+                    "bc": bc_summary,
+                    "stop_reason": stop_reason,
+                }
                 path = manager.save(ppo, best_metric=tracker.best_metric if evals else None, extra=extra)
                 if new_best:
                     manager.mark_best(path)
             if on_update is not None:
                 on_update(ppo.update, num_updates, metrics)
+        stop_reason = stop_reason or "step_budget"
         best_ckpt = load_intact(ckpt_root, BEST, tc.hidden_sizes)
         assert best_ckpt is not None
         best = best_ckpt.path
@@ -251,6 +267,8 @@ def run_train(
         "validation_process_success": tracker.best_metric,
         **_test_summary(final),
         "policy_convergence_flag": tracker.converged,
+        "stop_reason": stop_reason,
+        "stopped_on_convergence": stop_reason == "converged",
         "evaluations": len(evals),
         "bc": bc_summary,
         "pool": recovery,
@@ -264,6 +282,14 @@ def run_train(
         "wall_s": time.perf_counter() - t_start,
         "update_sps": update_sps,
     }
+    gate = train_gate(cfg)
+    verdict = evaluate_gate(gate, {k: v for k, v in summary.items() if isinstance(v, int | float)})
+    summary.update(
+        passed=verdict.passed,
+        gate=verdict.message,
+        message=f"{verdict.message}; stopped on {stop_reason} after {ppo.global_step} steps ({ppo.update} updates)",
+        **budget_metrics("train", summary["wall_s"], tc.budget_s, ppo.global_step, gate.budget_steps),
+    )
     write_json(
         out_dir / "policy.json",
         {
@@ -294,6 +320,7 @@ METRIC_KEYS = (
     "test_payment_success_vs_expert",
     "validation_process_success",
     "policy_convergence_flag",
+    "stopped_on_convergence",
     "global_step",
     "updates",
 )
@@ -325,7 +352,19 @@ def _test_summary(final: dict[str, EvalResult]) -> dict[str, Any]:
 def train_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """``data/metrics/train.json`` (and the MLflow run's summary): headline numbers, then the test split's
     payment and process success per family and dimension value with their 95% Wilson bounds."""
-    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"]
+    budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
+    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"] | budget
+
+
+def _stop_reason(
+    tc: TrainConfig, tracker: ConvergenceTracker, global_step: int, evaluated: bool, over_time: bool, last: bool
+) -> str | None:
+    """Why training stops after this update, or None: convergence, then the time budget, then the step budget."""
+    if evaluated and tc.gate.stop_on_convergence and tracker.converged and global_step >= tc.gate.min_steps:
+        return "converged"
+    if over_time:
+        return "time_budget"
+    return "step_budget" if last else None
 
 
 def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:

@@ -3,7 +3,7 @@
 Called by ``agentflow variants`` (and so by the DVC stage) and by the Prefect task. Output,
 under ``data/variants/``: ``catalogue.parquet`` (one row per variant), ``splits.json`` (the
 train/validation/test split, ``agentflow_core.splits``) and ``_meta.json`` (the generator
-parameters, seed, counts by family and dimension overall and per split, the catalogue's sha256). The
+parameters, seed, the variants calibration quarantined (left out, with the reason), counts by family and dimension overall and per split, the catalogue's sha256). The
 variant count also goes to ``data/metrics/variants.json`` when a metrics path is given.
 """
 
@@ -18,9 +18,11 @@ from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.splits import write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta
+from tasks.budgets import budget_metrics
 from tasks.config_io import load_config
 from tasks.paths import DataPaths
 from tasks.registry_io import load_registry
+from tasks.steps.calibrate import read_quarantine
 
 
 def base_env_infos(cfg: AgentFlowConfig) -> list[BaseEnvInfo]:
@@ -36,9 +38,12 @@ def run_variants(
     started = time.perf_counter()
     v = cfg.variants
     bases = base_env_infos(cfg)
-    variants = generate_variants(
+    generated = generate_variants(
         bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, source=source
     )
+    quarantine = read_quarantine(DataPaths.of(cfg).calibration)
+    excluded = {q["content_hash"] for q in quarantine}
+    variants = [spec for spec in generated if spec.content_hash not in excluded]
     meta = {
         "generator": "agentflow_core.variants.generate_variants",
         "seed": cfg.base.seed,
@@ -46,6 +51,9 @@ def run_variants(
         "dimensions": v.dimensions,
         "perturbations": {name: spec.model_dump(exclude_none=True) for name, spec in v.perturbations.items()},
         "samples_per_combination": v.samples_per_combination,
+        "quarantined": [
+            {"env_id": q["env_id"], "content_hash": q["content_hash"], "reason": q["reason"]} for q in quarantine
+        ],
     }
     path, splits = write_split_catalogue(
         variants,
@@ -64,8 +72,10 @@ def run_variants(
         "by_dimension": card["counts"]["by_dimension"],
         "splits": {name: len(hashes) for name, hashes in splits.items()},
         "catalogue_sha256": card["catalogue_sha256"],
+        "quarantined": len(generated) - len(variants),
         "seconds": round(time.perf_counter() - started, 3),
     }
+    budget = budget_metrics("variants", time.perf_counter() - started, v.budget_s)
     if metrics_path is not None:
         write_json(
             metrics_path,
@@ -73,6 +83,8 @@ def run_variants(
                 "variants": summary["variants"],
                 "by_family": summary["by_family"],
                 **{f"{name}_variants": n for name, n in summary["splits"].items()},
+                "quarantined": summary["quarantined"],
+                **budget,
             },
         )
     return summary
