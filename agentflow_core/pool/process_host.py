@@ -1,0 +1,381 @@
+"""An env worker hosted in a child process, so a hung env step can be ended by killing it.
+
+A thread cannot be stopped from outside: :class:`~agentflow_core.pool.worker.BatchWatchdog` gives up
+on a hung step after ``step_timeout_s`` but the thread stays, and a busy-looping env keeps a core and
+half the GIL for the rest of the process. :class:`ProcessWorker` has the surface of an
+:class:`~agentflow_core.pool.worker.EnvWorker` (``reset``/``step``/``release``/``stats``/``close``)
+and runs the real ``EnvWorker`` in a child process started with ``spawn`` (no inherited threads or
+locks). The child's watchdog still answers a hung step as ``env_timeout`` after one step timeout and
+finishes the batch; the child is then *tainted* (it holds an abandoned thread) and is retired:
+
+- a replacement child is spawned in the background; new episodes keep starting on the tainted child
+  until the replacement has answered ``ready``, then they all start on the replacement;
+- the tainted child keeps stepping the episodes it already hosts (they are not lost) and is killed
+  once it hosts none, or after ``drain_s`` at the latest (its remaining slots then end as
+  ``worker_lost``);
+- a child that stops answering altogether (a C call that holds the GIL, a crash) is killed when its
+  heartbeat -- written before every env reset and step -- is older than twice the step timeout;
+  its slots in that call end as ``worker_lost`` and a replacement takes over.
+
+So a hang costs the pool one step timeout, never a thread or process that outlives the drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.pool.base import WORKER_LOST, EnvFactory, VariantLike
+from agentflow_core.pool.worker import EnvWorker, WorkerBatch
+
+logger = logging.getLogger("agentflow.pool")
+
+_CTX = multiprocessing.get_context("spawn")
+# counters a child reports that only make sense for the live process (not summed over retired children)
+_LIVE_KEYS = ("live", "active", "idle", "catalogue", "worker")
+
+
+class _HostedWorker(EnvWorker):
+    """The child's EnvWorker: stamps a shared heartbeat before each env reset and step."""
+
+    def __init__(self, heartbeat: Any, *args: Any) -> None:
+        super().__init__(*args)
+        self.heartbeat = heartbeat
+
+    def _reset_one(self, item: Any) -> Any:
+        self.heartbeat.value = time.monotonic()
+        return super()._reset_one(item)
+
+    def _step_one(self, item: Any) -> Any:
+        self.heartbeat.value = time.monotonic()
+        return super()._step_one(item)
+
+
+def _child_main(
+    conn: Connection,
+    heartbeat: Any,
+    factory: EnvFactory,
+    variants: Mapping[int, VariantLike],
+    max_live: int,
+    step_timeout_s: float,
+    worker_index: int,
+) -> None:
+    """The child's loop: one ``(method, args)`` request in, ``(ok, result, counters)`` out."""
+    worker = _HostedWorker(heartbeat, factory, variants, max_live, step_timeout_s, worker_index)
+    conn.send(("ready", None, worker.stats()))
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
+        if request is None:
+            break
+        method, args = request
+        heartbeat.value = time.monotonic()
+        try:
+            result: Any = getattr(worker, method)(*args)
+            reply: tuple[Any, ...] = (True, result, worker.stats())
+        except Exception as exc:  # handed back to the caller, who raises it
+            reply = (False, RuntimeError(f"{type(exc).__name__}: {exc}"), worker.stats())
+        conn.send(reply)
+    worker.close()
+
+
+@dataclass(eq=False)
+class _Child:
+    process: Any
+    conn: Connection
+    heartbeat: Any
+    ready: bool = False
+    tainted_at: float | None = None
+    slots: set[int] = field(default_factory=set)
+    counters: dict[str, Any] = field(default_factory=dict)
+    sent_at: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+
+class ChildLost(Exception):
+    """The child did not answer in time or died; it has been killed."""
+
+
+class ProcessWorker:
+    """An :class:`EnvWorker` in a killable child process (see the module docstring)."""
+
+    def __init__(
+        self,
+        factory: EnvFactory,
+        variants: Mapping[int, VariantLike],
+        max_live: int,
+        step_timeout_s: float,
+        worker_index: int = 0,
+        drain_s: float | None = None,
+    ) -> None:
+        self._args = (factory, dict(variants), int(max_live), float(step_timeout_s), int(worker_index))
+        self.worker_index = int(worker_index)
+        self.step_timeout_s = float(step_timeout_s)
+        # A hung child's heartbeat goes stale; its own watchdog answers after one step timeout.
+        self.stale_s = 2.0 * self.step_timeout_s
+        self.drain_s = float(drain_s) if drain_s is not None else max(20.0 * self.step_timeout_s, 10.0)
+        self.current = self._spawn()
+        self.spare: _Child | None = None
+        self.draining: list[_Child] = []
+        self._retired: dict[str, int] = {}
+        self.host_counters = {"children_started": 1, "children_retired": 0, "children_killed_hung": 0}
+        self._await_ready(self.current)
+
+    # ------------------------------------------------------------------ child lifecycle
+    def _spawn(self) -> _Child:
+        parent_conn, child_conn = _CTX.Pipe()
+        heartbeat = _CTX.RawValue("d", time.monotonic())
+        process = _CTX.Process(
+            target=_child_main,
+            args=(child_conn, heartbeat, *self._args),
+            name=f"agentflow-env-worker-{self._args[4]}",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        return _Child(process, parent_conn, heartbeat)
+
+    def _await_ready(self, child: _Child, timeout_s: float = 120.0) -> None:
+        if not child.conn.poll(timeout_s):
+            self._kill(child)
+            raise ChildLost(f"env worker {self.worker_index}: the child process did not start in {timeout_s:g} s")
+        self._take_ready(child)
+
+    def _take_ready(self, child: _Child) -> None:
+        tag, _, counters = child.conn.recv()
+        assert tag == "ready", tag
+        child.ready, child.counters = True, counters
+
+    def _kill(self, child: _Child) -> None:
+        """End the child's process (SIGKILL) and keep its last counters."""
+        if child.process.is_alive():
+            child.process.kill()
+        child.process.join(timeout=5.0)
+        child.conn.close()
+        for key, value in child.counters.items():
+            if key not in _LIVE_KEYS and isinstance(value, int | float):
+                self._retired[key] = self._retired.get(key, 0) + int(value)
+        child.counters = {}
+
+    def _children(self) -> list[_Child]:
+        return [self.current, *self.draining]
+
+    def _maintain(self) -> None:
+        """Swap in a ready spare for a tainted child; kill drained (or overdue) tainted children."""
+        if self.current.tainted_at is not None:
+            if self.spare is None:
+                self.spare = self._spawn()
+                self.host_counters["children_started"] += 1
+            if self.spare.conn.poll():
+                self._take_ready(self.spare)
+                self.draining.append(self.current)
+                self.current, self.spare = self.spare, None
+        now = time.monotonic()
+        for child in list(self.draining):
+            assert child.tainted_at is not None
+            if not child.slots or now - child.tainted_at > self.drain_s:
+                if child.slots:
+                    logger.warning(
+                        "env worker %d: tainted child %d still hosts %d episodes after %.1f s; killed",
+                        self.worker_index,
+                        child.pid,
+                        len(child.slots),
+                        self.drain_s,
+                    )
+                self.draining.remove(child)
+                self._kill(child)
+                self.host_counters["children_retired"] += 1
+
+    def _replace_lost(self, child: _Child) -> None:
+        """``child`` was killed mid-call: if it was the current one, a spare (or a new child) takes over."""
+        self.host_counters["children_killed_hung"] += 1
+        if child in self.draining:
+            self.draining.remove(child)
+            return
+        if self.spare is None:
+            self.spare = self._spawn()
+            self.host_counters["children_started"] += 1
+        self._await_ready(self.spare)
+        self.current, self.spare = self.spare, None
+
+    # ------------------------------------------------------------------ one request
+    def _send(self, child: _Child, method: str, *args: Any) -> None:
+        child.sent_at = time.monotonic()
+        try:
+            child.conn.send((method, args))
+        except OSError:  # the child died: _recv finds it dead and replaces it
+            logger.debug("env worker %d: send to child %d failed", self.worker_index, child.pid, exc_info=True)
+
+    def _recv(self, child: _Child) -> Any:
+        """The child's answer; kills the child (ChildLost) if its heartbeat goes stale or it dies."""
+        while not child.conn.poll(min(0.1, self.stale_s)):
+            beat = max(child.heartbeat.value, child.sent_at)
+            if not child.process.is_alive() or time.monotonic() - beat > self.stale_s:
+                logger.warning(
+                    "env worker %d: child %d gave no sign of life for %.1f s; killed",
+                    self.worker_index,
+                    child.pid,
+                    time.monotonic() - beat,
+                )
+                self._kill(child)
+                raise ChildLost(f"env worker {self.worker_index}: child {child.pid} hung or died")
+        try:
+            ok, result, counters = child.conn.recv()
+        except (EOFError, OSError) as exc:
+            self._kill(child)
+            raise ChildLost(f"env worker {self.worker_index}: child {child.pid} died") from exc
+        if counters.get("abandoned_threads", 0) > child.counters.get("abandoned_threads", 0):
+            child.tainted_at = child.tainted_at or time.monotonic()
+        child.counters = counters
+        if not ok:
+            raise result
+        return result
+
+    def _call(self, child: _Child, method: str, *args: Any) -> Any:
+        self._send(child, method, *args)
+        return self._recv(child)
+
+    # ------------------------------------------------------------------ the EnvWorker surface
+    def pid(self) -> int:
+        """OS process id of the child that starts new episodes."""
+        return self.current.pid
+
+    def ping(self) -> int:
+        """Answers with the worker index (the child is asked, so a hung child is found)."""
+        return int(self._call(self.current, "ping"))
+
+    def release(self, slots: Sequence[int] | np.ndarray) -> None:
+        """End the slots' episodes without stepping, wherever they are hosted."""
+        slots_list = np.asarray(slots, dtype=np.int64).tolist()
+        for child in self._children():
+            mine = [s for s in slots_list if s in child.slots]
+            if mine:
+                child.slots.difference_update(mine)
+                try:
+                    self._call(child, "release", np.asarray(mine, dtype=np.int64))
+                except ChildLost:
+                    self._replace_lost(child)
+        self._maintain()
+
+    def start(self, method: str, *args: Any) -> Callable[[], Any]:
+        """Send ``method`` to the children now and return the call that collects the answer.
+
+        The pool starts every worker's ``step``/``reset`` before it collects any, so the children
+        run in parallel; other methods run when collected.
+        """
+        if method == "step":
+            return self._step_start(*args)
+        if method == "reset":
+            return self._reset_start(*args)
+        return lambda: getattr(self, method)(*args)
+
+    def reset(self, slots: np.ndarray, variant_indices: np.ndarray, seeds: np.ndarray) -> WorkerBatch:
+        """Start the slots' episodes on the child that takes new episodes."""
+        out: WorkerBatch = self._reset_start(slots, variant_indices, seeds)()
+        return out
+
+    def _reset_start(self, slots: np.ndarray, variant_indices: np.ndarray, seeds: np.ndarray) -> Callable[[], Any]:
+        slots = np.asarray(slots, dtype=np.int64)
+        for draining in self.draining:  # a slot restarting here must not keep an episode on a retiring child
+            if draining.slots.intersection(slots.tolist()):
+                self.release([s for s in slots.tolist() if s in draining.slots])
+        child = self.current
+        self._send(child, "reset", slots, variant_indices, seeds)
+        return lambda: self._reset_finish(child, slots)
+
+    def _reset_finish(self, child: _Child, slots: np.ndarray) -> WorkerBatch:
+        try:
+            out: WorkerBatch = self._recv(child)
+        except ChildLost:
+            self._replace_lost(child)
+            out = WorkerBatch.empty(slots)
+            out.truncated[:] = True
+            out.failure_reason = [WORKER_LOST] * len(slots)
+            return out
+        child.slots.difference_update(slots.tolist())
+        child.slots.update(s for s, r in zip(slots.tolist(), out.failure_reason, strict=True) if r is None)
+        self._maintain()
+        return out
+
+    def step(self, slots: np.ndarray, actions: np.ndarray) -> WorkerBatch:
+        """Step each slot on the child hosting its episode (children in parallel); others are worker_lost."""
+        out: WorkerBatch = self._step_start(slots, actions)()
+        return out
+
+    def _step_start(self, slots: np.ndarray, actions: np.ndarray) -> Callable[[], Any]:
+        slots, actions = np.asarray(slots, dtype=np.int64), np.asarray(actions)
+        sent: list[tuple[_Child, np.ndarray]] = []
+        slot_list = slots.tolist()
+        for child in self._children():
+            rows = np.flatnonzero([s in child.slots for s in slot_list]) if child.slots else np.empty(0, np.int64)
+            if rows.size:
+                sent.append((child, rows))
+                self._send(child, "step", slots[rows], actions[rows])
+        return lambda: self._step_finish(slots, sent)
+
+    def _step_finish(self, slots: np.ndarray, sent: list[tuple[_Child, np.ndarray]]) -> WorkerBatch:
+        out = WorkerBatch.empty(slots)
+        out.truncated[:] = True
+        out.failure_reason = [WORKER_LOST] * len(slots)
+        for child, rows in sent:
+            try:
+                part: WorkerBatch = self._recv(child)
+            except ChildLost:
+                child.slots.clear()
+                self._replace_lost(child)
+                continue
+            _place(out, rows, part)
+            ended = part.slots[part.terminated | part.truncated]
+            child.slots.difference_update(ended.tolist())
+        self._maintain()
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """The EnvWorker counters summed over every child this worker ran, plus the host's own counters."""
+        fresh = self._call(self.current, "stats")
+        merged: dict[str, Any] = {**fresh, "worker": self.worker_index}
+        for child in self.draining:
+            for key, value in child.counters.items():
+                if isinstance(value, int | float) and key != "worker":
+                    merged[key] = merged.get(key, 0) + value
+        for key, value in self._retired.items():
+            merged[key] = merged.get(key, 0) + value
+        alive = [c for c in (*self._children(), self.spare) if c is not None and c.process.is_alive()]
+        merged.update(self.host_counters, child_pids=[c.pid for c in alive])
+        return merged
+
+    def close(self) -> None:
+        """Close the envs of every child and end the child processes."""
+        for child in (*self._children(), self.spare):
+            if child is None:
+                continue
+            if child.tainted_at is None and child.process.is_alive():
+                try:
+                    child.conn.send(None)
+                    child.process.join(timeout=2.0)
+                except (OSError, BrokenPipeError):
+                    pass
+            self._kill(child)
+        self.draining.clear()
+        self.spare = None
+
+
+def _place(out: WorkerBatch, rows: np.ndarray, part: WorkerBatch) -> None:
+    """Write ``part`` (one child's answer) into ``out`` at positions ``rows``."""
+    out.obs[rows], out.action_mask[rows], out.reward[rows] = part.obs, part.action_mask, part.reward
+    out.terminated[rows], out.truncated[rows] = part.terminated, part.truncated
+    out.step_id[rows], out.risk[rows] = part.step_id, part.risk
+    for row, reason in zip(rows.tolist(), part.failure_reason, strict=True):
+        out.failure_reason[row] = reason

@@ -1,0 +1,129 @@
+"""Hangs cannot freeze the in-process pool with ``pool.step_isolation: process``.
+
+Each env worker runs in a child process (:mod:`agentflow_core.pool.process_host`). A sleeping or
+busy-looping env step ends its own episode as ``env_timeout`` after one step timeout; the child
+that held the abandoned thread is retired once its other episodes end (they are not lost) and no
+thread or process is left behind. The wall-clock bounds are generous (3x the step timeout), so they
+stay in the default suite.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from pool_fixtures import Fault, TinyFactory, tiny_variants
+
+from agentflow_core.config import PoolConfig
+from agentflow_core.pool.inprocess import InProcessPool
+from agentflow_core.semantics import SemanticAction
+
+LOGIN, VIEW, PAY = int(SemanticAction.LOGIN), int(SemanticAction.VIEW_PRODUCT), int(SemanticAction.SUBMIT_PAYMENT)
+TIMEOUT_S = 0.5
+
+
+def _pool(kind: str, n: int = 4, faulty_slot: int = 1, hang_s: float = 30.0) -> InProcessPool:
+    variants = tiny_variants(n)
+    factory = TinyFactory(faults={variants[faulty_slot].env_id: Fault(kind, at_step=2, hang_s=hang_s)})
+    cfg = PoolConfig(
+        num_workers=2,
+        backend="inprocess",
+        step_isolation="process",
+        scheduler="round_robin",
+        step_timeout_s=TIMEOUT_S,
+        quarantine_after=1,
+    )
+    return InProcessPool(variants, factory, n, cfg, seed=0)
+
+
+def _children() -> set[int]:
+    """Child processes of this test process, less multiprocessing's one resource tracker (it lives as long as we do)."""
+    return {
+        c.pid
+        for c in psutil.Process().children(recursive=True)
+        if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline())
+    }
+
+
+@pytest.mark.parametrize("kind", ["hang", "spin"])
+def test_a_hung_step_costs_one_timeout_and_leaves_no_thread_or_process(kind: str) -> None:
+    threads_before, children_before = threading.active_count(), _children()
+    pool = _pool(kind)
+    pids_at_start = {p for w in pool.workers for p in w.stats()["child_pids"]}
+    pool.reset(seed=0)
+    pool.step(np.full(4, LOGIN))
+    started = time.perf_counter()
+    batch = pool.step(np.full(4, VIEW))  # slot 1's env hangs for 30 s on its 2nd step
+    assert time.perf_counter() - started < 3 * TIMEOUT_S
+    assert batch.infos[1]["failure_reason"] == "env_timeout" and batch.truncated.tolist() == [False, True, False, False]
+    hung_pid = pool.workers[pool.worker_of[1]].pid()
+    # The other episodes carry on (the hung env's child still hosts some of them) and finish.
+    for _ in range(3):
+        batch = pool.step(np.full(4, VIEW))
+    assert [batch.infos[s]["step_id"] for s in (0, 2, 3)] == [5, 5, 5]
+    batch = pool.step(np.full(4, PAY))
+    assert all(batch.infos[s]["success"] for s in (0, 2, 3))
+    stats = pool.stats()
+    assert stats["env_timeout"] == 1 and stats["worker_lost"] == 0 and stats["quarantined"] == {
+        "tiny_shop_v1_0001": "env_timeout"
+    }
+    deadline = time.monotonic() + 30
+    while hung_pid in {p for w in pool.workers for p in w.stats()["child_pids"]}:  # retired after the spare is up
+        assert time.monotonic() < deadline, "the tainted child was never retired"
+        pool.step(np.full(4, VIEW))
+        time.sleep(0.05)
+    assert not psutil.pid_exists(hung_pid) or psutil.Process(hung_pid).status() == psutil.STATUS_ZOMBIE
+    assert sum(w.stats()["children_retired"] for w in pool.workers) == 1
+    for _ in range(10):  # the pool goes on stepping on the replacement
+        batch = pool.step(np.full(4, PAY if _ % 2 else LOGIN))
+    pool.close()
+    assert not (_children() - children_before), "a child process outlived the pool"
+    assert not pids_at_start & _children()
+    assert threading.active_count() <= threads_before + 1  # no abandoned env-step thread in this process
+
+
+def test_a_child_that_stops_answering_is_killed_and_replaced() -> None:
+    pool = _pool("crash")
+    pool.reset(seed=0)
+    worker = pool.workers[0]
+    victim = worker.pid()
+    psutil.Process(victim).suspend()  # like a C call holding the GIL: no heartbeat, no answer
+    started = time.perf_counter()
+    batch = pool.step(np.full(4, LOGIN))
+    assert time.perf_counter() - started < 3 * 2 * TIMEOUT_S  # stale heartbeat: twice the step timeout
+    lost = [i for i, info in enumerate(batch.infos) if info["failure_reason"] == "worker_lost"]
+    assert lost, "the suspended child's slots should end as worker_lost"
+    assert worker.pid() != victim and worker.stats()["children_killed_hung"] == 1
+    assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
+    batch = pool.step(np.full(4, LOGIN))
+    assert not [i for i in batch.infos if i["failure_reason"] == "worker_lost"]
+    pool.close()
+
+
+def test_process_isolation_steps_like_threads_on_healthy_envs() -> None:
+    variants = tiny_variants(6)
+    pools = [
+        InProcessPool(
+            variants,
+            TinyFactory(),
+            6,
+            PoolConfig(num_workers=2, backend="inprocess", step_isolation=mode, scheduler="round_robin"),
+            seed=3,
+        )
+        for mode in ("thread", "process")
+    ]
+    batches = [p.reset(seed=3) for p in pools]
+    assert np.array_equal(batches[0].obs, batches[1].obs)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        actions = rng.integers(0, 3, size=6)
+        actions = np.array([(LOGIN, VIEW, PAY)[a] for a in actions])
+        a, b = (p.step(actions) for p in pools)
+        assert np.array_equal(a.obs, b.obs) and np.array_equal(a.reward, b.reward)
+        assert np.array_equal(a.terminated, b.terminated) and np.array_equal(a.truncated, b.truncated)
+        assert [i["env_id"] for i in a.infos] == [i["env_id"] for i in b.infos]
+    for p in pools:
+        p.close()
