@@ -261,3 +261,37 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     train(params, total_steps=None, repeat=repeat)
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
+
+
+@bench_app.command("soak")
+def soak(
+    params: Path = PARAMS_OPTION,
+    seconds: float = typer.Option(45.0, min=1.0, help="Seconds each side (clean, faulty, clean) steps."),
+    num_envs: int = typer.Option(300, min=1, help="Live envs (pool slots)."),
+    n_variants: int = typer.Option(300, min=8, help="Catalogue variants sampled for the soak."),
+    share: float = typer.Option(0.01, min=0.0, max=0.2, help="Share of the variants faulty per fault kind."),
+    step_timeout_s: float = typer.Option(0.25, min=0.01, help="pool.step_timeout_s for the soak."),
+    isolation: str = typer.Option("process", help="pool.step_isolation: process or thread."),
+) -> None:
+    """Soak: the in-process pool for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)."""
+    import logging
+
+    from tasks.bench.soak_bench import TARGETS, run_soak_bench
+    from tasks.cli_pool import catalogue_and_factory
+
+    cfg = config_or_exit(params)
+    logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the faulty side fails on purpose
+    pool_cfg = cfg.pool.model_copy(
+        update={"backend": "inprocess", "step_isolation": isolation, "step_timeout_s": step_timeout_s}
+    )
+    variants, factory = catalogue_and_factory(cfg)
+    result = run_soak_bench(
+        list(variants), factory, pool_cfg, num_envs, n_variants, seconds, share, seed=cfg.base.seed
+    )
+    write_json(BENCH_DIR / "soak.json", result)
+    for key in ("clean_env_steps_per_s", "faulty_env_steps_per_s", "throughput_ratio", "healthy_episodes_lost"):
+        target = TARGETS.get(key)
+        met = result["met"].get(key)
+        typer.echo(f"{key}: {_fmt(result[key])}" + ("" if target is None else f" (target {target}, met: {met})"))
+    faulty = result["runs"]["faulty"]
+    typer.echo(f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s")

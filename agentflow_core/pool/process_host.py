@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,19 +44,40 @@ _LIVE_KEYS = ("live", "active", "idle", "catalogue", "worker")
 
 
 class _HostedWorker(EnvWorker):
-    """The child's EnvWorker: stamps a shared heartbeat before each env reset and step."""
+    """The child's EnvWorker: stamps a shared heartbeat before each env reset and step, and knows
+    which threads are still inside one after the watchdog gave up on them (and how much CPU they burn)."""
 
     def __init__(self, heartbeat: Any, *args: Any) -> None:
         super().__init__(*args)
         self.heartbeat = heartbeat
+        self._inside: set[threading.Thread] = set()
 
     def _reset_one(self, item: Any) -> Any:
-        self.heartbeat.value = time.monotonic()
-        return super()._reset_one(item)
+        return self._stamped(super()._reset_one, item)
 
     def _step_one(self, item: Any) -> Any:
+        return self._stamped(super()._step_one, item)
+
+    def _stamped(self, fn: Callable[[Any], Any], item: Any) -> Any:
         self.heartbeat.value = time.monotonic()
-        return super()._step_one(item)
+        me = threading.current_thread()
+        self._inside.add(me)
+        try:
+            return fn(item)
+        finally:
+            self._inside.discard(me)
+
+    def stats(self) -> dict[str, Any]:
+        """EnvWorker stats plus the CPU seconds used by abandoned threads (a spinning hang burns them)."""
+        # Called between batches: any thread still inside an env call was abandoned by the watchdog.
+        stuck = [t for t in list(self._inside) if t.is_alive() and t.ident is not None]
+        cpu = 0.0
+        for thread in stuck:
+            try:
+                cpu += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
+            except (OSError, ProcessLookupError):  # the thread ended meanwhile
+                continue
+        return {**super().stats(), "abandoned_alive": len(stuck), "abandoned_cpu_s": cpu}
 
 
 def _child_main(
@@ -123,14 +145,23 @@ class ProcessWorker:
         self._args = (factory, dict(variants), int(max_live), float(step_timeout_s), int(worker_index))
         self.worker_index = int(worker_index)
         self.step_timeout_s = float(step_timeout_s)
-        # A hung child's heartbeat goes stale; its own watchdog answers after one step timeout.
-        self.stale_s = 2.0 * self.step_timeout_s
+        # A hung child's own watchdog answers after one step timeout; its heartbeat is stale only when the
+        # whole child is stuck (a C call holding the GIL) or gone. The margin absorbs a loaded machine.
+        self.stale_s = self.step_timeout_s + max(self.step_timeout_s, 2.0)
         self.drain_s = float(drain_s) if drain_s is not None else max(20.0 * self.step_timeout_s, 10.0)
+        # an abandoned thread that used this much CPU is spinning: its child goes at once, not after a drain
+        self.spin_cpu_s = 0.25 * self.step_timeout_s
         self.current = self._spawn()
-        self.spare: _Child | None = None
+        self.spare: _Child | None = self._spawn()  # boots meanwhile: a replacement is ready when needed
         self.draining: list[_Child] = []
         self._retired: dict[str, int] = {}
-        self.host_counters = {"children_started": 1, "children_retired": 0, "children_killed_hung": 0}
+        self.host_counters = {
+            "children_started": 2,
+            "children_retired": 0,
+            "children_killed_spinning": 0,
+            "children_killed_hung": 0,
+            "episodes_lost_with_child": 0,
+        }
         self._await_ready(self.current)
 
     # ------------------------------------------------------------------ child lifecycle
@@ -172,43 +203,63 @@ class ProcessWorker:
     def _children(self) -> list[_Child]:
         return [self.current, *self.draining]
 
+    def _new_spare(self) -> None:
+        if self.spare is None:
+            self.spare = self._spawn()
+            self.host_counters["children_started"] += 1
+
     def _maintain(self) -> None:
-        """Swap in a ready spare for a tainted child; kill drained (or overdue) tainted children."""
+        """Swap in a ready spare for a tainted child; kill drained, spinning or overdue tainted children.
+
+        A child whose abandoned thread sleeps (or waits on I/O) costs nothing while its other episodes
+        run to their end. One whose abandoned thread spins takes a core and, through the GIL, slows every
+        env call of that child, so the whole synchronous pool step: it is killed at once and its
+        remaining episodes end as ``worker_lost``.
+        """
         if self.current.tainted_at is not None:
-            if self.spare is None:
-                self.spare = self._spawn()
-                self.host_counters["children_started"] += 1
-            if self.spare.conn.poll():
-                self._take_ready(self.spare)
+            self._new_spare()
+            assert self.spare is not None
+            if self.spare.ready or self.spare.conn.poll():
+                if not self.spare.ready:
+                    self._take_ready(self.spare)
                 self.draining.append(self.current)
                 self.current, self.spare = self.spare, None
+                self._new_spare()
         now = time.monotonic()
         for child in list(self.draining):
             assert child.tainted_at is not None
-            if not child.slots or now - child.tainted_at > self.drain_s:
-                if child.slots:
-                    logger.warning(
-                        "env worker %d: tainted child %d still hosts %d episodes after %.1f s; killed",
-                        self.worker_index,
-                        child.pid,
-                        len(child.slots),
-                        self.drain_s,
-                    )
-                self.draining.remove(child)
-                self._kill(child)
-                self.host_counters["children_retired"] += 1
+            spinning = child.counters.get("abandoned_cpu_s", 0.0) >= self.spin_cpu_s
+            if child.slots and not spinning and now - child.tainted_at <= self.drain_s:
+                continue
+            if child.slots:
+                logger.warning(
+                    "env worker %d: tainted child %d killed (%s) with %d episodes",
+                    self.worker_index,
+                    child.pid,
+                    "its abandoned thread spins" if spinning else f"still draining after {self.drain_s:g} s",
+                    len(child.slots),
+                )
+                self.host_counters["episodes_lost_with_child"] += len(child.slots)
+            self.host_counters["children_killed_spinning"] += spinning
+            self.draining.remove(child)
+            self._kill(child)
+            child.slots.clear()
+            self.host_counters["children_retired"] += 1
 
     def _replace_lost(self, child: _Child) -> None:
         """``child`` was killed mid-call: if it was the current one, a spare (or a new child) takes over."""
         self.host_counters["children_killed_hung"] += 1
+        self.host_counters["episodes_lost_with_child"] += len(child.slots)
+        child.slots.clear()
         if child in self.draining:
             self.draining.remove(child)
             return
-        if self.spare is None:
-            self.spare = self._spawn()
-            self.host_counters["children_started"] += 1
-        self._await_ready(self.spare)
+        self._new_spare()
+        assert self.spare is not None
+        if not self.spare.ready:
+            self._await_ready(self.spare)
         self.current, self.spare = self.spare, None
+        self._new_spare()
 
     # ------------------------------------------------------------------ one request
     def _send(self, child: _Child, method: str, *args: Any) -> None:
@@ -333,7 +384,6 @@ class ProcessWorker:
             try:
                 part: WorkerBatch = self._recv(child)
             except ChildLost:
-                child.slots.clear()
                 self._replace_lost(child)
                 continue
             _place(out, rows, part)
