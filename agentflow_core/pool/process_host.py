@@ -50,7 +50,8 @@ class _HostedWorker(EnvWorker):
     def __init__(self, heartbeat: Any, *args: Any) -> None:
         super().__init__(*args)
         self.heartbeat = heartbeat
-        self._inside: set[threading.Thread] = set()
+        self._inside: dict[threading.Thread, float] = {}  # thread in an env call -> its CPU time at the call's start
+        self._waited: set[threading.Thread] = set()  # abandoned threads already given their moment to exit
 
     def _reset_one(self, item: Any) -> Any:
         return self._stamped(super()._reset_one, item)
@@ -61,23 +62,31 @@ class _HostedWorker(EnvWorker):
     def _stamped(self, fn: Callable[[Any], Any], item: Any) -> Any:
         self.heartbeat.value = time.monotonic()
         me = threading.current_thread()
-        self._inside.add(me)
+        self._inside[me] = time.thread_time()
         try:
             return fn(item)
         finally:
-            self._inside.discard(me)
+            self._inside.pop(me, None)
 
     def stats(self) -> dict[str, Any]:
-        """EnvWorker stats plus the CPU seconds used by abandoned threads (a spinning hang burns them)."""
-        # Called between batches: any thread still inside an env call was abandoned by the watchdog.
-        stuck = [t for t in list(self._inside) if t.is_alive() and t.ident is not None]
-        cpu = 0.0
-        for thread in stuck:
+        """EnvWorker stats plus the abandoned threads still alive and the CPU they used in their env call.
+
+        Called between batches: any thread still inside an env call was abandoned by the watchdog,
+        which has already interrupted it; one that looped in Python is given a moment to exit.
+        """
+        cpu, alive = 0.0, 0
+        for thread, started in list(self._inside.items()):
+            if thread not in self._waited:
+                self._waited.add(thread)
+                thread.join(timeout=0.05)
+            if not thread.is_alive() or thread.ident is None:
+                continue
             try:
-                cpu += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
+                cpu += time.clock_gettime(time.pthread_getcpuclockid(thread.ident)) - started
             except (OSError, ProcessLookupError):  # the thread ended meanwhile
                 continue
-        return {**super().stats(), "abandoned_alive": len(stuck), "abandoned_cpu_s": cpu}
+            alive += 1
+        return {**super().stats(), "abandoned_alive": alive, "abandoned_cpu_s": cpu}
 
 
 def _child_main(
@@ -91,6 +100,12 @@ def _child_main(
 ) -> None:
     """The child's loop: one ``(method, args)`` request in, ``(ok, result, counters)`` out."""
     worker = _HostedWorker(heartbeat, factory, variants, max_live, step_timeout_s, worker_index)
+    # A fresh process imports env modules, starts servers and builds templates on its first env of
+    # each base env: done here, before "ready", so a first real step does not run into the step timeout.
+    first_of_base: dict[str, int] = {}
+    for v, spec in variants.items():
+        first_of_base.setdefault(spec.base_env_id, v)
+    worker.prewarm({v: variants[v] for v in first_of_base.values()}, seed=0)
     conn.send(("ready", None, worker.stats()))
     while True:
         try:
@@ -287,8 +302,8 @@ class ProcessWorker:
         except (EOFError, OSError) as exc:
             self._kill(child)
             raise ChildLost(f"env worker {self.worker_index}: child {child.pid} died") from exc
-        if counters.get("abandoned_threads", 0) > child.counters.get("abandoned_threads", 0):
-            child.tainted_at = child.tainted_at or time.monotonic()
+        if counters.get("abandoned_alive", 0) and child.tainted_at is None:
+            child.tainted_at = time.monotonic()
         child.counters = counters
         if not ok:
             raise result

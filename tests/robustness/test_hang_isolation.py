@@ -78,26 +78,52 @@ def test_a_sleeping_hang_costs_one_timeout_and_leaves_no_thread_or_process() -> 
     assert threading.active_count() <= threads_before + 1  # no abandoned env-step thread in this process
 
 
-def test_a_spinning_hang_costs_one_timeout_and_its_child_goes_at_once() -> None:
-    children_before = _children()
+def test_a_spinning_hang_costs_one_timeout_and_its_thread_ends_in_the_child() -> None:
     pool = _pool("spin")
     pool.reset(seed=0)
     pool.step(np.full(4, LOGIN))
-    spinning_pid = pool.workers[pool.worker_of[1]].current.pid
+    host = pool.workers[pool.worker_of[1]]
+    child_pid = host.current.pid
     started = time.perf_counter()
     batch = pool.step(np.full(4, VIEW))  # slot 1's env busy-loops for 30 s on its 2nd step
     assert time.perf_counter() - started < 3 * TIMEOUT_S
     assert batch.infos[1]["failure_reason"] == "env_timeout"
-    _wait_retired(pool, spinning_pid)
-    stats = pool.stats()
-    assert sum(w["children_killed_spinning"] for w in stats["workers"]) == 1
-    # Episodes that shared the spinning child end as worker_lost, never as a failure of their variant.
-    assert stats["failing_variants"] == {"tiny_shop_v1_0001": 1}
+    stats = host.stats()
+    # The watchdog interrupted the looping step: its thread is gone, so the child stays and nothing is lost.
+    assert stats["abandoned_threads"] == 1 and stats["abandoned_alive"] == 0
+    assert host.current.pid == child_pid and stats["children_retired"] == 0
+    assert psutil.Process(child_pid).num_threads() <= _threads_of_an_idle_child(pool)
     for t in range(10):
         batch = pool.step(np.full(4, PAY if t % 2 else LOGIN))
-    assert not [i for i in batch.infos if i["failure_reason"] in ("worker_lost", "env_timeout")]
+    stats = pool.stats()
+    assert stats["worker_lost"] == 0 and stats["failing_variants"] == {"tiny_shop_v1_0001": 1}
     pool.close()
-    assert not (_children() - children_before), "a child process outlived the pool"
+
+
+def test_the_in_process_watchdog_ends_a_busy_looping_step_too() -> None:
+    """Default isolation (threads, also inside each Ray actor): a step looping in Python leaves no thread."""
+    variants = tiny_variants(4)
+    factory = TinyFactory(faults={variants[1].env_id: Fault("spin", at_step=2, hang_s=30.0)})
+    cfg = PoolConfig(num_workers=2, backend="inprocess", scheduler="round_robin", step_timeout_s=TIMEOUT_S)
+    pool = InProcessPool(variants, factory, 4, cfg, seed=0)
+    pool.reset(seed=0)
+    pool.step(np.full(4, LOGIN))
+    before = threading.active_count()
+    started = time.perf_counter()
+    batch = pool.step(np.full(4, VIEW))
+    assert time.perf_counter() - started < 3 * TIMEOUT_S
+    assert batch.infos[1]["failure_reason"] == "env_timeout"
+    deadline = time.monotonic() + 3 * TIMEOUT_S
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() <= before  # the abandoned thread ended; only its replacement runs
+    assert pool.stats()["env_timeout"] == 1
+    pool.close()
+
+
+def _threads_of_an_idle_child(pool: InProcessPool) -> int:
+    other = pool.workers[1 - pool.worker_of[1]]
+    return psutil.Process(other.current.pid).num_threads() + 1  # the hung child started one more helper
 
 
 def _wait_retired(pool: InProcessPool, pid: int) -> None:
