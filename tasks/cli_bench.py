@@ -289,7 +289,8 @@ def soak(
         list(variants), factory, pool_cfg, num_envs, n_variants, seconds, share, seed=cfg.base.seed
     )
     write_json(BENCH_DIR / "soak.json", result)
-    for key in ("clean_env_steps_per_s", "faulty_env_steps_per_s", "throughput_ratio", "healthy_episodes_lost"):
+    keys = ("clean_env_steps_per_s", "faulty_env_steps_per_s", "throughput_ratio", "extra_healthy_episodes_lost")
+    for key in keys:
         target = TARGETS.get(key)
         met = result["met"].get(key)
         typer.echo(f"{key}: {_fmt(result[key])}" + ("" if target is None else f" (target {target}, met: {met})"))

@@ -93,6 +93,7 @@ class BatchWatchdog:
         self.timeout_s = float(timeout_s)
         self.abandoned_threads = 0
         self._queue: queue.SimpleQueue[_Job | None] | None = None
+        self._stuck: list[threading.Thread] = []  # abandoned threads not yet seen to end
 
     def _spawn(self) -> queue.SimpleQueue[_Job | None]:
         jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -131,6 +132,8 @@ class BatchWatchdog:
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``[fn(item) or the exception it raised or TIMED_OUT]`` in item order."""
         results: list[Any] = [None] * len(items)
+        if self._stuck:  # an interrupt can be swallowed (it may land in a __del__ or weakref callback): ask again
+            self._stuck = [t for t in self._stuck if t.is_alive() and interrupt_thread(t)]
         start = 0
         while start < len(items):
             if self._queue is None:
@@ -150,7 +153,8 @@ class BatchWatchdog:
                         start = job.current + 1
                         self._queue = None  # the stuck thread keeps its queue; the next job gets a new thread
                         self.abandoned_threads += 1
-                        interrupt_thread(job.thread)  # a step looping in Python ends now, not never
+                        if interrupt_thread(job.thread):  # a step looping in Python ends now, not never
+                            self._stuck.append(job.thread)  # type: ignore[arg-type]
                         break
         return results
 
