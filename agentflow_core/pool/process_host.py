@@ -5,19 +5,24 @@ on a hung step after ``step_timeout_s`` but the thread stays, and a busy-looping
 half the GIL for the rest of the process. :class:`ProcessWorker` has the surface of an
 :class:`~agentflow_core.pool.worker.EnvWorker` (``reset``/``step``/``release``/``stats``/``close``)
 and runs the real ``EnvWorker`` in a child process started with ``spawn`` (no inherited threads or
-locks). The child's watchdog still answers a hung step as ``env_timeout`` after one step timeout and
-finishes the batch; the child is then *tainted* (it holds an abandoned thread) and is retired:
+locks). The child's watchdog answers a hung step as ``env_timeout`` after one step timeout,
+finishes the batch and interrupts the stuck thread: one looping in Python code ends at once, one
+blocked in a C call (a sleep, a socket read) ends when the call returns and meanwhile costs no CPU.
+A child is *tainted* when an abandoned thread keeps burning CPU (a loop in C code that releases the
+GIL) or more than ``max_abandoned_alive`` of them are alive at once; it is then retired:
 
-- a replacement child is spawned in the background; new episodes keep starting on the tainted child
-  until the replacement has answered ``ready``, then they all start on the replacement;
-- the tainted child keeps stepping the episodes it already hosts (they are not lost) and is killed
-  once it hosts none, or after ``drain_s`` at the latest (its remaining slots then end as
-  ``worker_lost``);
+- a spare child, started ahead of need, takes the new episodes at once (a new spare boots in the
+  background);
+- a tainted child whose thread spins is killed at once (its remaining episodes end as
+  ``worker_lost``); otherwise it keeps stepping the episodes it hosts (they are not lost) and is
+  killed once it hosts none, or after ``drain_s`` at the latest;
 - a child that stops answering altogether (a C call that holds the GIL, a crash) is killed when its
-  heartbeat -- written before every env reset and step -- is older than twice the step timeout;
-  its slots in that call end as ``worker_lost`` and a replacement takes over.
+  heartbeat -- written before every env reset and step -- is older than the step timeout plus a
+  margin (``stale_s``); its slots in that call end as ``worker_lost`` and the spare takes over.
 
-So a hang costs the pool one step timeout, never a thread or process that outlives the drain.
+So a hang costs the pool one step timeout (one the child cannot answer: the step timeout plus the
+margin); the only threads that outlive it are ones blocked in a C call, until that call returns, at
+most ``max_abandoned_alive`` per child; no child outlives its drain or the pool.
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ class ProcessWorker:
         step_timeout_s: float,
         worker_index: int = 0,
         drain_s: float | None = None,
+        max_abandoned_alive: int = 8,
     ) -> None:
         self._args = (factory, dict(variants), int(max_live), float(step_timeout_s), int(worker_index))
         self.worker_index = int(worker_index)
@@ -166,6 +172,9 @@ class ProcessWorker:
         self.drain_s = float(drain_s) if drain_s is not None else max(20.0 * self.step_timeout_s, 10.0)
         # an abandoned thread that used this much CPU is spinning: its child goes at once, not after a drain
         self.spin_cpu_s = 0.25 * self.step_timeout_s
+        # abandoned threads blocked in a C call (a sleep, a read) cost no CPU and end when the call returns;
+        # past this many at once the child is retired all the same
+        self.max_abandoned_alive = int(max_abandoned_alive)
         self.current = self._spawn()
         self.spare: _Child | None = self._spawn()  # boots meanwhile: a replacement is ready when needed
         self.draining: list[_Child] = []
@@ -302,7 +311,10 @@ class ProcessWorker:
         except (EOFError, OSError) as exc:
             self._kill(child)
             raise ChildLost(f"env worker {self.worker_index}: child {child.pid} died") from exc
-        if counters.get("abandoned_alive", 0) and child.tainted_at is None:
+        if child.tainted_at is None and (
+            counters.get("abandoned_alive", 0) > self.max_abandoned_alive
+            or counters.get("abandoned_cpu_s", 0.0) >= self.spin_cpu_s
+        ):
             child.tainted_at = time.monotonic()
         child.counters = counters
         if not ok:
