@@ -285,9 +285,7 @@ def soak(
         update={"backend": "inprocess", "step_isolation": isolation, "step_timeout_s": step_timeout_s}
     )
     variants, factory = catalogue_and_factory(cfg)
-    result = run_soak_bench(
-        list(variants), factory, pool_cfg, num_envs, n_variants, seconds, share, seed=cfg.base.seed
-    )
+    result = run_soak_bench(list(variants), factory, pool_cfg, num_envs, n_variants, seconds, share, seed=cfg.base.seed)
     write_json(BENCH_DIR / "soak.json", result)
     keys = ("clean_env_steps_per_s", "faulty_env_steps_per_s", "throughput_ratio", "extra_healthy_episodes_lost")
     for key in keys:
@@ -295,4 +293,6 @@ def soak(
         met = result["met"].get(key)
         typer.echo(f"{key}: {_fmt(result[key])}" + ("" if target is None else f" (target {target}, met: {met})"))
     faulty = result["runs"]["faulty"]
-    typer.echo(f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s")
+    typer.echo(
+        f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s"
+    )

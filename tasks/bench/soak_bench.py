@@ -205,7 +205,9 @@ def run_soak_bench(
     clean_b = _in_fresh_process(sample, factory, num_envs, config, seconds, seed)
     clean_rate = (clean_a["env_steps_per_s"] + clean_b["env_steps_per_s"]) / 2
     ratio = faulty["env_steps_per_s"] / clean_rate
-    extra_lost = faulty["healthy_episodes_lost"] - max(clean_a["healthy_episodes_lost"], clean_b["healthy_episodes_lost"])
+    extra_lost = faulty["healthy_episodes_lost"] - max(
+        clean_a["healthy_episodes_lost"], clean_b["healthy_episodes_lost"]
+    )
     return {
         "backend": config.backend,
         "step_isolation": config.step_isolation,

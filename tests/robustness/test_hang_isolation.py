@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 import psutil
-import pytest
 from pool_fixtures import Fault, TinyFactory, tiny_variants
 
 from agentflow_core.config import PoolConfig
