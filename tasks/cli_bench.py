@@ -271,7 +271,9 @@ def soak(
     n_variants: int = typer.Option(300, min=8, help="Catalogue variants sampled for the soak."),
     share: float = typer.Option(0.01, min=0.0, max=0.2, help="Share of the variants faulty per fault kind."),
     step_timeout_s: float = typer.Option(0.25, min=0.01, help="pool.step_timeout_s for the soak."),
-    isolation: str = typer.Option("process", help="pool.step_isolation: process or thread."),
+    isolation: str | None = typer.Option(
+        None, help="pool.step_isolation, thread or process [default: the params' pool.step_isolation]."
+    ),
 ) -> None:
     """Soak: the in-process pool for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)."""
     import logging
@@ -281,8 +283,14 @@ def soak(
 
     cfg = config_or_exit(params)
     logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the faulty side fails on purpose
+    if isolation not in (None, "thread", "process"):
+        raise typer.BadParameter(f"--isolation must be thread or process, got {isolation!r}")
     pool_cfg = cfg.pool.model_copy(
-        update={"backend": "inprocess", "step_isolation": isolation, "step_timeout_s": step_timeout_s}
+        update={
+            "backend": "inprocess",
+            "step_isolation": isolation or cfg.pool.step_isolation,
+            "step_timeout_s": step_timeout_s,
+        }
     )
     variants, factory = catalogue_and_factory(cfg)
     result = run_soak_bench(list(variants), factory, pool_cfg, num_envs, n_variants, seconds, share, seed=cfg.base.seed)
