@@ -14,12 +14,13 @@ import time
 
 import numpy as np
 import psutil
-from pool_fixtures import Fault, TinyFactory, tiny_variants
+import pytest
 
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.pool.process_host import ProcessWorker
 from agentflow_core.semantics import SemanticAction
+from tests.pool_fixtures import Fault, TinyFactory, tiny_variants
 
 LOGIN, VIEW, PAY = int(SemanticAction.LOGIN), int(SemanticAction.VIEW_PRODUCT), int(SemanticAction.SUBMIT_PAYMENT)
 TIMEOUT_S = 0.5
@@ -197,3 +198,29 @@ def test_process_isolation_steps_like_threads_on_healthy_envs() -> None:
         assert [i["env_id"] for i in a.infos] == [i["env_id"] for i in b.infos]
     for p in pools:
         p.close()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_busy_looping_step_in_a_ray_actor_ends_and_the_actor_goes_on() -> None:
+    from agentflow_core.pool.ray_pool import RayPool
+
+    variants = tiny_variants(4)
+    factory = TinyFactory(faults={variants[2].env_id: Fault("spin", at_step=2, hang_s=60.0)})
+    cfg = PoolConfig(num_workers=2, scheduler="round_robin", step_timeout_s=TIMEOUT_S)
+    pool = RayPool(variants, factory, 4, cfg, seed=0)
+    try:
+        pool.reset(seed=0)
+        pool.step(np.full(4, LOGIN))
+        started = time.perf_counter()
+        batch = pool.step(np.full(4, VIEW))
+        assert time.perf_counter() - started < 3 * TIMEOUT_S
+        assert batch.infos[2]["failure_reason"] == "env_timeout"
+        actor = psutil.Process(pool.worker_pids()[int(pool.worker_of[2])])
+        before = sum(actor.cpu_times()[:2])
+        time.sleep(1.0)
+        assert sum(actor.cpu_times()[:2]) - before < 0.5  # a step still spinning would burn ~1 CPU-s here
+        batch = pool.step(np.full(4, VIEW))
+        assert [batch.infos[s]["step_id"] for s in (0, 1, 3)] == [3, 3, 3]
+        assert pool.stats()["env_timeout"] == 1 and pool.worker_restarts == 0
+    finally:
+        pool.close()
