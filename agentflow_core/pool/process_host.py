@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.pool.base import WORKER_LOST, EnvFactory, VariantLike
+from agentflow_core.pool.base import WORKER_LOST, EnvFactory, PoolError, VariantLike
 from agentflow_core.pool.worker import EnvWorker, WorkerBatch
 
 logger = logging.getLogger("agentflow.pool")
@@ -110,7 +110,11 @@ def _child_main(
     first_of_base: dict[str, int] = {}
     for v, spec in variants.items():
         first_of_base.setdefault(spec.base_env_id, v)
-    worker.prewarm({v: variants[v] for v in first_of_base.values()}, seed=0)
+    for v in first_of_base.values():
+        try:
+            worker.prewarm({v: variants[v]}, seed=0)
+        except Exception:  # a broken env fails its own episodes later, as in-process; it must not stop the child
+            logger.debug("env worker %d: prewarm of variant %d failed", worker_index, v, exc_info=True)
     conn.send(("ready", None, worker.stats()))
     while True:
         try:
@@ -146,7 +150,7 @@ class _Child:
         return int(self.process.pid)
 
 
-class ChildLost(Exception):
+class ChildLost(PoolError):
     """The child did not answer in time or died; it has been killed."""
 
 
@@ -209,7 +213,11 @@ class ProcessWorker:
         self._take_ready(child)
 
     def _take_ready(self, child: _Child) -> None:
-        tag, _, counters = child.conn.recv()
+        try:
+            tag, _, counters = child.conn.recv()
+        except (EOFError, OSError) as exc:  # it died while starting
+            self._kill(child)
+            raise ChildLost(f"env worker {self.worker_index}: a child process died while starting") from exc
         assert tag == "ready", tag
         child.ready, child.counters = True, counters
 
@@ -245,7 +253,11 @@ class ProcessWorker:
             assert self.spare is not None
             if self.spare.ready or self.spare.conn.poll():
                 if not self.spare.ready:
-                    self._take_ready(self.spare)
+                    try:
+                        self._take_ready(self.spare)
+                    except ChildLost:  # the next call starts another
+                        self.spare = None
+                        return
                 self.draining.append(self.current)
                 self.current, self.spare = self.spare, None
                 self._new_spare()
@@ -324,6 +336,18 @@ class ProcessWorker:
     def _call(self, child: _Child, method: str, *args: Any) -> Any:
         self._send(child, method, *args)
         return self._recv(child)
+
+    def wait_spare(self, timeout_s: float = 120.0) -> bool:
+        """Block until the spare child has started (tests, benchmarks); True if one is ready."""
+        self._new_spare()
+        assert self.spare is not None
+        if not self.spare.ready:
+            try:
+                self._await_ready(self.spare, timeout_s)
+            except ChildLost:
+                self.spare = None
+                return False
+        return True
 
     # ------------------------------------------------------------------ the EnvWorker surface
     def pid(self) -> int:
