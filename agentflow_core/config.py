@@ -175,6 +175,14 @@ class PoolConfig(_Section):
     )
     max_live_per_worker: EnvCount = 256
     step_timeout_s: TimeoutS = 5.0
+    step_isolation: Literal["thread", "process"] = Field(
+        "thread",
+        description=(
+            "inprocess backend only: 'process' hosts each env worker in a child process that is killed "
+            "and replaced after a hung step (no thread outlives it); 'thread' steps envs in this process "
+            "(a hung step is abandoned after step_timeout_s, its thread stays)."
+        ),
+    )
     quarantine_after: PositiveInt = 3
     max_worker_restarts: Annotated[
         int, Field(ge=0, le=10_000, description="Worker restarts allowed within any restart_window_s.")

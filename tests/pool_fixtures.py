@@ -46,7 +46,7 @@ class TinyAdapter(BaseSemanticAdapter):
 
 @dataclass(frozen=True)
 class Fault:
-    """Fail at ``at_step`` of every episode: ``crash`` raises, ``hang`` sleeps ``hang_s``, ``nan`` returns NaN."""
+    """Fail at ``at_step`` of every episode: ``crash`` raises, ``hang`` sleeps ``hang_s``, ``spin`` busy-loops ``hang_s``, ``nan`` returns NaN."""
 
     kind: str
     at_step: int = 1
@@ -76,6 +76,10 @@ class TinyShopEnv:
                 raise RuntimeError("injected crash")
             if self.fault.kind == "hang":
                 time.sleep(self.fault.hang_s)
+            if self.fault.kind == "spin":  # busy loop in Python: holds a core and competes for the GIL
+                until = time.monotonic() + self.fault.hang_s
+                while time.monotonic() < until:
+                    pass
             if self.fault.kind == "nan":
                 return StepResult(
                     {"page": self.page, "views": float("nan")},

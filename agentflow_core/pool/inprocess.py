@@ -2,7 +2,9 @@
 
 Same slots, scheduling, autoreset and fault isolation as :class:`~agentflow_core.pool.ray_pool.RayPool`
 (both are :class:`~agentflow_core.pool.driver.PoolDriver`); only the transport differs: workers
-are plain objects called one after the other, so a worker can never be "lost".
+are plain objects called one after the other, so a worker can never be "lost". With
+``pool.step_isolation: process`` each worker is a :class:`~agentflow_core.pool.process_host.ProcessWorker`
+instead: the same EnvWorker in a child process, killed and replaced after a hung step.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, VariantLike
 from agentflow_core.pool.driver import PoolDriver
+from agentflow_core.pool.process_host import ProcessWorker
 from agentflow_core.pool.strategies import make_scheduler
 from agentflow_core.pool.worker import EnvWorker, WorkerBatch
 
@@ -56,12 +59,16 @@ class InProcessPool(PoolDriver):
             n_workers,
             seed,
         )
-        self.workers = [
-            EnvWorker(factory, part, config.max_live_per_worker, config.step_timeout_s, w)
+        host = ProcessWorker if config.step_isolation == "process" else EnvWorker
+        self.workers: list[Any] = [
+            host(factory, part, config.max_live_per_worker, config.step_timeout_s, w)
             for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))
         ]
 
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
+        if self.config.step_isolation == "process":  # every child starts before any answer is awaited
+            pending = {w: self.workers[w].start(method, *args) for w, (method, args) in calls.items()}
+            return {w: collect() for w, collect in pending.items()}
         return {w: getattr(self.workers[w], method)(*args) for w, (method, args) in calls.items()}
 
     def _worker_call(self, worker: int, method: str, *args: Any) -> Any:

@@ -55,21 +55,45 @@ class _Job:
     current: int = -1
     started: float = 0.0
     abandoned: bool = False
+    thread: threading.Thread | None = None
+
+
+class AbandonedStep(BaseException):
+    """Raised inside an env step the watchdog gave up on, to end its thread (see :func:`interrupt_thread`)."""
+
+
+def interrupt_thread(thread: threading.Thread | None) -> bool:
+    """Ask ``thread`` to raise :class:`AbandonedStep` at its next Python bytecode; True if the request was set.
+
+    CPython's ``PyThreadState_SetAsyncExc``: a step that loops in Python code (a busy-looping env)
+    ends at once and its thread exits; one blocked in a C call (``time.sleep``, a socket read) ends
+    when the call returns. The env of that step is discarded either way, so the half-done step
+    leaves nothing behind that is used again.
+    """
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return False
+    import ctypes
+
+    set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    return bool(set_async(ctypes.c_ulong(thread.ident), ctypes.py_object(AbandonedStep)) == 1)
 
 
 class BatchWatchdog:
     """Run ``fn`` over items in a helper thread; an item past ``timeout_s`` is abandoned.
 
     One thread steps the whole batch (a future per env would cost more than a semantic env step);
-    the caller waits on the deadline of the item in progress. On a hang the stuck thread is left
-    behind (a daemon, so it cannot block interpreter exit) and the rest of the batch continues
-    on a fresh thread.
+    the caller waits on the deadline of the item in progress. On a hang the rest of the batch
+    continues on a fresh thread and the stuck one is interrupted (:func:`interrupt_thread`): a step
+    looping in Python ends there; one blocked in a C call stays until the call returns (a daemon,
+    so it cannot block interpreter exit) -- only a process can be killed, see
+    :mod:`agentflow_core.pool.process_host`.
     """
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = float(timeout_s)
         self.abandoned_threads = 0
         self._queue: queue.SimpleQueue[_Job | None] | None = None
+        self._stuck: list[threading.Thread] = []  # abandoned threads not yet seen to end
 
     def _spawn(self) -> queue.SimpleQueue[_Job | None]:
         jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -78,10 +102,18 @@ class BatchWatchdog:
 
     @staticmethod
     def _loop(jobs: queue.SimpleQueue[_Job | None]) -> None:
+        try:
+            BatchWatchdog._run_jobs(jobs)
+        except AbandonedStep:  # interrupted outside the env call (its answer was dropped anyway)
+            return
+
+    @staticmethod
+    def _run_jobs(jobs: queue.SimpleQueue[_Job | None]) -> None:
         while True:
             job = jobs.get()
             if job is None:
                 return
+            job.thread = threading.current_thread()
             for i in range(job.start, len(job.items)):
                 with job.lock:
                     if job.abandoned:
@@ -100,6 +132,8 @@ class BatchWatchdog:
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``[fn(item) or the exception it raised or TIMED_OUT]`` in item order."""
         results: list[Any] = [None] * len(items)
+        if self._stuck:  # an interrupt can be swallowed (it may land in a __del__ or weakref callback): ask again
+            self._stuck = [t for t in self._stuck if t.is_alive() and interrupt_thread(t)]
         start = 0
         while start < len(items):
             if self._queue is None:
@@ -119,6 +153,8 @@ class BatchWatchdog:
                         start = job.current + 1
                         self._queue = None  # the stuck thread keeps its queue; the next job gets a new thread
                         self.abandoned_threads += 1
+                        if interrupt_thread(job.thread):  # a step looping in Python ends now, not never
+                            self._stuck.append(job.thread)  # type: ignore[arg-type]
                         break
         return results
 

@@ -39,6 +39,7 @@ COMMANDS = {
     "train": "agentflow bench train",
     "learning": "agentflow bench learning",
     "sql": "agentflow bench sql",
+    "soak": "agentflow bench soak",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -47,6 +48,7 @@ TITLES = {
     "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
+    "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
 }
 
 
@@ -128,7 +130,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -140,6 +142,9 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --steps {result['config']['train']['total_steps']}"
         if name == "sql":
             command += f" --episodes {result['episodes']}"
+        if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
+            command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
+            result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
         out += [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]
         out += _scheduler_table(result) if name == "scheduler" else _targets_table(result)
         if result.get("notes"):
@@ -281,3 +286,46 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
+
+
+@bench_app.command("soak")
+def soak(
+    params: Path = PARAMS_OPTION,
+    seconds: float = typer.Option(45.0, min=1.0, help="Seconds each side (clean, faulty, clean) steps."),
+    num_envs: int = typer.Option(300, min=1, help="Live envs (pool slots)."),
+    n_variants: int = typer.Option(300, min=8, help="Catalogue variants sampled for the soak."),
+    share: float = typer.Option(0.01, min=0.0, max=0.2, help="Share of the variants faulty per fault kind."),
+    step_timeout_s: float = typer.Option(0.25, min=0.01, help="pool.step_timeout_s for the soak."),
+    isolation: str | None = typer.Option(
+        None, help="pool.step_isolation, thread or process [default: the params' pool.step_isolation]."
+    ),
+) -> None:
+    """Soak: the in-process pool for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)."""
+    import logging
+
+    from flows.cli.pool import catalogue_and_factory
+    from tasks.bench.soak_bench import TARGETS, run_soak_bench
+
+    cfg = config_or_exit(params)
+    logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the faulty side fails on purpose
+    if isolation not in (None, "thread", "process"):
+        raise typer.BadParameter(f"--isolation must be thread or process, got {isolation!r}")
+    pool_cfg = cfg.pool.model_copy(
+        update={
+            "backend": "inprocess",
+            "step_isolation": isolation or cfg.pool.step_isolation,
+            "step_timeout_s": step_timeout_s,
+        }
+    )
+    variants, factory = catalogue_and_factory(cfg)
+    result = run_soak_bench(list(variants), factory, pool_cfg, num_envs, n_variants, seconds, share, seed=cfg.base.seed)
+    write_json(BENCH_DIR / "soak.json", result)
+    keys = ("clean_env_steps_per_s", "faulty_env_steps_per_s", "throughput_ratio", "extra_healthy_episodes_lost")
+    for key in keys:
+        target = TARGETS.get(key)
+        met = result["met"].get(key)
+        typer.echo(f"{key}: {_fmt(result[key])}" + ("" if target is None else f" (target {target}, met: {met})"))
+    faulty = result["runs"]["faulty"]
+    typer.echo(
+        f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s"
+    )

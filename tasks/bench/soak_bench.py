@@ -1,0 +1,234 @@
+"""Soak benchmark: the product pool with live envs for a fixed time, clean vs with faulty variants.
+
+The catalogue is the configured one (``agentflow variants``' generator), sampled to ``n_variants``;
+1% of those variants per fault kind get a fault on the ``at_step``-th step of every episode:
+
+- ``raise``: the step raises (``env_crash``);
+- ``sleep``: the step sleeps far past the step timeout (``env_timeout``);
+- ``spin``: the step busy-loops in Python far past the step timeout (``env_timeout``; with
+  ``step_isolation: thread`` the thread keeps a core and the GIL until the process ends);
+- ``nan``: the step returns a NaN observation and reward (``env_invalid``).
+
+Faults are injected by wrapping the registry factory (:class:`FaultInjectingFactory`): the envs
+under test are the product's, the pool is the product's :class:`InProcessPool` with the configured
+pool settings, driven with random legal actions. Each side runs in a fresh spawned process, and the
+sides alternate clean, faulty, clean, so the machine's load drifts over both; the ratio is
+faulty env-steps/s over the mean of the two clean runs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.config import PoolConfig
+from agentflow_core.contracts import POOL_FAILURES
+from agentflow_core.pool.base import EnvFactory, PoolEnv, VariantLike
+from agentflow_core.pool.inprocess import InProcessPool
+
+FAULT_KINDS = ("raise", "sleep", "spin", "nan")
+# healthy episodes the faulty side loses beyond the worse clean side (a loaded machine times out a few
+# healthy steps on either side; the faults must add none)
+TARGETS = {"throughput_ratio": 0.9, "extra_healthy_episodes_lost": 0}
+
+
+class FaultyEnv:
+    """A product env whose ``at_step``-th step of every episode fails in the declared way."""
+
+    def __init__(self, inner: PoolEnv, kind: str, at_step: int, hang_s: float) -> None:
+        self.inner, self.kind, self.at_step, self.hang_s = inner, kind, at_step, hang_s
+        self.t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """The inner env's reset."""
+        self.t = 0
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """The inner env's step, except the ``at_step``-th, which fails."""
+        self.t += 1
+        if self.t == self.at_step:
+            if self.kind == "raise":
+                raise RuntimeError("injected fault")
+            if self.kind == "sleep":
+                time.sleep(self.hang_s)
+            elif self.kind == "spin":
+                until = time.monotonic() + self.hang_s
+                while time.monotonic() < until:
+                    pass
+        obs, reward, terminated, truncated, info = self.inner.step(action)
+        if self.kind == "nan" and self.t == self.at_step:
+            return np.full_like(obs, np.nan), float("nan"), terminated, truncated, info
+        return obs, reward, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """The inner env's legal actions."""
+        return self.inner.action_masks()
+
+    def close(self) -> None:
+        """Close the inner env."""
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class FaultInjectingFactory:
+    """Picklable factory: the product factory's envs, wrapped in :class:`FaultyEnv` for faulty variants."""
+
+    inner: EnvFactory
+    faults: dict[str, str] = field(default_factory=dict, hash=False)  # env_id -> fault kind
+    at_step: int = 2
+    hang_s: float = 600.0
+
+    def __call__(self, variant: VariantLike) -> PoolEnv:
+        """The variant's product env, faulty if the variant is."""
+        env = self.inner(variant)
+        kind = self.faults.get(variant.env_id)
+        return env if kind is None else FaultyEnv(env, kind, self.at_step, self.hang_s)
+
+    def reuse(self, env: PoolEnv, variant: VariantLike) -> PoolEnv | None:
+        """Re-target through the product factory; never into or out of a faulty variant."""
+        reuse = getattr(self.inner, "reuse", None)
+        if reuse is None or isinstance(env, FaultyEnv) or variant.env_id in self.faults:
+            return None
+        out: PoolEnv | None = reuse(env, variant)
+        return out
+
+
+def pick_faulty(variants: list[VariantLike], share: float, rng: np.random.Generator) -> dict[str, str]:
+    """``share`` of the variants per fault kind (at least one each), disjoint: env_id -> kind."""
+    per_kind = max(1, round(share * len(variants)))
+    picks = rng.choice(len(variants), size=per_kind * len(FAULT_KINDS), replace=False).tolist()
+    return {variants[i].env_id: FAULT_KINDS[j // per_kind] for j, i in enumerate(picks)}
+
+
+def _soak_side(
+    variants: list[VariantLike], factory: EnvFactory, num_envs: int, config: PoolConfig, seconds: float, seed: int
+) -> dict[str, Any]:
+    """Runs in a fresh process: build, reset, then step with random legal actions for ``seconds``."""
+    import logging
+    import threading
+
+    import psutil
+
+    logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the faulty side fails on purpose
+    faults: dict[str, str] = getattr(factory, "faults", {})
+    pool = InProcessPool(variants, factory, num_envs, config, seed=seed)
+    rng = np.random.default_rng(seed)
+    mask = pool.reset(seed=seed).action_mask
+    steps, episodes, lost_healthy, lost_faulty, slowest = 0, 0, 0, 0, 0.0
+    by_reason: dict[str, int] = {}
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        t0 = time.perf_counter()
+        batch = pool.step(np.argmax(rng.random(mask.shape) * mask, axis=1))
+        slowest = max(slowest, time.perf_counter() - t0)
+        mask = batch.action_mask
+        steps += num_envs
+        for info in batch.infos:
+            if "episode_length" not in info:
+                continue
+            episodes += 1
+            reason = info["failure_reason"]
+            if reason in POOL_FAILURES:
+                by_reason[reason] = by_reason.get(reason, 0) + 1
+                if info["env_id"] in faults:
+                    lost_faulty += 1
+                else:
+                    lost_healthy += 1
+    stats = pool.stats()
+    me = psutil.Process()
+    out = {
+        "seconds": elapsed,
+        "env_steps": steps,
+        "env_steps_per_s": steps / elapsed,
+        "episodes": episodes,
+        "faulty_episodes_lost": lost_faulty,
+        "healthy_episodes_lost": lost_healthy,
+        "failures": by_reason,
+        "slowest_pool_step_s": slowest,
+        "quarantined": len(stats["quarantined"]),
+        "threads_at_end": threading.active_count(),
+        "cpu_s": sum(me.cpu_times()[:2]),
+        "child_processes_at_end": len(me.children(recursive=True)),
+    }
+    pool.close()
+    return out
+
+
+def _side_main(conn: Any, *args: Any) -> None:
+    conn.send(_soak_side(*args))
+    conn.close()
+
+
+def _in_fresh_process(*args: Any) -> dict[str, Any]:
+    """``_soak_side(*args)`` in a fresh spawned (non-daemonic: its pool may start children) process."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_side_main, args=(child, *args))
+    process.start()
+    child.close()
+    try:
+        result: dict[str, Any] = parent.recv()
+    except EOFError as exc:
+        raise RuntimeError(f"the soak process died (exit code {process.exitcode})") from exc
+    finally:
+        process.join()
+    return result
+
+
+def run_soak_bench(
+    variants: list[VariantLike],
+    factory: EnvFactory,
+    config: PoolConfig,
+    num_envs: int = 300,
+    n_variants: int = 300,
+    seconds: float = 45.0,
+    share: float = 0.01,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Clean, faulty, clean soak runs of the in-process pool; the figures and the verdicts."""
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(variants), size=min(n_variants, len(variants)), replace=False)
+    sample = [variants[i] for i in sorted(picks.tolist())]
+    faults = pick_faulty(sample, share, rng)
+    faulty_factory = FaultInjectingFactory(factory, faults)
+    load_before = os.getloadavg()
+    clean_a = _in_fresh_process(sample, factory, num_envs, config, seconds, seed)
+    faulty = _in_fresh_process(sample, faulty_factory, num_envs, config, seconds, seed)
+    clean_b = _in_fresh_process(sample, factory, num_envs, config, seconds, seed)
+    clean_rate = (clean_a["env_steps_per_s"] + clean_b["env_steps_per_s"]) / 2
+    ratio = faulty["env_steps_per_s"] / clean_rate
+    extra_lost = faulty["healthy_episodes_lost"] - max(
+        clean_a["healthy_episodes_lost"], clean_b["healthy_episodes_lost"]
+    )
+    return {
+        "backend": config.backend,
+        "step_isolation": config.step_isolation,
+        "step_timeout_s": config.step_timeout_s,
+        "quarantine_after": config.quarantine_after,
+        "num_workers": max(config.num_workers, 1),
+        "num_envs": num_envs,
+        "n_variants": len(sample),
+        "faulty_variants": {k: sum(v == k for v in faults.values()) for k in FAULT_KINDS},
+        "seconds": seconds,
+        "clean_env_steps_per_s": clean_rate,
+        "faulty_env_steps_per_s": faulty["env_steps_per_s"],
+        "throughput_ratio": ratio,
+        "healthy_episodes_lost": faulty["healthy_episodes_lost"],
+        "extra_healthy_episodes_lost": extra_lost,
+        "runs": {"clean_1": clean_a, "faulty": faulty, "clean_2": clean_b},
+        "load_avg_1m": [load_before[0], os.getloadavg()[0]],
+        "cpu_count": os.cpu_count(),
+        "targets": TARGETS,
+        "met": {
+            "throughput_ratio": ratio >= TARGETS["throughput_ratio"],
+            "extra_healthy_episodes_lost": extra_lost <= TARGETS["extra_healthy_episodes_lost"],
+        },
+    }
