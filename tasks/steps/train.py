@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import EnvPool
+from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker
@@ -53,7 +54,7 @@ from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
-from tasks.compose import PoolFactory, build_pool, recovery_summary, reward_function
+from tasks.compose import PoolFactory, build_pool, build_rollouts, recovery_summary, reward_function
 from tasks.io import write_json
 
 EXPLORATION_EPSILON = 0.95
@@ -61,7 +62,7 @@ EVAL_NUM_ENVS = 16
 FINAL_EVAL_EPISODES = 128
 
 
-def reward_transform(cfg: AgentFlowConfig, pool: EnvPool, reward_fn: RewardFunction) -> TrainingReward:
+def reward_transform(cfg: AgentFlowConfig, pool: EnvPool | SlicedRollouts, reward_fn: RewardFunction) -> TrainingReward:
     """The reward PPO trains on over ``pool`` (normalised per base env); `agentflow bench learning` uses it too."""
     base_of = {i: v.base_env_id for i, v in enumerate(pool.variants)}
     normalizer = PerEnvRewardNormalizer() if cfg.train.reward.normalize else None
@@ -131,7 +132,7 @@ def run_train(
     untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
-    pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
+    pool = build_rollouts(cfg, train_variants, tc.num_envs, seed=seed)
     resources.callback(pool.close)
     eval_pool = pool_factory(
         cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=seed + 1, scheduler="round_robin", standby=False
