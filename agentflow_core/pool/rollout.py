@@ -23,6 +23,7 @@ the other), so they give the same rollouts and policies. Randomness is a pure fu
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -276,7 +277,9 @@ class SliceRunner:
             )
             self._pool_key = key
         pool = self._pool
-        pool.load(request.state)
+        # a private, writable copy: Ray hands arguments over zero-copy (read-only arrays), and the
+        # caller's state must stay as it was should this attempt be lost
+        pool.load(copy.deepcopy(request.state))
         if self._policy is None or self._policy.hidden_sizes != tuple(request.hidden_sizes):
             self._policy = ActorCritic(hidden_sizes=request.hidden_sizes)
         self._policy.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
@@ -446,6 +449,7 @@ class SlicedRollouts:
         hosts = self.backend.worker_of[idx]
         for w, state in self.states.items():
             sel = hosts == w
+            state.value_loss = state.value_loss.copy()  # a result from Ray is read-only
             state.value_loss[self.local_of[idx[sel]]] = loss[sel]
 
     def feedback_state(self) -> list[float | None]:
