@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -42,8 +42,10 @@ from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
-from agentflow_core.pool.rollout import SliceRequest, SliceResult, SliceRunner, Weights
 from agentflow_core.pool.worker import EnvWorker
+
+if TYPE_CHECKING:  # the rollout module pulls in torch: actors import it on their first rollout (or standby warm-up)
+    from agentflow_core.pool.rollout import SliceRequest, SliceResult, SliceRunner, Weights
 
 logger = logging.getLogger("agentflow.pool")
 
@@ -105,12 +107,17 @@ class RayEnvWorker(EnvWorker):
 
     def rollout(self, request: SliceRequest, weights: Weights) -> SliceResult:
         """Run this worker's slice of a rollout here (worker-side rollouts, :mod:`agentflow_core.pool.rollout`)."""
+        return self._slice_runner().rollout(request, weights)
+
+    def _slice_runner(self) -> SliceRunner:
         if self._runner is None:
             import torch
 
-            torch.set_num_threads(1)  # a 64x64 MLP on 16 rows: more threads only compete with the other worker
+            from agentflow_core.pool.rollout import SliceRunner
+
+            torch.set_num_threads(1)  # a small MLP on a slice's rows: more threads only compete with the other worker
             self._runner = SliceRunner(self)
-        return self._runner.rollout(request, weights)
+        return self._runner
 
     def prewarm_standby(self, variants: Mapping[int, VariantLike], seed: int = 0) -> int:
         """:meth:`prewarm` at idle CPU priority (``SCHED_IDLE``), so a standby warms up on spare CPU.
@@ -120,6 +127,7 @@ class RayEnvWorker(EnvWorker):
         RLIMIT_NICE at its default), the standby warms up at normal priority instead.
         """
         self._saved_priority = _idle_priority()
+        self._slice_runner()  # torch and the rollout code imported now, not during a recovery
         return self.prewarm(variants, seed)
 
     def adopt(self, variants: Mapping[int, VariantLike], worker_index: int) -> int:

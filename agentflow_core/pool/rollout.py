@@ -248,6 +248,9 @@ class SlicePool(PoolDriver):
     def _worker_call(self, worker: int, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
 
+    def close(self) -> None:
+        """Nothing to release: the envs belong to the worker, which outlives this driver."""
+
     def load(self, state: SliceState) -> None:
         """Continue from ``state`` (counters start from zero: each rollout reports its own)."""
         self.scheduler = state.scheduler

@@ -13,11 +13,17 @@ gradient with a flat Adam and NumPy kernels once ran beside it; at the shipped m
 run is env-bound and they made ``agentflow train`` no faster end to end (BENCHMARKS.md, "One
 learner path"), so they were removed rather than kept in step with every change to the loss.
 
-Determinism and resume: every rollout starts with ``pool.reset(seed=rollout_seed(seed, update))``.
-Episodes therefore never span a rollout boundary (the last step of a rollout is bootstrapped with
-V(s_T), as any rollout end is), and a checkpoint taken between updates fully determines the
-future: weights, optimizer, the sampling generator, the minibatch generator, the adaptive
-controller, the reward normaliser and the scheduler. Keep ``n_steps`` at least the envs' episode
+Rollouts come from a rollout source (:mod:`agentflow_core.pool.rollout`): worker-side slices
+(each env worker runs its own slots for the whole rollout with a copy of the policy and returns
+them in one call), or any :class:`EnvPool` stepped from here. The training reward is applied after
+the rollout, step by step in rollout order (actions never depend on it, so it is the same
+computation as rewarding each step as it happens).
+
+Determinism and resume: every rollout slice starts with a pool reset and an action-sampling
+generator seeded from ``slice_seeds(seed, update, slice)``. Episodes therefore never span a
+rollout boundary (the last step of a rollout is bootstrapped with V(s_T), as any rollout end is),
+and a checkpoint taken between updates fully determines the future: weights, optimizer, the
+minibatch generator, the adaptive controller, the reward normaliser and the schedulers. Keep ``n_steps`` at least the envs' episode
 length (their scenarios' ``max_episode_steps``) so every episode can finish inside one rollout.
 """
 
@@ -153,11 +159,6 @@ class TrainingReward:
         """Restore the normaliser's statistics (a checkpoint without them leaves it fresh)."""
         if self.normalizer is not None and state.get("normalizer") is not None:
             self.normalizer.load_state_dict(state["normalizer"])
-
-
-def rollout_seed(seed: int, update: int) -> int:
-    """Pool reset seed of one rollout: a pure function of (run seed, update index)."""
-    return int(np.random.SeedSequence([seed, update]).generate_state(1, dtype=np.uint32)[0])
 
 
 def compute_gae(
