@@ -476,12 +476,17 @@ class SlicedRollouts:
         out = self.backend.stats()
         out.update(self.counters)
         out.update(self.failure_counters)
-        quarantined = {
-            self._variants[self.global_index[w][v]].env_id: r
-            for w, s in self.states.items()
-            for v, r in s.quarantined.items()
-        }
+        env_id = {g: v.env_id for g, v in enumerate(self._variants)}
+        quarantined: dict[str, str] = {}
+        failing: dict[str, int] = {}
+        for w, state in self.states.items():
+            index = self.global_index[w]
+            quarantined.update({env_id[int(index[v])]: r for v, r in state.quarantined.items()})
+            failing.update(
+                {env_id[int(index[v])]: int(state.failures[v]) for v in np.flatnonzero(state.failures).tolist()}
+            )
         out["quarantined"] = dict(sorted(quarantined.items()))
+        out["failing_variants"] = dict(sorted(failing.items()))
         out["num_envs"] = self.num_envs
         return out
 
