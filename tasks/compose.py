@@ -12,7 +12,8 @@ champion/challenger rollouts and the benchmarks all build their pools here, from
 
 Both backends run the same scheduler, slots and episode seeds, so a phase gives the same records
 on either. Training collects its rollouts worker-side (:func:`build_rollouts`): each env worker runs
-its own slots for a whole rollout and returns them in one call. Calibration runs its per-variant checks as Ray tasks on the same backend.
+its own slots for a whole rollout and returns them in one call. Calibration runs its per-variant
+checks as Ray tasks on the same backend.
 """
 
 from __future__ import annotations
