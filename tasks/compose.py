@@ -11,7 +11,9 @@ champion/challenger rollouts and the benchmarks all build their pools here, from
   (:class:`~agentflow_core.pool.inprocess.InProcessPool`).
 
 Both backends run the same scheduler, slots and episode seeds, so a phase gives the same records
-on either. Calibration runs its per-variant checks as Ray tasks on the same backend.
+on either. Training collects its rollouts worker-side (:func:`build_rollouts`): each env worker runs
+its own slots for a whole rollout and returns them in one call. Calibration runs its per-variant
+checks as Ray tasks on the same backend.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from agentflow_core.contracts import EnvPool
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.pool.base import RegistryEnvFactory
+from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.semantics import TOKENS
@@ -218,6 +221,30 @@ def build_pool(
     return RayPool(variants, factory, num_envs, pool_cfg, seed=seed, standby_workers=1 if standby else 0)
 
 
+def build_rollouts(
+    cfg: AgentFlowConfig, variants: Sequence[VariantSpec], num_envs: int, *, seed: int
+) -> SlicedRollouts:
+    """Training's rollout source: worker-side rollouts over ``num_envs`` slots on the configured backend.
+
+    Each env worker runs its share of the slots for a whole rollout with a copy of the policy (Ray
+    actors in parallel, or one after the other in this process) and returns it in one call;
+    evaluations keep stepping a :func:`build_pool` pool from the driver.
+    """
+    from agentflow_core.pool.inprocess import InProcessPool
+    from agentflow_core.pool.rollout import InProcessSlices, SliceBackend
+
+    factory = env_factory(cfg, variants)
+    backend: SliceBackend
+    if cfg.pool.backend == "inprocess":
+        backend = InProcessSlices(InProcessPool(variants, factory, num_envs, cfg.pool, seed=seed))
+    else:
+        from agentflow_core.pool.ray_pool import RayPool
+
+        start_ray(cfg)
+        backend = RayPool(variants, factory, num_envs, cfg.pool, seed=seed, standby_workers=1)
+    return SlicedRollouts(backend, variants, num_envs, cfg.pool, seed=seed)
+
+
 @contextmanager
 def reward_function(cfg: AgentFlowConfig, num_envs: int) -> Iterator[RewardFunction]:
     """The configured training reward over ``num_envs`` slots (its reward-model client closed on exit)."""
@@ -311,7 +338,7 @@ def map_chunks(
     return out  # type: ignore[return-value]
 
 
-def recovery_summary(pool: EnvPool) -> dict[str, Any]:
+def recovery_summary(pool: EnvPool | SlicedRollouts) -> dict[str, Any]:
     """A pool's worker losses and their cost: restarts, per-loss recovery time, episodes and steps lost."""
     stats = pool.stats()
     return {

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from agentflow_core.config import TrainConfig
+from agentflow_core.pool.rollout import slice_seeds
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.losses import (
     approx_kl,
@@ -29,7 +30,7 @@ from agentflow_core.rl.losses import (
     value_loss,
 )
 from agentflow_core.rl.policy import ActorCritic, policy_hash
-from agentflow_core.rl.ppo import PPO, MemorySink, rollout_seed
+from agentflow_core.rl.ppo import PPO, MemorySink
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec
 
@@ -295,9 +296,10 @@ def test_policy_hash_changes_with_weights() -> None:
     assert policy_hash(a) != policy_hash(b)
 
 
-def test_rollout_seed_is_a_pure_function() -> None:
-    assert rollout_seed(3, 7) == rollout_seed(3, 7)
-    assert len({rollout_seed(3, u) for u in range(100)}) == 100
+def test_slice_seeds_are_a_pure_function() -> None:
+    assert slice_seeds(3, 7, 1) == slice_seeds(3, 7, 1)
+    seeds = {s for u in range(100) for w in range(2) for s in slice_seeds(3, u, w)}
+    assert len(seeds) == 400  # distinct per update, per slice, and reset vs sampling
 
 
 # ------------------------------------------------------------------ learner

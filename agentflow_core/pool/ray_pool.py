@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -42,7 +42,10 @@ from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
-from agentflow_core.pool.worker import EnvWorker, WorkerBatch
+from agentflow_core.pool.worker import EnvWorker
+
+if TYPE_CHECKING:  # the rollout module pulls in torch: actors import it on their first rollout (or standby warm-up)
+    from agentflow_core.pool.rollout import SliceRequest, SliceResult, SliceRunner, Weights
 
 logger = logging.getLogger("agentflow.pool")
 
@@ -94,12 +97,27 @@ class RayEnvWorker(EnvWorker):
     """The env worker as a Ray actor: it can also say where it runs (for the driver's liveness poll)."""
 
     _saved_priority: dict[int, int] | None = None
+    _runner: SliceRunner | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """:class:`EnvWorker`'s constructor, after leaving the low priority Ray started the process at."""
         _normal_priority()
         threadpool_limits(limits=1)  # BLAS threads spinning beside the other workers only cost CPU
         super().__init__(*args, **kwargs)
+
+    def rollout(self, request: SliceRequest, weights: Weights) -> SliceResult:
+        """Run this worker's slice of a rollout here (worker-side rollouts, :mod:`agentflow_core.pool.rollout`)."""
+        return self._slice_runner().rollout(request, weights)
+
+    def _slice_runner(self) -> SliceRunner:
+        if self._runner is None:
+            import torch
+
+            from agentflow_core.pool.rollout import SliceRunner
+
+            torch.set_num_threads(1)  # a small MLP on a slice's rows: more threads only compete with the other worker
+            self._runner = SliceRunner(self)
+        return self._runner
 
     def prewarm_standby(self, variants: Mapping[int, VariantLike], seed: int = 0) -> int:
         """:meth:`prewarm` at idle CPU priority (``SCHED_IDLE``), so a standby warms up on spare CPU.
@@ -109,6 +127,7 @@ class RayEnvWorker(EnvWorker):
         RLIMIT_NICE at its default), the standby warms up at normal priority instead.
         """
         self._saved_priority = _idle_priority()
+        self._slice_runner()  # torch and the rollout code imported now, not during a recovery
         return self.prewarm(variants, seed)
 
     def adopt(self, variants: Mapping[int, VariantLike], worker_index: int) -> int:
@@ -301,14 +320,17 @@ class RayPool(PoolDriver):
             return False
 
     # ------------------------------------------------------------------ transport
-    def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
+    def _invoke(
+        self, calls: dict[int, tuple[str, tuple[Any, ...]]], timeout_s: float | None = None
+    ) -> dict[int, Any | None]:
         import ray
         from ray.exceptions import GetTimeoutError
 
         self._maybe_start_standby()
         pending = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
-        deadline = time.monotonic() + self.call_timeout_s
-        out: dict[int, WorkerBatch | None] = {}
+        timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        out: dict[int, Any | None] = {}
         while pending:
             ready, _ = ray.wait(
                 list(pending.values()),
@@ -326,7 +348,7 @@ class RayPool(PoolDriver):
                 elif not self._alive(w):
                     error = WorkerProcessGone(f"worker {w}: process {self._procs[w]} is gone")
                 elif time.monotonic() >= deadline:
-                    error = GetTimeoutError(f"worker {w}: no answer within {self.call_timeout_s} s")
+                    error = GetTimeoutError(f"worker {w}: no answer within {timeout_s} s")
                 else:
                     continue
                 del pending[w]
@@ -334,6 +356,20 @@ class RayPool(PoolDriver):
                     self._recover(w, error)
                     out[w] = None
         return {w: out[w] for w in calls}
+
+    def run_rollouts(self, requests: Mapping[int, SliceRequest], weights: Weights) -> dict[int, SliceResult | None]:
+        """Every worker runs its rollout slice, in parallel, the weights put in the object store once.
+
+        A lost worker is replaced as in a pool step (standby first) and answers ``None``; the caller
+        runs its slice again. A hung one is given up on after ``call_timeout_s`` plus one step
+        timeout per step of the rollout (each step may hold one hung env).
+        """
+        import ray
+
+        ref = ray.put(weights)
+        steps = max((r.n_steps for r in requests.values()), default=0)
+        calls = {w: ("rollout", (request, ref)) for w, request in requests.items()}
+        return self._invoke(calls, timeout_s=self.call_timeout_s + steps * self.config.step_timeout_s)
 
     def _worker_call(self, worker: int, method: str, *args: Any) -> Any:
         """One call; a worker lost meanwhile is recovered like in a batch and the call made once more.

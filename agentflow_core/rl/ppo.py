@@ -13,11 +13,17 @@ gradient with a flat Adam and NumPy kernels once ran beside it; at the shipped m
 run is env-bound and they made ``agentflow train`` no faster end to end (BENCHMARKS.md, "One
 learner path"), so they were removed rather than kept in step with every change to the loss.
 
-Determinism and resume: every rollout starts with ``pool.reset(seed=rollout_seed(seed, update))``.
-Episodes therefore never span a rollout boundary (the last step of a rollout is bootstrapped with
-V(s_T), as any rollout end is), and a checkpoint taken between updates fully determines the
-future: weights, optimizer, the sampling generator, the minibatch generator, the adaptive
-controller, the reward normaliser and the scheduler. Keep ``n_steps`` at least the envs' episode
+Rollouts come from a rollout source (:mod:`agentflow_core.pool.rollout`): worker-side slices
+(each env worker runs its own slots for the whole rollout with a copy of the policy and returns
+them in one call), or any :class:`EnvPool` stepped from here. The training reward is applied after
+the rollout, step by step in rollout order (actions never depend on it, so it is the same
+computation as rewarding each step as it happens).
+
+Determinism and resume: every rollout slice starts with a pool reset and an action-sampling
+generator seeded from ``slice_seeds(seed, update, slice)``. Episodes therefore never span a
+rollout boundary (the last step of a rollout is bootstrapped with V(s_T), as any rollout end is),
+and a checkpoint taken between updates fully determines the future: weights, optimizer, the
+minibatch generator, the adaptive controller, the reward normaliser and the schedulers. Keep ``n_steps`` at least the envs' episode
 length (their scenarios' ``max_episode_steps``) so every episode can finish inside one rollout.
 """
 
@@ -35,6 +41,7 @@ from torch import nn
 from agentflow_core.config import TrainConfig
 from agentflow_core.contracts import EnvPool, PoolBatch
 from agentflow_core.errors import NonFiniteError
+from agentflow_core.pool.rollout import RolloutSlice, SlicedRollouts, rollout_source
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.losses import STAT_KEYS, LossCoefficients, compute_gae, explained_variance, ppo_minibatch_loss
 from agentflow_core.rl.policy import ActorCritic
@@ -155,11 +162,6 @@ class TrainingReward:
             self.normalizer.load_state_dict(state["normalizer"])
 
 
-def rollout_seed(seed: int, update: int) -> int:
-    """Pool reset seed of one rollout: a pure function of (run seed, update index)."""
-    return int(np.random.SeedSequence([seed, update]).generate_state(1, dtype=np.uint32)[0])
-
-
 class RolloutBuffer:
     """Preallocated ``[n_steps, num_envs, ...]`` tensors: memory is bounded and allocation-free per step.
 
@@ -233,7 +235,7 @@ class PPO:
     def __init__(
         self,
         policy: ActorCritic,
-        pool: EnvPool,
+        pool: EnvPool | SlicedRollouts,
         cfg: TrainConfig,
         *,
         seed: int,
@@ -244,6 +246,7 @@ class PPO:
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.pool = pool
+        self.rollouts = rollout_source(pool)
         self.cfg = cfg
         self.seed = seed
         self.sink: MetricsSink = sink or NullSink()
@@ -255,7 +258,6 @@ class PPO:
             raise ValueError(f"minibatch_size {cfg.minibatch_size} must divide num_envs*n_steps={self.batch_size}")
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
         self.grad_norm = torch.zeros(())
-        self.sample_generator = torch.Generator(device=self.device).manual_seed(seed)
         self.np_random = np.random.default_rng(seed)
         self.adaptive = AdaptiveKLController(
             clip_init=cfg.clip_range, target_kl=cfg.target_kl, check_every=cfg.kl_check_every
@@ -267,38 +269,35 @@ class PPO:
 
     # ---------------------------------------------------------------- rollout
     def collect_rollout(self) -> RolloutStats:
-        """Reset the pool from (seed, update) and fill the buffer with n_steps x num_envs transitions."""
-        buf, stats = self.buffer, RolloutStats()
-        batch = self.pool.reset(seed=rollout_seed(self.seed, self.update))
-        if self.reward_transform is not None:
-            self.reward_transform.reset(batch)
-        on_cpu = self.device.type == "cpu"
+        """Fill the buffer with n_steps x num_envs transitions from the rollout source, then apply the reward.
+
+        The slices come back whole (worker-side rollouts) or from the pool stepped here; either way
+        the training reward is applied afterwards, step by step in rollout order: actions never
+        depend on it, so this is the same computation as rewarding each pool step as it happens.
+        """
+        buf = self.buffer
+        rollout = RolloutSlice.concatenate(self.rollouts.collect(self.policy, self.n_steps, self.seed, self.update))
+        buf.np_obs[:], buf.np_masks[:] = rollout.obs, rollout.masks
+        buf.np_terminated[:], buf.np_truncated[:] = rollout.terminated, rollout.truncated
+        buf.np_final_obs[:] = rollout.final_obs
+        buf.variant_index[:] = rollout.variant_index
+        buf.actions.copy_(torch.from_numpy(rollout.actions))
+        buf.logprobs.copy_(torch.from_numpy(rollout.logprobs))
+        buf.values.copy_(torch.from_numpy(rollout.values))
+        if self.reward_transform is None:
+            buf.np_rewards[:] = rollout.rewards
+        else:
+            self.reward_transform.reset(rollout.reset_batch())
+            for t in range(self.n_steps):
+                buf.np_rewards[t] = self.reward_transform(rollout.step_batch(t))
+        stats = RolloutStats()
+        for t, i in zip(*np.nonzero(rollout.done), strict=True):  # step order, then slot order
+            stats.episode_returns.append(float(rollout.episode_return[t, i]))
+            stats.episode_lengths.append(int(rollout.episode_length[t, i]))
+            stats.successes.append(float(rollout.success[t, i]))
+        buf.to_device()
         with torch.no_grad():
-            for step in range(self.n_steps):
-                buf.np_obs[step] = batch.obs
-                buf.np_masks[step] = batch.action_mask
-                obs, mask = buf.host_obs[step], buf.host_masks[step]
-                if not on_cpu:
-                    obs, mask = obs.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
-                action, logprob, value = self.policy.sample(obs, mask, generator=self.sample_generator)
-                buf.actions[step] = action
-                buf.logprobs[step] = logprob
-                buf.values[step] = value
-                batch = self.pool.step(action.numpy() if on_cpu else action.cpu().numpy())
-                buf.np_rewards[step] = batch.reward if self.reward_transform is None else self.reward_transform(batch)
-                buf.np_terminated[step] = batch.terminated
-                buf.np_truncated[step] = batch.truncated
-                buf.np_final_obs[step] = batch.final_obs
-                buf.variant_index[step] = [info.get("variant_index", -1) for info in batch.infos]
-                for i in np.flatnonzero(batch.terminated | batch.truncated):
-                    info = batch.infos[i]
-                    stats.episode_returns.append(float(info.get("episode_return", np.nan)))
-                    stats.episode_lengths.append(int(info.get("episode_length", 0)))
-                    stats.successes.append(float(bool(info.get("success", False))))
-            buf.to_device()
-            self._next_value = self.policy.get_value(
-                torch.as_tensor(batch.obs, dtype=torch.float32, device=self.device)
-            )
+            self._next_value = self.policy.get_value(torch.as_tensor(rollout.last_obs, device=self.device))
         self.global_step += self.batch_size
         self.last_rollout = stats
         return stats
@@ -371,7 +370,7 @@ class PPO:
         sq_err = ((returns - self.buffer.values) ** 2).reshape(-1).cpu().numpy()[known]
         variants, inverse = np.unique(index[known], return_inverse=True)
         scores = np.bincount(inverse, weights=sq_err) / np.bincount(inverse)
-        self.pool.set_value_loss(variants, scores)
+        self.rollouts.set_value_loss(variants, scores)
 
     def train_iteration(self) -> dict[str, float]:
         """One rollout + one update; records and returns the diagnostics."""
@@ -432,14 +431,14 @@ class PPO:
             "adaptive": self.adaptive.state_dict(),
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
             "reward_transform": None if self.reward_transform is None else self.reward_transform.state_dict(),
-            "scheduler": self.pool.scheduler.state_dict(),
+            "scheduler": self.rollouts.scheduler.state_dict(),
             # value losses the pool holds for the scheduler until each variant's next episode ends
-            "pool_feedback": self.pool.feedback_state(),
+            "pool_feedback": self.rollouts.feedback_state(),
         }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Optimizer moments and the sampling generator's state, as named tensors (safetensors-ready)."""
-        tensors: dict[str, torch.Tensor] = {"rng/sample_generator": self.sample_generator.get_state()}
+        """Optimizer moments, as named tensors (safetensors-ready); action sampling is seeded per rollout slice."""
+        tensors: dict[str, torch.Tensor] = {}
         for idx, state in self.optimizer.state_dict()["state"].items():
             for key, value in state.items():
                 tensors[f"optim/{idx}/{key}"] = torch.as_tensor(value).detach().cpu().clone()
@@ -457,7 +456,6 @@ class PPO:
         self.adaptive.load_state_dict(state["adaptive"])
         if restore_rng:
             self.np_random.bit_generator.state = state["np_random"]
-            self.sample_generator.set_state(tensors["rng/sample_generator"])
         if restore_optimizer:
             optim_state: dict[int, dict[str, torch.Tensor]] = {}
             for name, value in tensors.items():
@@ -472,6 +470,6 @@ class PPO:
         if self.reward_transform is not None and state.get("reward_transform") is not None:
             self.reward_transform.load_state_dict(state["reward_transform"])
         if state.get("scheduler") is not None:
-            self.pool.scheduler.load_state_dict(state["scheduler"])
+            self.rollouts.scheduler.load_state_dict(state["scheduler"])
         if state.get("pool_feedback") is not None:
-            self.pool.load_feedback_state(state["pool_feedback"])
+            self.rollouts.load_feedback_state(state["pool_feedback"])

@@ -77,11 +77,13 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_che
 
 
 def busy_env_worker(pid: int, deadline: float) -> int | None:
-    """The pid of an env worker in the middle of a step (Ray titles a busy actor ``ray::RayEnvWorker.step``)."""
+    """The pid of an env worker in the middle of a rollout or a step (Ray titles a busy actor
+    ``ray::RayEnvWorker.rollout`` / ``ray::RayEnvWorker.step``)."""
     while time.monotonic() < deadline:
         for child in psutil.Process(pid).children(recursive=True):
             try:
-                if "RayEnvWorker.step" in " ".join(child.cmdline()):
+                title = " ".join(child.cmdline())
+                if "RayEnvWorker.rollout" in title or "RayEnvWorker.step" in title:
                     return int(child.pid)
             except psutil.NoSuchProcess:
                 continue

@@ -45,6 +45,7 @@ from agentflow_core.evaluation.policy_eval import (
     stratified_eval_variants,
 )
 from agentflow_core.gates import evaluate_gate, train_gate
+from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker
@@ -56,14 +57,14 @@ from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
 from tasks.budgets import budget_metrics
-from tasks.compose import PoolFactory, build_pool, recovery_summary, reward_function
+from tasks.compose import PoolFactory, build_pool, build_rollouts, recovery_summary, reward_function
 
 EXPLORATION_EPSILON = 0.95
 EVAL_NUM_ENVS = 16
 FINAL_EVAL_EPISODES = 128
 
 
-def reward_transform(cfg: AgentFlowConfig, pool: EnvPool, reward_fn: RewardFunction) -> TrainingReward:
+def reward_transform(cfg: AgentFlowConfig, pool: EnvPool | SlicedRollouts, reward_fn: RewardFunction) -> TrainingReward:
     """The reward PPO trains on over ``pool`` (normalised per base env); `agentflow bench learning` uses it too."""
     base_of = {i: v.base_env_id for i, v in enumerate(pool.variants)}
     normalizer = PerEnvRewardNormalizer() if cfg.train.reward.normalize else None
@@ -146,7 +147,7 @@ def run_train(
     untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
-    pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
+    pool = build_rollouts(cfg, train_variants, tc.num_envs, seed=seed)
     resources.callback(pool.close)
     eval_pool = pool_factory(
         cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 1, scheduler="round_robin", standby=False
