@@ -58,7 +58,9 @@ def tiny_params(root: Path, **section_overrides: dict[str, Any]) -> dict[str, An
             "num_envs": 8,
             "consistency_variants": 6,
             "consistency_target": 0.4,
-            "min_robustness": 0.1,
+            # nor a robust one (robustness 0.04-0.3 depending on the sampling seeds); tests/test_gates.py
+            # puts this gate out of reach to see it fail
+            "min_robustness": 0.0,
         },
         "report": {"champion_episodes": 8, "champion_slice": 0.5},
     }
