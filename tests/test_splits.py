@@ -137,6 +137,16 @@ class RecordingFactory:
         return build_pool(cfg, variants, num_envs, **kw)
 
 
+class RecordingRollouts(RecordingFactory):
+    """Training's worker-side rollout source, recording the variants it is built over."""
+
+    def __call__(self, cfg: AgentFlowConfig, variants: Sequence[VariantSpec], num_envs: int, **kw: Any) -> Any:
+        from tasks.compose import build_rollouts
+
+        self.pools.append([v.content_hash for v in variants])
+        return build_rollouts(cfg, variants, num_envs, **kw)
+
+
 @pytest.mark.slow
 def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_path: Path) -> None:
     from agentflow_core.rl.trajectories import read_steps
@@ -150,7 +160,7 @@ def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_pat
     cfg = load_config(write_tiny_params(tmp_path, train={"total_steps": 512}))
     run_variants(cfg, tmp_path / "variants")
     splits = {name: {v.content_hash for v in vs} for name, vs in read_splits(tmp_path / "variants").items()}
-    explore_pools, train_pools = RecordingFactory(), RecordingFactory()
+    explore_pools, train_pools, rollouts = RecordingFactory(), RecordingFactory(), RecordingRollouts()
     run_explore(cfg, tmp_path / "variants", tmp_path / "traj", pool_factory=explore_pools)
     metrics = tmp_path / "train.json"
     summary = run_train(
@@ -161,11 +171,13 @@ def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_pat
         False,
         pool_factory=train_pools,
         metrics_path=metrics,
+        rollout_factory=rollouts,
     )
     rows = set(read_steps(tmp_path / "traj").column("variant_hash").to_pylist())
     assert explore_pools.pools and all(set(p) <= splits["train"] for p in explore_pools.pools)
     assert rows and rows <= splits["train"]  # so BC, which reads these rows, sees train variants only
-    training, validation, test = train_pools.pools  # built in this order: test only after training ended
+    (training,) = rollouts.pools
+    validation, test = train_pools.pools  # built in this order: test only after training ended
     assert set(training) == splits["train"]
     assert set(validation) <= splits["validation"] and set(test) <= splits["test"]
     assert summary["bc"]["used"] and summary["bc"]["samples"] > 0

@@ -284,7 +284,11 @@ class SliceRunner:
         # caller's state must stay as it was should this attempt be lost
         pool.load(copy.deepcopy(request.state))
         if self._policy is None or self._policy.hidden_sizes != tuple(request.hidden_sizes):
-            self._policy = ActorCritic(hidden_sizes=request.hidden_sizes)
+            # its initial weights are overwritten at once: building it must not draw from torch's global
+            # generator, which an in-process run checkpoints (a resumed run builds it later than an
+            # uninterrupted one, and their checkpoints would differ)
+            with torch.random.fork_rng(devices=[]):
+                self._policy = ActorCritic(hidden_sizes=request.hidden_sizes)
         self._policy.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         generator = torch.Generator().manual_seed(request.sample_seed)
         rollout = collect_slice(pool, self._policy, request.n_steps, request.reset_seed, generator, pool.global_index)

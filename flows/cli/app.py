@@ -253,7 +253,7 @@ app.add_typer(bench_app, name="bench")
 def main() -> None:
     """Console entry point with library errors turned into clean messages."""
     try:
-        app()
+        app(prog_name="agentflow")
     except AgentFlowError as exc:
         err_console.print(f"[bold red]error[/]: {one_line(exc)}")
         sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError) else 1)

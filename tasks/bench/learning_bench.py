@@ -55,7 +55,7 @@ from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from tasks.bench.sb3_envs import TrainVariantEnv, maskable_greedy, product_reward_vec_env
-from tasks.compose import PoolFactory, build_pool, env_factory, reward_function
+from tasks.compose import PoolFactory, build_pool, build_rollouts, env_factory, reward_function
 from tasks.steps.explore import run_explore
 from tasks.steps.train import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES, reward_transform
 from tasks.steps.variants import run_variants
@@ -194,7 +194,7 @@ def train_agentflow(
     eval_every: int,
     pool_factory: PoolFactory = build_pool,
 ) -> LearnerRun:
-    """AgentFlow as ``agentflow train`` trains it: exploration data for BC, BC warm start, then PPO on the pool."""
+    """AgentFlow as ``agentflow train`` trains it: exploration data for BC, BC warm start, then PPO on worker-side rollouts."""
     tc, seed = cfg.train, cfg.base.seed
     run = LearnerRun("agentflow")
     clock = TrainingClock()
@@ -212,7 +212,12 @@ def train_agentflow(
         behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted), seed=seed)
         run.setup_s["bc_s"] = clock.elapsed - started
     started = clock.elapsed
-    pool = pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
+    # the product's rollout source (worker-side rollouts), unless a test hands in its own pools
+    pool = (
+        build_rollouts(cfg, train_variants, tc.num_envs, seed=seed)
+        if pool_factory is build_pool
+        else pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
+    )
     try:
         with reward_function(cfg, pool.num_envs) as reward_fn:
             ppo = PPO(policy, pool, tc, seed=seed, reward_transform=reward_transform(cfg, pool, reward_fn))

@@ -119,8 +119,12 @@ def run_train(
     *,
     seed: int | None = None,
     warm_start: Path | None = None,
+    rollout_factory: Callable[..., SlicedRollouts] = build_rollouts,
 ) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
+
+    Training's rollouts come from ``rollout_factory`` (worker-side rollouts), its validation and test
+    evaluations from pools of ``pool_factory``.
 
     A retrain passes its cycle ``seed`` and the champion's checkpoint as ``warm_start``. The cycle
     seed drives what the cycle does anew -- network initialisation, behaviour cloning, the training
@@ -147,7 +151,7 @@ def run_train(
     untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
-    pool = build_rollouts(cfg, train_variants, tc.num_envs, seed=seed)
+    pool = rollout_factory(cfg, train_variants, tc.num_envs, seed=seed)
     resources.callback(pool.close)
     eval_pool = pool_factory(
         cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 1, scheduler="round_robin", standby=False

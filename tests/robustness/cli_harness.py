@@ -33,7 +33,7 @@ def _address_space() -> int:
 
 
 def _child(case: dict[str, Any], memory_bytes: int) -> None:
-    from flows.cli import main
+    from flows.cli.app import main
 
     out = Path(case["out"])
     for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--memory-mb", type=int, default=500)
     parser.add_argument("--timeout-s", type=float, default=5.0)
     args = parser.parse_args()
-    import flows.cli  # noqa: F401 - warm the imports once, before any fork
+    import flows.cli.app  # noqa: F401 - warm the imports once, before any fork
 
     cases = json.loads(args.cases.read_text())
     results = [run_case(case, args.memory_mb << 20, args.timeout_s) for case in cases]

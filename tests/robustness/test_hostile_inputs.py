@@ -213,7 +213,7 @@ def test_hostile_input_exits_2_with_one_line_and_writes_nothing(
 def test_user_text_in_a_valid_config_is_printed_literally(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.app import app
 
     params = tmp_path / "params.yaml"
     params.write_text('base:\n  run_name: "[/x] [bold]demo"\n')
