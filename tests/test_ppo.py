@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from agentflow_core.config import TrainConfig
-from agentflow_core.pool.rollout import slice_seeds
+from agentflow_core.pool.slices import slice_seeds
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.losses import (
     approx_kl,

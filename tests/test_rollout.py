@@ -22,7 +22,8 @@ import torch
 from agentflow_core.config import PoolConfig, RewardConfig, TrainConfig
 from agentflow_core.contracts import PoolBatch
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.pool.rollout import InProcessSlices, RolloutSlice, SlicedRollouts, collect_slice, slice_seeds
+from agentflow_core.pool.rollout import InProcessSlices, SlicedRollouts
+from agentflow_core.pool.slices import RolloutSlice, collect_slice, slice_seeds
 from agentflow_core.rl.checkpoint import CheckpointManager, load_checkpoint, restore_ppo
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash

@@ -45,7 +45,7 @@ from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
 from agentflow_core.pool.worker import EnvWorker
 
 if TYPE_CHECKING:  # the rollout module pulls in torch: actors import it on their first rollout (or standby warm-up)
-    from agentflow_core.pool.rollout import SliceRequest, SliceResult, SliceRunner, Weights
+    from agentflow_core.pool.slices import SliceRequest, SliceResult, SliceRunner, Weights
 
 logger = logging.getLogger("agentflow.pool")
 
@@ -113,7 +113,7 @@ class RayEnvWorker(EnvWorker):
         if self._runner is None:
             import torch
 
-            from agentflow_core.pool.rollout import SliceRunner
+            from agentflow_core.pool.slices import SliceRunner
 
             torch.set_num_threads(1)  # a small MLP on a slice's rows: more threads only compete with the other worker
             self._runner = SliceRunner(self)
