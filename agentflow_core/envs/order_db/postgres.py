@@ -12,6 +12,7 @@ passed to SQLAlchemy as it is, so a user's own server works the same way
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -89,11 +90,9 @@ def sweep_orphans(parent: Path) -> list[Path]:
             owners += found if isinstance(found, list) else [found]
         if any(isinstance(pid, int) and psutil.pid_exists(pid) for pid in owners):
             continue
-        try:
-            postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
-            psutil.Process(postmaster).kill()
-        except (OSError, ValueError, IndexError, psutil.Error):
-            pass  # no server running there
+        # no postmaster.pid, a damaged one, or its process already gone: no server left to stop
+        with contextlib.suppress(OSError, ValueError, IndexError, psutil.Error):
+            psutil.Process(int((pgdata / "postmaster.pid").read_text().split()[0])).kill()
         shutil.rmtree(folder, ignore_errors=True)
         swept.append(folder)
     return swept
