@@ -126,6 +126,16 @@ class WebCheckoutEnv:
         self._step_id = 0
         self._done = False
 
+    @property
+    def state(self) -> WebState | None:
+        """The server-side state behind the page (None before ``reset``); the real web app renders it as HTML."""
+        return self._state
+
+    @property
+    def last_banner(self) -> dict[str, str] | None:
+        """The flash banner of the page last rendered."""
+        return self._obs.get("banner")
+
     def close(self) -> None:
         """Nothing to release: the storefront lives in memory."""
         self._state = None

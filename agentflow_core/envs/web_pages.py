@@ -59,8 +59,30 @@ def _money(value: float) -> str:
     return f"${value:,.2f}"
 
 
-def render(st: WebState, scenario: Scenario, banner: dict[str, str] | None = None) -> dict[str, Any]:
-    """Render the current page as the DOM-like dict the agent observes (a pure function of the state)."""
+@dataclass(frozen=True)
+class PageParts:
+    """A rendered page before it is flattened: what the HTML storefront lays out and the dict joins.
+
+    ``text`` of the raw observation is ``header`` lines, ``title + "."``, ``body`` and the banner text
+    joined by spaces (:func:`render`); the real web app (``envs/web_app``) puts each part in its own
+    element, so a DOM reader can rebuild the same text.
+    """
+
+    page: str
+    url: str
+    header: tuple[str, ...]
+    title: str
+    body: str
+    banner: dict[str, str] | None
+    fields: dict[str, str]
+    buttons: tuple[str, ...]
+    links: tuple[str, ...]
+    forms: tuple[str, ...]
+    data: dict[str, Any]
+
+
+def page_parts(st: WebState, scenario: Scenario, banner: dict[str, str] | None = None) -> PageParts:
+    """The current page's parts (a pure function of the state)."""
     price = scenario.unit_price
     page = st.page
     pending = st.logged_in and st.order_status == "pending"
@@ -81,22 +103,19 @@ def render(st: WebState, scenario: Scenario, banner: dict[str, str] | None = Non
         header, links = [], []
     if st.pending_action is not None and banner is not None and banner.get("text") == TIMEOUT_TEXT:
         buttons.append("#retry")
-    text = " ".join([*header, title + ".", body, banner["text"] if banner else ""]).strip()
     total = st.order_total if st.order_status == "pending" else price * max(st.cart_count, 1)
-    return {
-        "page": page,
-        "url": f"/product/{st.product_id}" if page == "product_detail" else _URLS[page],
-        "title": title,
-        "text": text,
-        "fields": fields,
-        "buttons": buttons,
-        "links": links,
-        "forms": forms,
-        "banner": banner,
-        "cart_count": st.cart_count,
-        "balance": round(st.balance, 2),
-        "sim_time_s": round(st.sim_time_s, 6),
-        "data": {
+    return PageParts(
+        page=page,
+        url=f"/product/{st.product_id}" if page == "product_detail" else _URLS[page],
+        header=tuple(header),
+        title=title,
+        body=body,
+        banner=banner,
+        fields=fields,
+        buttons=tuple(buttons),
+        links=tuple(links),
+        forms=tuple(forms),
+        data={
             "user_logged_in": int(st.logged_in),
             "is_vip": int(st.logged_in and scenario.user_tier == "vip"),
             "payment_page_loaded": int(page == "payment"),
@@ -106,6 +125,31 @@ def render(st: WebState, scenario: Scenario, banner: dict[str, str] | None = Non
             "balance_ratio": round(st.balance / total, 4) if total > 0 else 0.0,
             "retries_used": st.retries_used,
         },
+    )
+
+
+def page_text(header: tuple[str, ...], title: str, body: str, banner: dict[str, str] | None) -> str:
+    """The visible text of a page, from its parts (shared by :func:`render` and the browser's DOM reader)."""
+    return " ".join([*header, title + ".", body, banner["text"] if banner else ""]).strip()
+
+
+def render(st: WebState, scenario: Scenario, banner: dict[str, str] | None = None) -> dict[str, Any]:
+    """Render the current page as the DOM-like dict the agent observes (a pure function of the state)."""
+    parts = page_parts(st, scenario, banner)
+    return {
+        "page": parts.page,
+        "url": parts.url,
+        "title": parts.title,
+        "text": page_text(parts.header, parts.title, parts.body, banner),
+        "fields": parts.fields,
+        "buttons": list(parts.buttons),
+        "links": list(parts.links),
+        "forms": list(parts.forms),
+        "banner": banner,
+        "cart_count": st.cart_count,
+        "balance": round(st.balance, 2),
+        "sim_time_s": round(st.sim_time_s, 6),
+        "data": parts.data,
     }
 
 
