@@ -401,6 +401,24 @@ class TrainConfig(_Section):
         return -(-self.total_steps // (self.num_envs * self.n_steps))
 
 
+class SimToRealConfig(_Section):
+    """Sim-to-real validation in Phase 3: the policy on the real channels next to the simulated ones.
+
+    Per family, the first ``episodes_per_family`` variants of the stress sample (test split) run once on
+    the simulated channel and once on its real counterpart with the same seed (web_checkout: headless
+    Chromium on the storefront web app; order_db: PostgreSQL through pgserver; payment_api: the HTTP
+    server in a separately started process).
+    """
+
+    enabled: bool = False
+    episodes_per_family: Annotated[int, Field(gt=0, le=1000)] = 16
+    max_gap: Fraction = Field(
+        0.02, description="Gate: sim minus real process success, per family, at most this (when enabled)."
+    )
+    families: list[Literal["web_checkout", "order_db", "payment_api"]] = ["web_checkout", "order_db", "payment_api"]
+    env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
+
+
 class StressConfig(_Section):
     """Phase 3 stress validation (agentflow_core.evaluation documents every measure)."""
 
@@ -421,6 +439,7 @@ class StressConfig(_Section):
     )
     min_robustness: Fraction = Field(0.8, description="Phase 3 gate: robustness_score must reach this.")
     max_crash_rate: Fraction = Field(0.0, description="Phase 3 gate: share of crashed episodes allowed.")
+    sim_to_real: SimToRealConfig = SimToRealConfig()
     budget_s: BudgetS = 600.0
 
 

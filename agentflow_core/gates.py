@@ -128,11 +128,17 @@ def stress_checks(s: StressConfig) -> tuple[GateCheck, ...]:
     )
 
 
+def sim_to_real_checks(s: StressConfig) -> tuple[GateCheck, ...]:
+    """The sim-to-real gap check (largest per-family gap in process success), when the run is enabled."""
+    real = s.sim_to_real
+    return (GateCheck("sim_to_real_max_gap", "<=", real.max_gap),) if real.enabled else ()
+
+
 def stress_gate(cfg: AgentFlowConfig) -> PhaseGate:
-    """Phase 3: robustness, consistency and crash rate, all three."""
+    """Phase 3: robustness, consistency and crash rate, all three (and the sim-to-real gap when enabled)."""
     return PhaseGate(
         "stress",
-        stress_checks(cfg.stress),
+        stress_checks(cfg.stress) + sim_to_real_checks(cfg.stress),
         "none (the report is still written; a checkpoint that fails it is never promoted)",
         cfg.stress.budget_s,
     )

@@ -82,6 +82,16 @@ READ_PAGE_JS = """() => {
     forms: all("main form[name]").map((e) => e.getAttribute("name")), values,
   };
 }"""
+# Waits (inside the page: no extra round trip) for the answer to request ``seq`` to be swapped in, then reads it.
+AWAIT_PAGE_JS = f"""async ([seq, timeoutMs]) => {{
+  const ready = () => document.body.dataset.seq === seq || Boolean(document.body.dataset.clientError);
+  const deadline = Date.now() + timeoutMs;
+  while (!ready()) {{
+    if (Date.now() > deadline) throw new Error(`no answer to request ${{seq}} within ${{timeoutMs}} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }}
+  return ({READ_PAGE_JS})();
+}}"""
 
 
 def _number(text: str) -> int | float:
@@ -279,8 +289,9 @@ class BrowserCheckoutEnv:
                 release_shared_storefront(server)
 
     # ------------------------------------------------------------------ internals
-    def _read(self) -> None:
-        page = self._page.evaluate(READ_PAGE_JS)
+    def _read(self, after_seq: str | None = None) -> None:
+        """The raw observation from the DOM (after the answer to request ``after_seq`` arrived, if given)."""
+        page = self._page.evaluate(READ_PAGE_JS) if after_seq is None else self._page.evaluate(AWAIT_PAGE_JS, [after_seq, ACTION_TIMEOUT_MS])
         if page.get("clientError"):
             raise RuntimeError(f"env {self.env_id}: the page's script failed: {page['clientError']}")
         self._seq = int(page["seq"])
@@ -321,10 +332,7 @@ class BrowserCheckoutEnv:
             page.locator(f'[id="{str(action["target"]).lstrip("#")}"]').first.click()
         else:
             page.locator(f'main form[name="{action["form"]}"]').evaluate("form => form.requestSubmit()")
-        page.wait_for_function(
-            "seq => document.body.dataset.seq === seq || Boolean(document.body.dataset.clientError)", arg=expected
-        )
-        self._read()
+        self._read(after_seq=expected)
         return self._status == 200
 
     def _info(self, failure_reason: str | None, applied: bool, sim_time: float) -> dict[str, Any]:

@@ -82,6 +82,7 @@ def build_report(
         "plots": dict(plots or {}),
         "champion": dict(champion) if champion is not None else None,
         "cycle": dict(cycle) if cycle is not None else None,
+        "sim_to_real": analysis.get("sim_to_real"),
     }
 
 
@@ -314,8 +315,27 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
         [e["episode_id"], e["env_id"], e["shaped_return"], e["env_return"], " → ".join(e["path"][-4:])]
         for e in report["reward_hacking"]["examples"]
     ]
+    real = (report.get("sim_to_real") or {}).get("families", [])
+    sim_to_real = [
+        [
+            f["family"],
+            f["real_channel"],
+            f["episodes"],
+            _pct(f["sim_process_success"]),
+            _pct(f["real_process_success"]),
+            f"{100 * f['gap']:+.1f} pts",
+            _pct(f["identical_fraction"]),
+            f"{f['real_step_ms_p50']:.1f} / {f['real_step_ms_p95']:.1f}",
+        ]
+        for f in real
+    ]
     return [
         ("Metrics", ["metric", "value"], metrics),
+        (
+            "Sim-to-real gap (same variants and seeds on the real channels)",
+            ["family", "real channel", "episodes", "sim success", "real success", "gap", "same path", "real step ms p50 / p95"],
+            sim_to_real,
+        ),
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),
         (
             "Success by family and dimension value (95% Wilson interval)",

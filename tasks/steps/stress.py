@@ -39,6 +39,7 @@ from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
+from tasks.real_channels import run_sim_to_real
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
@@ -202,7 +203,12 @@ def run_stress(
         cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
+    if cfg.stress.sim_to_real.enabled:  # the same policy on the real channels (same variants and seeds)
+        real = run_sim_to_real(cfg, policy, sample)
+        summary["sim_to_real"] = real.to_dict()
+        summary["metrics"].update(real.metrics())
     verdict = evaluate_gate(stress_gate(cfg), summary["metrics"])
+    summary["passed"] = summary["passed"] and verdict.passed
     summary["gate"] = verdict.message
     summary["budget"] = budget_metrics("stress", time.perf_counter() - started, cfg.stress.budget_s)
     with atomic_dir(Path(out_dir)) as tmp:
@@ -214,6 +220,7 @@ def run_stress(
         {k: summary["metrics"][k] for k in METRIC_KEYS}
         | {"passed": summary["passed"]}
         | summary["breakdown_metrics"]
+        | {k: v for k, v in summary["metrics"].items() if k.startswith("sim_to_real_")}
         | summary["budget"],
     )
     return summary

@@ -1,0 +1,198 @@
+"""Sim-to-real validation: the same policy, variants and seeds on a simulated channel and on its real one.
+
+For every family, each selected variant runs one episode on the simulated env and one on the real
+env (the browser, PostgreSQL, an HTTP server in another process) with the same seed. The measure is
+the *gap* in process success (:func:`~agentflow_core.semantics.process_success`, the stress phase's
+definition): ``sim - real`` per family, so a positive gap is what the real channel loses. Paired
+runs also say how many episodes took exactly the same path (actions and token sets) on both sides --
+where the real channel is a faithful carrier of the simulated process, the gap is zero *because* the
+paths are equal, and where it is not, the first differing step is what to look at.
+
+Real channels are slow (a browser step is a click, a network round trip and a DOM read), so the
+wall time of each real step is recorded (``clock`` is injected) and reported as p50/p95.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentflow_core.envs.semantic_env import SemanticEnv
+from agentflow_core.semantics import GOAL_TOKEN, process_success
+from agentflow_core.variants import VariantSpec
+
+PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+EnvMaker = Callable[[VariantSpec], SemanticEnv]
+
+
+@dataclass(frozen=True)
+class EpisodeTrace:
+    """One greedy episode: the actions taken, the token sets seen after each, and how it ended."""
+
+    actions: tuple[int, ...]
+    tokens: tuple[tuple[str, ...], ...]
+    terminated: bool
+    success: bool
+    reached_goal: bool
+    step_seconds: tuple[float, ...]
+
+
+def run_episode(
+    env: SemanticEnv, policy_fn: PolicyFn, seed: int, params: Mapping[str, Any], clock: Callable[[], float]
+) -> EpisodeTrace:
+    """Reset with ``seed`` and act greedily until the episode ends (the env truncates at its step limit)."""
+    obs, info = env.reset(seed=seed)
+    actions: list[int] = []
+    tokens: list[tuple[str, ...]] = []
+    seconds: list[float] = []
+    terminated = truncated = False
+    while not (terminated or truncated):
+        action = int(np.asarray(policy_fn(obs[None, :], np.asarray(info["action_mask"])[None, :])).reshape(-1)[0])
+        started = clock()
+        obs, _reward, terminated, truncated, info = env.step(action)
+        seconds.append(clock() - started)
+        actions.append(action)
+        tokens.append(tuple(info["tokens"]))
+    reached = any(GOAL_TOKEN in t for t in tokens)
+    success = (reached and terminated) or process_success(params, tokens[-1], terminated)
+    return EpisodeTrace(tuple(actions), tuple(tokens), terminated, success, reached, tuple(seconds))
+
+
+@dataclass(frozen=True)
+class PairedEpisode:
+    """One variant and seed, run on both channels."""
+
+    family: str
+    env_id: str
+    seed: int
+    sim: EpisodeTrace
+    real: EpisodeTrace
+
+    @property
+    def identical(self) -> bool:
+        """Both channels took the same actions and saw the same token sets at every step."""
+        return self.sim.actions == self.real.actions and self.sim.tokens == self.real.tokens
+
+
+def paired_episodes(
+    variants: Sequence[VariantSpec],
+    seeds: Sequence[int],
+    make_sim: EnvMaker,
+    make_real: EnvMaker,
+    policy_fn: PolicyFn,
+    clock: Callable[[], float],
+) -> list[PairedEpisode]:
+    """Run each (variant, seed) on a fresh simulated env and a fresh real env; envs are closed after use."""
+    out = []
+    for variant, seed in zip(variants, seeds, strict=True):
+        traces = []
+        for make in (make_sim, make_real):
+            env = make(variant)
+            try:
+                traces.append(run_episode(env, policy_fn, seed, variant.params, clock))
+            finally:
+                env.close()
+        out.append(PairedEpisode(variant.family, variant.env_id, seed, traces[0], traces[1]))
+    return out
+
+
+def _percentile_ms(seconds: Sequence[float], q: float) -> float:
+    return round(float(np.percentile(np.asarray(seconds), q)) * 1000.0, 3) if seconds else float("nan")
+
+
+@dataclass(frozen=True)
+class FamilyGap:
+    """Process success of one family on both channels, and the gap between them."""
+
+    family: str
+    real_channel: str
+    episodes: int
+    sim_success: float
+    real_success: float
+    identical_fraction: float
+    real_step_ms_p50: float
+    real_step_ms_p95: float
+    sim_step_ms_p50: float
+
+    @property
+    def gap(self) -> float:
+        """``sim - real`` process success (positive: the real channel does worse)."""
+        return round(self.sim_success - self.real_success, 6)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for summary.json and the report."""
+        return {
+            "family": self.family,
+            "real_channel": self.real_channel,
+            "episodes": self.episodes,
+            "sim_process_success": self.sim_success,
+            "real_process_success": self.real_success,
+            "gap": self.gap,
+            "identical_fraction": self.identical_fraction,
+            "real_step_ms_p50": self.real_step_ms_p50,
+            "real_step_ms_p95": self.real_step_ms_p95,
+            "sim_step_ms_p50": self.sim_step_ms_p50,
+        }
+
+
+@dataclass(frozen=True)
+class SimToRealReport:
+    """The gap per family; ``max_gap`` is what the stress gate checks."""
+
+    families: tuple[FamilyGap, ...]
+    episodes: list[PairedEpisode] = field(repr=False, default_factory=list)
+
+    @property
+    def max_gap(self) -> float:
+        """The largest per-family gap (0.0 when no family ran)."""
+        return max((f.gap for f in self.families), default=0.0)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics: ``sim_to_real_max_gap`` and ``sim_to_real_gap_<family>``."""
+        out = {"sim_to_real_max_gap": self.max_gap}
+        out.update({f"sim_to_real_gap_{f.family}": f.gap for f in self.families})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for summary.json."""
+        return {"max_gap": self.max_gap, "families": [f.to_dict() for f in self.families]}
+
+
+def summarize(episodes: Sequence[PairedEpisode], real_channels: Mapping[str, str]) -> SimToRealReport:
+    """Per family (in name order): success on both sides, the share of identical paths, step latencies."""
+    families = []
+    for family in sorted({e.family for e in episodes}):
+        mine = [e for e in episodes if e.family == family]
+        n = len(mine)
+        real_steps = [s for e in mine for s in e.real.step_seconds]
+        sim_steps = [s for e in mine for s in e.sim.step_seconds]
+        families.append(
+            FamilyGap(
+                family=family,
+                real_channel=real_channels.get(family, family),
+                episodes=n,
+                sim_success=round(sum(e.sim.success for e in mine) / n, 6),
+                real_success=round(sum(e.real.success for e in mine) / n, 6),
+                identical_fraction=round(sum(e.identical for e in mine) / n, 6),
+                real_step_ms_p50=_percentile_ms(real_steps, 50),
+                real_step_ms_p95=_percentile_ms(real_steps, 95),
+                sim_step_ms_p50=_percentile_ms(sim_steps, 50),
+            )
+        )
+    return SimToRealReport(tuple(families), list(episodes))
+
+
+def select_pairs(
+    sample: Sequence[VariantSpec], families: Sequence[str], per_family: int, seed: int
+) -> tuple[list[VariantSpec], list[int]]:
+    """The first ``per_family`` variants of each family in the stress sample (cycled when it has fewer),
+    and one seed per episode from ``seed`` (the same seeds on both channels)."""
+    chosen: list[VariantSpec] = []
+    for family in families:
+        mine = [v for v in sample if v.family == family]
+        chosen.extend(mine[i % len(mine)] for i in range(per_family) if mine)
+    rng = np.random.default_rng(seed)
+    return chosen, [int(s) for s in rng.integers(0, 2**31 - 1, size=len(chosen))]
