@@ -1,4 +1,4 @@
-"""Gymnasium ids for the three channel families, for tools that speak only ``gymnasium.make``.
+"""Gymnasium ids for the channel families (the three simulated ones and the real browser), for tools that speak only ``gymnasium.make``.
 
 Importing this module registers the ids (that is its sole purpose), so
 ``gymnasium.make("agentflow_core.gym_registration:agentflow/WebCheckout-v2")`` works without
@@ -45,6 +45,13 @@ GYM_ENVS: dict[str, dict[str, str]] = {
         "class_path": "agentflow_core.envs.payment_api:PaymentAPIEnv",
         "adapter": "api",
         "mapping": "payment_api_v1.json",
+    },
+    # The web channel in a real headless Chromium (Playwright; /usr/bin/chromium) on the storefront web app.
+    "agentflow/WebBrowser-v1": {
+        "env_id": "web_browser_v1",
+        "class_path": "agentflow_core.envs.web_browser:BrowserCheckoutEnv",
+        "adapter": "web",
+        "mapping": "web_browser_v1.json",
     },
 }
 _BY_BASE_ID = {config["env_id"]: config for config in GYM_ENVS.values()}

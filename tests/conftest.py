@@ -50,6 +50,40 @@ def repo_root() -> Path:
     return REPO
 
 
+def owned_chromium_pids(owner_pid: int) -> list[int]:
+    """Chromium processes launched by ``owner_pid`` (marked with the browser channel's owner switch)."""
+    import psutil
+
+    from agentflow_core.envs.web_browser import OWNER_SWITCH
+
+    marker = f"{OWNER_SWITCH}={owner_pid}"
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if marker in (proc.info["cmdline"] or []):
+                found.append(proc.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(scope="session")
+def browser_session() -> Iterator[None]:
+    """One headless Chromium for the session (every browser env of the tests shares it); none left after."""
+    from agentflow_core.envs.web_browser import acquire_browser, close_all_browsers, live_browsers, release_browser
+
+    host = acquire_browser()
+    yield
+    release_browser(host)
+    leaked = live_browsers()
+    close_all_browsers()
+    deadline = time.monotonic() + 10
+    while owned_chromium_pids(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leaked == 0, f"{leaked} browser(s) still held by envs that were never closed"
+    assert owned_chromium_pids(os.getpid()) == [], "Chromium processes outlived the test session"
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local Ray for the whole session (~5 s to start); actors must not ask for whole CPUs."""

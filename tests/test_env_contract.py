@@ -32,8 +32,15 @@ REGISTERED = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
 ON_POSTGRES = [
     dataclasses.replace(e, kwargs={**e.kwargs, "url": EMBEDDED_POSTGRES}) for e in REGISTERED if e.family == "order_db"
 ]
-ENTRIES = REGISTERED + ON_POSTGRES
-IDS = [e.env_id for e in REGISTERED] + [f"{e.env_id}-postgresql" for e in ON_POSTGRES]
+# The web channel on a real browser (headless Chromium on the storefront web app): the real-env registry.
+REAL = EnvRegistry(REPO / "configs/real_envs", yaml.safe_load).entries()
+ENTRIES = REGISTERED + ON_POSTGRES + REAL
+IDS = [e.env_id for e in REGISTERED] + [f"{e.env_id}-postgresql" for e in ON_POSTGRES] + [e.env_id for e in REAL]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_browser(browser_session: None) -> None:
+    """The browser env's cases share the session's one Chromium."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,7 +64,7 @@ def test_postgresql_entries_really_run_on_postgresql() -> None:
 
 
 def test_the_registry_holds_every_family() -> None:
-    assert {e.family for e in ENTRIES} >= {"web_checkout", "order_db", "payment_api"}
+    assert {e.family for e in ENTRIES} >= {"web_checkout", "order_db", "payment_api", "web_browser"}
 
 
 def test_gymnasium_check_env_passes(entry: EnvEntry) -> None:

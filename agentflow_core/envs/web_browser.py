@@ -18,7 +18,9 @@ kills one and checks). Every Playwright wait has a deadline (:data:`ACTION_TIMEO
 What differs from the simulated channel, by design: the server counts requests, so an action
 the page does not offer (no request is sent) or a ``type`` into a field (client side) does not age
 the session there as a simulated step does; the semantic actions never type, and a masked policy
-never picks an action the page lacks.
+never picks an action the page lacks. After a ``type`` the page text that quotes the card ("ending
+1234") changes only with the next request, and after an action the page lacks the page (a flash
+banner included) stays as it was, where the simulator re-renders it at once (without the banner).
 """
 
 from __future__ import annotations
