@@ -315,20 +315,7 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
         [e["episode_id"], e["env_id"], e["shaped_return"], e["env_return"], " → ".join(e["path"][-4:])]
         for e in report["reward_hacking"]["examples"]
     ]
-    real = (report.get("sim_to_real") or {}).get("families", [])
-    sim_to_real = [
-        [
-            f["family"],
-            f["real_channel"],
-            f["episodes"],
-            _pct(f["sim_process_success"]),
-            _pct(f["real_process_success"]),
-            f"{100 * f['gap']:+.1f} pts",
-            _pct(f["identical_fraction"]),
-            f"{f['real_step_ms_p50']:.1f} / {f['real_step_ms_p95']:.1f}",
-        ]
-        for f in real
-    ]
+    sim_to_real = sim_to_real_rows(report)
     return [
         ("Metrics", ["metric", "value"], metrics),
         (
@@ -351,6 +338,23 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
         ("Least consistent matched states", ["tokens", "variants", "agreement", "modal actions"], matched),
         ("Risk", ["group", "risky steps", "steps", "rate"], risk_rows),
         ("Reward hacking examples", ["episode", "env_id", "shaped return", "env return", "path (last)"], hack),
+    ]
+
+
+def sim_to_real_rows(report: Mapping[str, Any]) -> list[list[Any]]:
+    """One row per family of the sim-to-real run (none when it did not run)."""
+    return [
+        [
+            f["family"],
+            f["real_channel"],
+            f["episodes"],
+            _pct(f["sim_process_success"]),
+            _pct(f["real_process_success"]),
+            f"{100 * f['gap']:+.1f} pts",
+            _pct(f["identical_fraction"]),
+            f"{f['real_step_ms_p50']:.1f} / {f['real_step_ms_p95']:.1f}",
+        ]
+        for f in (report.get("sim_to_real") or {}).get("families", [])
     ]
 
 
