@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+from tiny import tiny_params
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.report import sim_to_real_rows
 from agentflow_core.evaluation.sim_to_real import EpisodeTrace, PairedEpisode, select_pairs, summarize
-from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.gates import evaluate_gate, stress_gate
-from tasks.config_io import load_config
-from tasks.real_channels import REAL_CHANNELS, run_sim_to_real
-from tasks.rollout import load_policy, load_variants
+from agentflow_core.variants import VariantSpec
+from tasks.config_io import parse_config
+from tasks.real_channels import REAL_CHANNELS
+from tasks.steps.stress import run_stress
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _trace(success: bool, actions: tuple[int, ...] = (1,), ms: float = 1.0) -> EpisodeTrace:
@@ -58,29 +58,30 @@ def test_gate_on_the_gap_is_configured_data() -> None:
 
 
 def test_select_pairs_cycles_a_short_family_and_seeds_deterministically() -> None:
-    cfg = load_config(REPO / "params.yaml")
-    sample = load_variants(cfg)[:40]
+    sample = [VariantSpec(f"{f}_{i}", f"{f}_v1", f, {}, f"{f}{i}") for f in ("order_db", "web_checkout") for i in range(2)]
     chosen, seeds = select_pairs(sample, ["order_db"], 3, seed=0)
-    assert [v.family for v in chosen] == ["order_db"] * 3
+    assert [v.env_id for v in chosen] == ["order_db_0", "order_db_1", "order_db_0"]
     assert seeds == select_pairs(sample, ["order_db"], 3, seed=0)[1] and len(set(seeds)) == 3
 
 
-def test_real_channels_run_the_same_episodes_and_the_report_shows_the_gap(browser_session: None) -> None:
-    """The expert on all three real channels (a browser, PostgreSQL, a server process): every path equal."""
-    cfg = load_config(REPO / "params.yaml")
-    cfg = cfg.model_copy(
-        update={"stress": cfg.stress.model_copy(update={"sim_to_real": cfg.stress.sim_to_real.model_copy(update={"episodes_per_family": 2})})}
-    )
-    variants = load_variants(cfg)
-    sample = stratified_sample(variants, 60, sorted(cfg.variants.dimensions), np.random.default_rng(0))
-    report = run_sim_to_real(cfg, load_policy("expert"), list(sample))
-    assert [f.family for f in report.families] == ["order_db", "payment_api", "web_checkout"]
-    for family in report.families:
-        assert family.episodes == 2 and family.identical_fraction == 1.0 and family.gap == 0.0
-        assert family.real_step_ms_p50 > 0
-    web = next(f for f in report.families if f.family == "web_checkout")
-    assert web.real_step_ms_p50 > web.sim_step_ms_p50  # a browser step is a real click and round trip
-    rows = sim_to_real_rows({"sim_to_real": report.to_dict()})
+def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: None, tmp_path: Path) -> None:
+    """``run_stress`` with sim-to-real on: the expert on a browser, PostgreSQL and a server process, equal paths."""
+    params = tiny_params(tmp_path)
+    params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 2, "max_gap": 0.02}
+    cfg = parse_config(params)
+    summary = run_stress(cfg, "expert")
+    report = summary["sim_to_real"]
+    assert [f["family"] for f in report["families"]] == ["order_db", "payment_api", "web_checkout"]
+    for family in report["families"]:
+        assert family["episodes"] == 2 and family["identical_fraction"] == 1.0 and family["gap"] == 0.0
+        assert family["real_channel"] == REAL_CHANNELS[family["family"]] and family["real_step_ms_p50"] > 0
+    web = report["families"][2]
+    assert web["real_step_ms_p50"] > web["sim_step_ms_p50"]  # a browser step is a real click and round trip
+    written = json.loads((tmp_path / "data" / "metrics" / "stress.json").read_text())
+    assert written["sim_to_real_max_gap"] == 0.0 and written["sim_to_real_gap_web_checkout"] == 0.0
+    assert "sim_to_real" not in summary["gate"]  # a failed check names its metric: the gap check held
+    assert "sim_to_real_max_gap <= 0.02" in stress_gate(cfg).describe()
+    rows = sim_to_real_rows(summary)
     assert [r[:7] for r in rows][2] == [
         "web_checkout",
         REAL_CHANNELS["web_checkout"],
