@@ -40,6 +40,7 @@ COMMANDS = {
     "learning": "agentflow bench learning",
     "sql": "agentflow bench sql",
     "soak": "agentflow bench soak",
+    "browser": "agentflow bench browser",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -49,6 +50,7 @@ TITLES = {
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
+    "browser": "Web channel in a real browser: step latency, live envs per GB, sim-to-real gap per family",
 }
 
 
@@ -130,7 +132,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "browser"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -142,6 +144,11 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --steps {result['config']['train']['total_steps']}"
         if name == "sql":
             command += f" --episodes {result['episodes']}"
+        if name == "browser":
+            command += (
+                f" --episodes {result['latency_episodes']} --live-envs {result['live_envs']}"
+                f" --gap-episodes {result['gap_episodes_per_family']}"
+            )
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
@@ -277,6 +284,32 @@ def sql(
     typer.echo(bench_section(TITLES["sql"]))
 
 
+@bench_app.command("browser")
+def browser(
+    params: Path = PARAMS_OPTION,
+    episodes: int = typer.Option(20, "--episodes", min=1, help="Expert episodes per side for the step latency."),
+    live_envs: int = typer.Option(16, "--live-envs", min=1, help="Browser envs open at once for the memory figure."),
+    gap_episodes: int = typer.Option(32, "--gap-episodes", min=1, help="Paired episodes per family (sim-to-real)."),
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="Policy for the gap: a checkpoint, 'expert' [default: the best under data/]."
+    ),
+) -> None:
+    """Browser channel: step latency p50/p95, live envs per GB, and the sim-to-real gap of a policy."""
+    from tasks.bench.browser_bench import run_browser_bench
+    from tasks.real_channels import BROWSER_ENV_ID
+    from tasks.registry_io import load_registry
+    from tasks.rollout import load_policy, resolve_checkpoint
+
+    cfg = config_or_exit(params)
+    sim = load_registry(cfg).get("web_checkout_v2")
+    real = load_registry(config_dir=Path(cfg.stress.sim_to_real.env_config_dir)).get(BROWSER_ENV_ID)
+    policy = load_policy(resolve_checkpoint(cfg, checkpoint))
+    result = run_browser_bench(cfg, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes)
+    write_json(BENCH_DIR / "browser.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["browser"]))
+
+
 @bench_app.command("all")
 def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
@@ -286,6 +319,7 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
+    browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=None)
 
 
 @bench_app.command("soak")
