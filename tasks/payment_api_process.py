@@ -19,7 +19,11 @@ def main() -> int:
     server = PaymentAPIServer(port=0).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    def wait_for_eof() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=wait_for_eof, daemon=True).start()
     print(server.url, flush=True)
     stop.wait()
     server.stop()

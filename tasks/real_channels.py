@@ -83,7 +83,9 @@ class RealChannels:
 
 
 @contextmanager
-def open_real_channels(cfg: AgentFlowConfig, families: list[str], base_env_ids: dict[str, str]) -> Iterator[RealChannels]:
+def open_real_channels(
+    cfg: AgentFlowConfig, families: list[str], base_env_ids: dict[str, str]
+) -> Iterator[RealChannels]:
     """Start the real services the families need; yield the env makers; stop every service on exit."""
     from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES, acquire_embedded, release_embedded
 
@@ -115,7 +117,7 @@ def run_sim_to_real(cfg: AgentFlowConfig, policy: LoadedPolicy, sample: list[Var
     """The configured families' paired episodes (same variants, same seeds) and their gaps."""
     settings = cfg.stress.sim_to_real
     present = {v.family: v.base_env_id for v in sample}
-    families = [f for f in settings.families if f in present]
+    families: list[str] = [f for f in settings.families if f in present]
     variants, seeds = select_pairs(sample, families, settings.episodes_per_family, cfg.base.seed)
     with open_real_channels(cfg, families, present) as channels:
         episodes = paired_episodes(

@@ -18,7 +18,6 @@ from tasks.real_channels import REAL_CHANNELS
 from tasks.steps.stress import run_stress
 
 
-
 def _trace(success: bool, actions: tuple[int, ...] = (1,), ms: float = 1.0) -> EpisodeTrace:
     return EpisodeTrace(actions, (("X",),) * len(actions), True, success, success, (ms / 1000,) * len(actions))
 
@@ -58,7 +57,9 @@ def test_gate_on_the_gap_is_configured_data() -> None:
 
 
 def test_select_pairs_cycles_a_short_family_and_seeds_deterministically() -> None:
-    sample = [VariantSpec(f"{f}_{i}", f"{f}_v1", f, {}, f"{f}{i}") for f in ("order_db", "web_checkout") for i in range(2)]
+    sample = [
+        VariantSpec(f"{f}_{i}", f"{f}_v1", f, {}, f"{f}{i}") for f in ("order_db", "web_checkout") for i in range(2)
+    ]
     chosen, seeds = select_pairs(sample, ["order_db"], 3, seed=0)
     assert [v.env_id for v in chosen] == ["order_db_0", "order_db_1", "order_db_0"]
     assert seeds == select_pairs(sample, ["order_db"], 3, seed=0)[1] and len(set(seeds)) == 3

@@ -242,7 +242,9 @@ class BrowserCheckoutEnv:
             data={"scenario": self.scenario.to_dict(), "seed": seed, "env_id": self.env_id},
         )
         if response.status != 201:
-            raise RuntimeError(f"env {self.env_id}: storefront refused the session: {response.status} {response.text()}")
+            raise RuntimeError(
+                f"env {self.env_id}: storefront refused the session: {response.status} {response.text()}"
+            )
         self._page.goto(f"{self._server.url}/app")
         self._step_id, self._done, self._started = 0, False, True
         self._read()
@@ -293,7 +295,11 @@ class BrowserCheckoutEnv:
     # ------------------------------------------------------------------ internals
     def _read(self, after_seq: str | None = None) -> None:
         """The raw observation from the DOM (after the answer to request ``after_seq`` arrived, if given)."""
-        page = self._page.evaluate(READ_PAGE_JS) if after_seq is None else self._page.evaluate(AWAIT_PAGE_JS, [after_seq, ACTION_TIMEOUT_MS])
+        page = (
+            self._page.evaluate(READ_PAGE_JS)
+            if after_seq is None
+            else self._page.evaluate(AWAIT_PAGE_JS, [after_seq, ACTION_TIMEOUT_MS])
+        )
         if page.get("clientError"):
             raise RuntimeError(f"env {self.env_id}: the page's script failed: {page['clientError']}")
         self._seq = int(page["seq"])

@@ -320,7 +320,16 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
         ("Metrics", ["metric", "value"], metrics),
         (
             "Sim-to-real gap (same variants and seeds on the real channels)",
-            ["family", "real channel", "episodes", "sim success", "real success", "gap", "same path", "real step ms p50 / p95"],
+            [
+                "family",
+                "real channel",
+                "episodes",
+                "sim success",
+                "real success",
+                "gap",
+                "same path",
+                "real step ms p50 / p95",
+            ],
             sim_to_real,
         ),
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),

@@ -304,7 +304,9 @@ def browser(
     sim = load_registry(cfg).get("web_checkout_v2")
     real = load_registry(config_dir=Path(cfg.stress.sim_to_real.env_config_dir)).get(BROWSER_ENV_ID)
     policy = load_policy(resolve_checkpoint(cfg, checkpoint))
-    result = run_browser_bench(cfg, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes)
+    result = run_browser_bench(
+        cfg, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes
+    )
     write_json(BENCH_DIR / "browser.json", result)
     write_benchmarks_md()
     typer.echo(bench_section(TITLES["browser"]))

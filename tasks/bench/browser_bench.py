@@ -149,7 +149,11 @@ def run_browser_bench(
     gap_episodes: int = 32,
 ) -> dict[str, Any]:
     """All three measurements, with targets: sim-to-real gap at most 2 points per family."""
-    result: dict[str, Any] = {**latency(sim, real, episodes), **density(real, live_envs), **gap(cfg, policy, gap_episodes)}
+    result: dict[str, Any] = {
+        **latency(sim, real, episodes),
+        **density(real, live_envs),
+        **gap(cfg, policy, gap_episodes),
+    }
     result["targets"] = {"sim_to_real_max_gap_points": 2.0}
     result["targets_met"] = {"sim_to_real_max_gap_points": result["sim_to_real_max_gap_points"] <= 2.0}
     result["load_avg_1m"] = os.getloadavg()[0]

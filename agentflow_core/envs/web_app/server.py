@@ -65,9 +65,9 @@ class StorefrontServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
-        self._script = _script()
-        self._httpd = ThreadingHTTPServer((host, port), _handler_class(self))
-        self._httpd.daemon_threads = True
+        self.script = _script()
+        self._httpd = _Server((host, port), _Handler)
+        self._httpd.app = self
         self._thread: threading.Thread | None = None
 
     @property
@@ -172,104 +172,115 @@ class StorefrontServer:
         return document_html(parts, attrs)
 
 
-def _handler_class(app: StorefrontServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Server(ThreadingHTTPServer):
+    """The stdlib server, carrying the app its handlers answer for."""
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            """Quiet: the server prints nothing."""
+    daemon_threads = True
+    app: StorefrontServer
 
-        def _token(self) -> str | None:
+
+class _Handler(BaseHTTPRequestHandler):
+    """One request of the storefront (the app is ``self.server.app``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        """Quiet: the server prints nothing."""
+
+    def _token(self) -> str | None:
+        try:
+            cookie = SimpleCookie(self.headers.get("Cookie", ""))
+        except CookieError:
+            return None
+        morsel = cookie.get(COOKIE)
+        return morsel.value if morsel is not None else None
+
+    def _send(self, status: HTTPStatus, body: bytes, kind: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: HTTPStatus, payload: Any, extra: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json", extra)
+
+    def _html(self, status: HTTPStatus, text: str) -> None:
+        self._send(status, text.encode(), "text/html; charset=utf-8")
+
+    def _read_json(self) -> dict[str, Any] | None:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"body over {MAX_BODY_BYTES} bytes"})
+            self.close_connection = True
+            return None
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._json(HTTPStatus.BAD_REQUEST, {"error": "expected a JSON object"})
+            return None
+        return body
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        """The script, the current page, or a navigation to a storefront URL."""
+        path = self.path.split("?", 1)[0]
+        if path == SCRIPT_PATH:
+            self._send(HTTPStatus.OK, self.app.script, "text/javascript; charset=utf-8")
+            return
+        session = self.app.session(self._token())
+        if session is None:
+            self._html(HTTPStatus.UNAUTHORIZED, no_session_html())
+            return
+        status = HTTPStatus.OK
+        if path != "/app":
+            status = self.app.act(session, {"type": "navigate", "url": path})
+        self._html(status if status != HTTPStatus.UNPROCESSABLE_ENTITY else HTTPStatus.OK, self.app.document(session))
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        """A new session, or one UI request on the current one."""
+        body = self._read_json()
+        if body is None:
+            return
+        if self.path == "/api/session":
             try:
-                cookie = SimpleCookie(self.headers.get("Cookie", ""))
-            except CookieError:
-                return None
-            morsel = cookie.get(COOKIE)
-            return morsel.value if morsel is not None else None
-
-        def _send(self, status: HTTPStatus, body: bytes, kind: str, extra: dict[str, str] | None = None) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            for name, value in (extra or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, status: HTTPStatus, payload: Any, extra: dict[str, str] | None = None) -> None:
-            self._send(status, json.dumps(payload).encode(), "application/json", extra)
-
-        def _html(self, status: HTTPStatus, text: str) -> None:
-            self._send(status, text.encode(), "text/html; charset=utf-8")
-
-        def _read_json(self) -> dict[str, Any] | None:
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-            except ValueError:
-                length = -1
-            if not 0 <= length <= MAX_BODY_BYTES:
-                self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"body over {MAX_BODY_BYTES} bytes"})
-                self.close_connection = True
-                return None
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                body = None
-            if not isinstance(body, dict):
-                self._json(HTTPStatus.BAD_REQUEST, {"error": "expected a JSON object"})
-                return None
-            return body
-
-        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-            """The script, the current page, or a navigation to a storefront URL."""
-            path = self.path.split("?", 1)[0]
-            if path == SCRIPT_PATH:
-                self._send(HTTPStatus.OK, app._script, "text/javascript; charset=utf-8")
+                token = self.app.create_session(body, self._token())
+            except (TypeError, ValueError) as exc:
+                self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
                 return
-            session = app.session(self._token())
-            if session is None:
-                self._html(HTTPStatus.UNAUTHORIZED, no_session_html())
-                return
-            status = HTTPStatus.OK
-            if path != "/app":
-                status = app.act(session, {"type": "navigate", "url": path})
-            self._html(status if status != HTTPStatus.UNPROCESSABLE_ENTITY else HTTPStatus.OK, app.document(session))
+            cookie = f"{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
+            self._json(HTTPStatus.CREATED, {"url": "/app"}, {"Set-Cookie": cookie})
+            return
+        if self.path != "/api/act":
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+            return
+        session = self.app.session(self._token())
+        if session is None:
+            self._json(HTTPStatus.UNAUTHORIZED, {"error": "no session"})
+            return
+        if body.get("type") not in _ACTION_TYPES or not isinstance(body.get("fields", {}), dict):
+            self._json(HTTPStatus.BAD_REQUEST, {"error": f"expected a {'|'.join(_ACTION_TYPES)} action"})
+            return
+        status = self.app.act(session, body)
+        title, html, attrs, url = self.app.page(session)
+        self._json(status, {"title": title, "html": html, "attrs": attrs, "url": url})
 
-        def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-            """A new session, or one UI request on the current one."""
-            body = self._read_json()
-            if body is None:
-                return
-            if self.path == "/api/session":
-                try:
-                    token = app.create_session(body, self._token())
-                except (TypeError, ValueError) as exc:
-                    self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-                    return
-                cookie = f"{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
-                self._json(HTTPStatus.CREATED, {"url": "/app"}, {"Set-Cookie": cookie})
-                return
-            if self.path != "/api/act":
-                self._json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
-                return
-            session = app.session(self._token())
-            if session is None:
-                self._json(HTTPStatus.UNAUTHORIZED, {"error": "no session"})
-                return
-            if body.get("type") not in _ACTION_TYPES or not isinstance(body.get("fields", {}), dict):
-                self._json(HTTPStatus.BAD_REQUEST, {"error": f"expected a {'|'.join(_ACTION_TYPES)} action"})
-                return
-            status = app.act(session, body)
-            title, html, attrs, url = app.page(session)
-            self._json(status, {"title": title, "html": html, "attrs": attrs, "url": url})
+    def do_DELETE(self) -> None:  # noqa: N802 - stdlib naming
+        """End the caller's session."""
+        self.app.drop_session(self._token())
+        self._json(HTTPStatus.OK, {"deleted": True})
 
-        def do_DELETE(self) -> None:  # noqa: N802 - stdlib naming
-            """End the caller's session."""
-            app.drop_session(self._token())
-            self._json(HTTPStatus.OK, {"deleted": True})
-
-    return Handler
+    @property
+    def app(self) -> StorefrontServer:
+        """The storefront this server answers for."""
+        return self.server.app  # type: ignore[attr-defined]
 
 
 _shared: StorefrontServer | None = None
