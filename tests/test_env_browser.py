@@ -77,7 +77,7 @@ def test_browser_pages_equal_the_simulated_pages_step_for_step(params: dict[str,
                 _same_step(step_sim, step_real)
                 assert real.physical._obs == sim.physical._obs  # type: ignore[attr-defined]
                 obs, info, done, n = step_sim[0], step_sim[4], step_sim[2] or step_sim[3], n + 1
-                if n == 12:  # the random walk: enough steps to leave the funnel, bounded for test time
+                if n == 8:  # the random walk: enough steps to leave the funnel, bounded for test time
                     break
     finally:
         sim.close()

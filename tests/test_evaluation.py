@@ -272,4 +272,23 @@ def test_report_document_and_renderings(tmp_path: Path) -> None:
     assert lines[0] == "📊 Evaluation Report for policy_x"
     assert any("network_timeout: 50%" in line for line in lines) and lines[-1].startswith("└── Recommendation:")
     assert "![State coverage](c.png)" in render_markdown(report)
+    assert report["sim_to_real"] is None and "Sim-to-real" not in render_markdown(report)
+    family = {
+        "family": "web_checkout",
+        "real_channel": "headless Chromium",
+        "episodes": 16,
+        "sim_process_success": 1.0,
+        "real_process_success": 0.9375,
+        "gap": 0.0625,
+        "identical_fraction": 0.875,
+        "real_step_ms_p50": 80.0,
+        "real_step_ms_p95": 150.0,
+    }
+    with_gap = build_report(
+        {**analysis.to_dict(), "sim_to_real": {"max_gap": 0.0625, "families": [family]}}, "policy_x", "ckpt", "now"
+    )
+    assert (
+        "| web_checkout | headless Chromium | 16 | 100.0% | 93.8% | +6.2 pts | 87.5% | 80.0 / 150.0 |"
+        in render_markdown(with_gap)
+    )
     assert "data:image/png;base64,iVBORw0K" in render_html(report, {"State coverage": b"\x89PNG\r\n\x1a\n"})

@@ -68,13 +68,13 @@ def test_select_pairs_cycles_a_short_family_and_seeds_deterministically() -> Non
 def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: None, tmp_path: Path) -> None:
     """``run_stress`` with sim-to-real on: the expert on a browser, PostgreSQL and a server process, equal paths."""
     params = tiny_params(tmp_path)
-    params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 2, "max_gap": 0.02}
+    params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 1, "max_gap": 0.02}
     cfg = parse_config(params)
     summary = run_stress(cfg, "expert")
     report = summary["sim_to_real"]
     assert [f["family"] for f in report["families"]] == ["order_db", "payment_api", "web_checkout"]
     for family in report["families"]:
-        assert family["episodes"] == 2 and family["identical_fraction"] == 1.0 and family["gap"] == 0.0
+        assert family["episodes"] == 1 and family["identical_fraction"] == 1.0 and family["gap"] == 0.0
         assert family["real_channel"] == REAL_CHANNELS[family["family"]] and family["real_step_ms_p50"] > 0
     web = report["families"][2]
     assert web["real_step_ms_p50"] > web["sim_step_ms_p50"]  # a browser step is a real click and round trip

@@ -36,6 +36,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "plots",
     "champion",
     "cycle",
+    "sim_to_real",
 )
 
 
