@@ -86,7 +86,7 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
     assert [r[:7] for r in rows][2] == [
         "web_checkout",
         REAL_CHANNELS["web_checkout"],
-        2,
+        1,
         "100.0%",
         "100.0%",
         "+0.0 pts",
