@@ -19,6 +19,7 @@ def main() -> int:
     server = PaymentAPIServer(port=0).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
     def wait_for_eof() -> None:
         sys.stdin.read()
         stop.set()
