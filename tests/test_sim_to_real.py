@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from tiny import tiny_params
 
@@ -14,7 +15,7 @@ from agentflow_core.evaluation.sim_to_real import EpisodeTrace, PairedEpisode, s
 from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.variants import VariantSpec
 from tasks.config_io import parse_config
-from tasks.real_channels import REAL_CHANNELS
+from tasks.real_channels import REAL_CHANNELS, payment_api_process
 from tasks.steps.stress import run_stress
 
 
@@ -93,3 +94,12 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
         "100.0%",
     ]
     assert sim_to_real_rows({}) == []
+
+
+def test_payment_api_process_serves_until_its_parent_closes_the_pipe() -> None:
+    """The real HTTP channel's server runs in its own process; leaving the context stops it (stdin EOF)."""
+    with payment_api_process() as url:
+        answered = httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, timeout=10)
+        assert answered.status_code in (200, 201) and answered.json()
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, timeout=2)
