@@ -291,4 +291,7 @@ def test_report_document_and_renderings(tmp_path: Path) -> None:
         "| web_checkout | headless Chromium | 16 | 100.0% | 93.8% | +6.2 pts | 87.5% | 80.0 / 150.0 |"
         in render_markdown(with_gap)
     )
+    tree = tree_text(report_tree(with_gap))
+    assert any("Sim-to-Real: largest gap +6.2 pts" in line for line in tree)
+    assert any("web_checkout on headless Chromium: sim 100.0%, real 93.8% over 16" in line for line in tree)
     assert "data:image/png;base64,iVBORw0K" in render_html(report, {"State coverage": b"\x89PNG\r\n\x1a\n"})

@@ -224,6 +224,21 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
             + f"; penalty {risk['total_penalty']:g}"
         ),
     ]
+    real = report.get("sim_to_real")
+    if real:
+        nodes.append(
+            TreeNode(
+                f"Sim-to-Real: largest gap {100 * real['max_gap']:+.1f} pts of process success",
+                [
+                    TreeNode(
+                        f"{f['family']} on {f['real_channel']}: sim {f['sim_process_success']:.1%}, "
+                        f"real {f['real_process_success']:.1%} over {f['episodes']} paired episodes, "
+                        f"{f['identical_fraction']:.0%} on the same path"
+                    )
+                    for f in real["families"]
+                ],
+            )
+        )
     if report.get("champion"):
         nodes.append(
             TreeNode(
