@@ -25,7 +25,7 @@ from gymnasium.utils.env_checker import check_env
 from agentflow_core.envs.base import INAPPLICABLE_REWARD, Scenario
 from agentflow_core.envs.experts import expert_for
 from agentflow_core.envs.web_app.server import MAX_BODY_BYTES, acquire_shared_storefront, release_shared_storefront
-from agentflow_core.envs.web_browser import BrowserCheckoutEnv
+from agentflow_core.envs.web_browser import BrowserCheckoutEnv, BrowserHost
 from agentflow_core.envs.web_checkout import WebCheckoutEnv
 from agentflow_core.registry import EnvRegistry
 from agentflow_core.semantics import SemanticAction
@@ -177,3 +177,8 @@ def test_close_and_a_killed_process_leave_no_chromium() -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_missing_chromium_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"apt-get install -y chromium"):
+        BrowserHost(str(tmp_path / "no-chromium"))

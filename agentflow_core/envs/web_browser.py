@@ -125,6 +125,11 @@ class BrowserHost:
     def __init__(self, executable_path: str = DEFAULT_CHROMIUM) -> None:
         from playwright.sync_api import sync_playwright  # a channel driver: imported only when a browser is asked for
 
+        if not os.path.isfile(executable_path):
+            raise FileNotFoundError(
+                f"Chromium not found at {executable_path}: install the OS package (apt-get install -y chromium) "
+                "or point the env's chromium_path at a Chromium binary"
+            )
         self._playwright = sync_playwright().start()
         try:
             self.browser = self._playwright.chromium.launch(
