@@ -51,6 +51,8 @@ class _Timeout:
 
 
 TIMED_OUT = _Timeout()
+# CPU time a stuck step must have used to count as computing (not waiting) at its patience.
+COMPUTING_MIN_CPU_S = 0.002
 
 
 @dataclass
@@ -78,6 +80,7 @@ class _Job:
     current: int = -1
     started: float = 0.0
     cpu_started: float = 0.0  # the stepping thread's CPU clock when the current item started
+    process_cpu_started: float = 0.0  # and the whole process's
     abandoned: bool = False
     detached: DetachedStep | None = None
     thread: threading.Thread | None = None
@@ -103,13 +106,15 @@ def interrupt_thread(thread: threading.Thread | None) -> bool:
     return bool(set_async(ctypes.c_ulong(thread.ident), ctypes.py_object(AbandonedStep)) == 1)
 
 
-def _computing(job: _Job, waited: float) -> bool:
-    """Whether the item in progress has kept its thread on a CPU for at least half of ``waited``.
+def _computing(job: _Job) -> bool:
+    """Whether the item in progress has been using the CPU: most of the process's CPU time since it
+    started, and at least ``COMPUTING_MIN_CPU_S``.
 
     Such a step holds the GIL most of the time: going on beside it would not step the others
     faster (and every GIL release of theirs would wait a switch interval behind it), so it is
     waited for up to the step timeout and interrupted there. A step that waits (a sleep, a socket,
-    a lock) uses no CPU and is detached.
+    a lock) uses no CPU and is detached. Measured against the process's own CPU time, not the
+    wall clock, so a busy loop on a loaded machine (a small CPU share) still counts as computing.
     """
     if job.thread is None or job.thread.ident is None:
         return False
@@ -117,7 +122,7 @@ def _computing(job: _Job, waited: float) -> bool:
         cpu = time.clock_gettime(time.pthread_getcpuclockid(job.thread.ident)) - job.cpu_started
     except (AttributeError, OSError):  # no per-thread CPU clocks here, or the thread just ended
         return False
-    return cpu >= 0.5 * waited
+    return cpu >= COMPUTING_MIN_CPU_S and cpu >= 0.5 * (time.process_time() - job.process_cpu_started)
 
 
 class BatchWatchdog:
@@ -160,7 +165,8 @@ class BatchWatchdog:
                 with job.lock:
                     if job.abandoned:
                         return
-                    job.current, job.started, job.cpu_started = i, time.perf_counter(), time.thread_time()
+                    job.current, job.started = i, time.perf_counter()
+                    job.cpu_started, job.process_cpu_started = time.thread_time(), time.process_time()
                 try:
                     out: Any = job.fn(job.items[i])
                 except BaseException as exc:  # isolate whatever the env raised
@@ -204,7 +210,7 @@ class BatchWatchdog:
                     waited = time.perf_counter() - job.started
                     if job.current < 0 or waited < limit:
                         continue
-                    if waited < self.timeout_s and _computing(job, waited):
+                    if waited < self.timeout_s and _computing(job):
                         computing = job.current
                         continue
                     job.abandoned = True
