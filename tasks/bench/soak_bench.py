@@ -233,7 +233,7 @@ def run_soak_bench(
     extra_lost = faulty["healthy_episodes_lost"] - max(
         clean_a["healthy_episodes_lost"], clean_b["healthy_episodes_lost"]
     )
-    return {
+    result = {
         "backend": config.backend,
         "step_isolation": config.step_isolation,
         "step_timeout_s": config.step_timeout_s,
@@ -258,3 +258,20 @@ def run_soak_bench(
             "extra_healthy_episodes_lost": extra_lost <= TARGETS["extra_healthy_episodes_lost"],
         },
     }
+    return result | {"notes": soak_notes(result)}
+
+
+def soak_notes(result: dict[str, Any]) -> list[str]:
+    """What a reader needs to judge one soak run's ratio: the machine's load and how far the clean sides differ."""
+    runs = result["runs"]
+    a, b = runs["clean_1"]["env_steps_per_s"], runs["clean_2"]["env_steps_per_s"]
+    before, after = result["load_avg_1m"]
+    return [
+        f"load average (1 min) {before:.1f} before the sides, {after:.1f} after, on {result['cpu_count']} CPUs; "
+        f"clean sides {a:,.0f} and {b:,.0f} env-steps/s ({max(a, b) / max(min(a, b), 1e-9):.2f}x apart): "
+        "a ratio measured under load is mostly load noise",
+        f"variants quarantined per side (clean, faulty, clean): {runs['clean_1']['quarantined']}, "
+        f"{runs['faulty']['quarantined']}, {runs['clean_2']['quarantined']} (faulty variants: "
+        f"{sum(result['faulty_variants'].values())}; a variant is also quarantined for resets that fail, "
+        "e.g. past the step timeout on a loaded machine)",
+    ]
