@@ -166,3 +166,27 @@ def test_a_soak_side_loses_only_the_faulty_episodes_and_counts_no_pending_step()
     side = _soak_side(list(variants), factory, 8, app, 1.5, 0)
     assert side["faulty_episodes_lost"] >= 2 and side["healthy_episodes_lost"] == 0
     assert set(side["failures"]) == {"env_timeout"} and side["pending_slot_steps"] >= 1
+
+
+def test_the_training_reward_pays_and_charges_nothing_for_a_pending_row() -> None:
+    from agentflow_core.config import RewardConfig
+    from agentflow_core.pool.base import PoolBatch
+    from agentflow_core.rl.reward import RewardFunction
+    from agentflow_core.semantics import N_ACTIONS, encode
+
+    rf = RewardFunction(RewardConfig(mode="token_table", token_rewards={"INVALID_CARD": -1.0}), num_envs=2)
+    rf.reset(np.stack([encode(["LOGGED_IN"], {}), encode(["LOGGED_IN"], {})]))
+    obs = np.stack([encode(["INVALID_CARD"], {}), encode(["INVALID_CARD"], {})])
+    # the mask decides, whatever the row holds: slot 1's step has not returned
+    step = PoolBatch(
+        obs,
+        np.ones((2, N_ACTIONS), bool),
+        np.full(2, -0.01, np.float32),
+        np.zeros(2, bool),
+        np.zeros(2, bool),
+        obs,
+        [{}, {}],
+        np.array([False, True]),
+    )
+    comps = rf.step(step)
+    assert comps.total[0] == pytest.approx(-1.0) and comps.total[1] == 0.0 and comps.base[1] == 0.0
