@@ -128,7 +128,7 @@ def test_a_pool_step_with_only_pending_slots_waits_instead_of_spinning() -> None
             batch = pool.step(np.full(4, VIEW), active=only_slot_1)
             calls += 1
         assert calls == 1 and batch.infos[1]["failure_reason"] == "env_timeout"  # one call, blocked to the timeout
-        assert 0.25 < time.perf_counter() - started < 1.0
+        assert 0.25 < time.perf_counter() - started < 3.0  # the 0.4 s timeout (generous: a loaded CI machine)
     finally:
         pool.close()
 
