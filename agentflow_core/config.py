@@ -175,6 +175,14 @@ class PoolConfig(_Section):
     )
     max_live_per_worker: EnvCount = 256
     step_timeout_s: TimeoutS = 5.0
+    step_patience_s: TimeoutS | None = Field(
+        0.1,
+        description=(
+            "a pool step waits this long for an env step, then goes on without it: the slot is left out "
+            "of the next pool steps until its step returns (or is ended at step_timeout_s). null: wait "
+            "up to step_timeout_s (training's worker-side rollouts always wait, to stay deterministic)."
+        ),
+    )
     step_isolation: Literal["thread", "process"] = Field(
         "thread",
         description=(

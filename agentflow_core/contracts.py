@@ -21,6 +21,9 @@ ENV_TIMEOUT = "env_timeout"
 ENV_INVALID = "env_invalid"
 WORKER_LOST = "worker_lost"
 POOL_FAILURES: frozenset[str] = frozenset({ENV_CRASH, ENV_TIMEOUT, ENV_INVALID, WORKER_LOST})
+# A worker's row for a slot whose step has not returned yet (the pool step went on without it); never
+# an episode's end: the driver turns it into a paused row (``PoolBatch.pending``).
+STEP_PENDING = "step_pending"
 
 PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """A batched policy: ``(obs [N, OBS_DIM], action_mask [N, N_ACTIONS]) -> actions [N]``."""
@@ -61,6 +64,12 @@ class PoolBatch:
     episode_length, success and ``next_env_id`` / ``next_variant_index`` / ``next_episode_seed``
     naming the episode whose first observation is in ``obs[i]``. After ``reset`` each info also
     carries ``episode_seed``: (variant, episode seed) replays any episode exactly.
+
+    ``pending[i]`` (None: no slot pending) marks a slot whose step had not returned when the pool
+    step ended (``pool.step_patience_s``): its row repeats the last observation with no reward and no
+    end, no transition happened, and the action given for it is ignored until the step returns. The
+    row of the step where it returns is the outcome of the action it was given when it went pending,
+    named by ``infos[i]["action"]``.
     """
 
     obs: np.ndarray
@@ -70,6 +79,7 @@ class PoolBatch:
     truncated: np.ndarray
     final_obs: np.ndarray
     infos: list[dict[str, Any]]
+    pending: np.ndarray | None = None
 
     @property
     def done(self) -> np.ndarray:

@@ -22,7 +22,9 @@ CASES = [("crash", "env_crash"), ("hang", "env_timeout"), ("nan", "env_invalid")
 def faulty_pool(kind: str, n: int = 4, faulty_slot: int = 1, **config: object) -> InProcessPool:
     variants = tiny_variants(n)
     factory = TinyFactory(faults={variants[faulty_slot].env_id: Fault(kind, at_step=2, hang_s=1.0)})
-    cfg = PoolConfig(**{"num_workers": 2, "scheduler": "round_robin", "step_timeout_s": 0.25, **config})
+    cfg = PoolConfig(
+        **{"num_workers": 2, "scheduler": "round_robin", "step_timeout_s": 0.25, "step_patience_s": None, **config}
+    )
     return InProcessPool(variants, factory, n, cfg, seed=0)
 
 

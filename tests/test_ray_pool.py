@@ -68,7 +68,13 @@ def test_300_real_envs_step_in_one_call_per_worker() -> None:
 def test_hung_env_in_actor_is_isolated() -> None:
     variants = tiny_variants(4)
     factory = TinyFactory(faults={variants[2].env_id: Fault("hang", at_step=2, hang_s=1.5)})
-    pool = RayPool(variants, factory, 4, PoolConfig(num_workers=2, scheduler="round_robin", step_timeout_s=0.3), seed=0)
+    pool = RayPool(
+        variants,
+        factory,
+        4,
+        PoolConfig(num_workers=2, scheduler="round_robin", step_timeout_s=0.3, step_patience_s=None),
+        seed=0,
+    )
     try:
         pool.reset(seed=0)
         pool.step(np.full(4, LOGIN))

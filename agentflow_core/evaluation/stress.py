@@ -172,6 +172,8 @@ def run_stress_episodes(
         shaped = reward_fn.step(batch).total if reward_fn is not None else batch.reward
         done = np.asarray(batch.terminated, bool) | np.asarray(batch.truncated, bool)
         for i, info in enumerate(batch.infos):
+            if batch.pending is not None and batch.pending[i]:  # no step happened in this slot
+                continue
             slot = slots[i]
             slot.steps.append(
                 StepRecord(
@@ -181,7 +183,7 @@ def run_stress_episodes(
                     slot.variant.params,
                     int(info.get("step_id", len(slot.steps) + 1)),
                     decode_tokens(obs[i]),
-                    int(actions[i]),
+                    int(info.get("action", actions[i])),  # a step that was pending: its own action
                     frozenset(info.get("tokens", ())),
                     float(batch.reward[i]),
                     float(shaped[i]),

@@ -19,7 +19,15 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.pool.base import POOL_FAILURES, WORKER_LOST, PoolBatch, PoolError, VariantLike, as_variant_list
+from agentflow_core.pool.base import (
+    POOL_FAILURES,
+    STEP_PENDING,
+    WORKER_LOST,
+    PoolBatch,
+    PoolError,
+    VariantLike,
+    as_variant_list,
+)
 from agentflow_core.pool.scheduler import EpisodeStats
 from agentflow_core.pool.worker import WorkerBatch
 from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, N_TOKENS, OBS_DIM, TOKEN_INDEX, TOKENS
@@ -29,8 +37,14 @@ logger = logging.getLogger("agentflow.pool")
 
 # A slot whose resets keep failing (every sampled variant broken) stops the pool instead of spinning.
 MAX_RESET_ROUNDS = 16
+# How often a pool step whose every slot is pending asks again whether one of them returned.
+PENDING_POLL_S = 0.005
 _GOAL = TOKEN_INDEX[GOAL_TOKEN]
 _TOKEN_NAMES = np.array(TOKENS, dtype=object)
+
+
+def _all_pending(results: dict[int, WorkerBatch | None]) -> bool:
+    return all(res is not None and all(r == STEP_PENDING for r in res.failure_reason) for res in results.values())
 
 
 class PoolDriver(ABC):
@@ -68,6 +82,11 @@ class PoolDriver(ABC):
         self._step_id = np.zeros(n, np.int64)
         self._ep_seed = np.zeros(n, np.int64)
         self._ep_tokens = np.zeros((n, N_TOKENS), bool)
+        # Slots whose step has not returned (and the action it was given): left out of the pool steps
+        # until it does. ``detach_after_s`` None waits for every step (deterministic, e.g. training slices).
+        self.detach_after_s: float | None = config.step_patience_s
+        self._pending = np.zeros(n, bool)
+        self._pending_action = np.zeros(n, np.int64)
         self._value_loss = np.full(len(self.variants), np.nan)
         self.failures = np.zeros(len(self.variants), np.int64)
         self.quarantined: dict[int, str] = {}
@@ -129,6 +148,7 @@ class PoolDriver(ABC):
             for w, slots in self._by_worker(live, self.worker_of[self._slot_variant[live]]).items():
                 self._worker_call(w, "release", slots)
         self._slot_live[:] = False
+        self._pending[:] = False  # release() ended the workers' pending steps too
         rows = WorkerBatch.empty(np.arange(self.num_envs))
         rows.truncated[:] = True  # no episode is running: a worker lost here closes none
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
@@ -172,15 +192,27 @@ class PoolDriver(ABC):
             rows.obs[paused], rows.action_mask[paused] = self._obs[paused], self._mask[paused]
             rows.step_id[paused] = self._step_id[paused]
         hosts = self.worker_of[self._slot_variant[stepping]]
-        calls = {w: ("step", (slots, actions[slots])) for w, slots in self._by_worker(stepping, hosts).items()}
+        patience = () if self.detach_after_s is None else (self.detach_after_s,)
+        calls = {
+            w: ("step", (slots, actions[slots], *patience)) for w, slots in self._by_worker(stepping, hosts).items()
+        }
         lost = np.zeros(self.num_envs, bool)
-        for w, res in self._invoke(calls).items():
+        results = self._invoke(calls)
+        # Nothing else to step: wait for a pending step to return (or time out) instead of spinning.
+        while stepping.size and self._pending[stepping].all() and _all_pending(results):
+            time.sleep(PENDING_POLL_S)
+            results = self._invoke(calls)
+        for w, res in results.items():
             if res is None:
                 lost[calls[w][1][0]] = True
             else:
                 rows.scatter(res)
         if lost.any():
             self._mark_lost(rows, np.flatnonzero(lost), self._obs)
+        was_pending = self._pending.copy()
+        sent = np.zeros(self.num_envs, bool)
+        sent[stepping] = True
+        pending = self._hold_pending(rows, actions, lost, sent)
         failed = [i for i, r in enumerate(rows.failure_reason) if r in POOL_FAILURES]
         rows.truncated[failed] = True
         rows.terminated[failed] = False
@@ -189,18 +221,49 @@ class PoolDriver(ABC):
         rows.step_id[failed] = self._step_id[failed] + 1
         self._ep_return += rows.reward
         self._ep_tokens |= rows.obs[:, :N_TOKENS] > 0.5
-        stepped = ~lost if active is None else active & ~lost
+        stepped = ~lost & ~pending if active is None else active & ~lost & ~pending
         self._ep_length += stepped
         self._step_id = rows.step_id.copy()
-        self.counters["steps"] += len(stepping)
+        self.counters["steps"] += int(stepped.sum())
         infos = self._infos(rows)
+        for s in np.flatnonzero(pending).tolist():
+            infos[s]["step_pending"] = True
+        for s in np.flatnonzero(was_pending & ~pending).tolist():  # the step that was pending returned
+            infos[s]["action"] = int(self._pending_action[s])
         done = rows.terminated | rows.truncated
         final_obs = rows.obs.copy()
         ended = np.flatnonzero(done).tolist()
         self._finish_episodes(ended, rows, infos)
         self._autoreset(ended, rows, infos, final_obs)
         self._obs, self._mask = rows.obs, rows.action_mask
-        return PoolBatch(rows.obs, rows.action_mask, rows.reward, rows.terminated, rows.truncated, final_obs, infos)
+        return PoolBatch(
+            rows.obs,
+            rows.action_mask,
+            rows.reward,
+            rows.terminated,
+            rows.truncated,
+            final_obs,
+            infos,
+            pending if pending.any() else None,
+        )
+
+    def _hold_pending(self, rows: WorkerBatch, actions: np.ndarray, lost: np.ndarray, sent: np.ndarray) -> np.ndarray:
+        """Turn the workers' ``STEP_PENDING`` rows into paused rows; returns the slots pending now.
+
+        A slot that goes pending keeps its action (its outcome is delivered with it); one paused by
+        ``active`` stays pending; one lost with its worker is no longer pending.
+        """
+        answered = np.fromiter((r == STEP_PENDING for r in rows.failure_reason), bool, self.num_envs)
+        pending = answered | (self._pending & ~sent)
+        new = answered & ~self._pending
+        self._pending_action[new] = actions[new]
+        self._pending = pending & ~lost
+        for s in np.flatnonzero(answered).tolist():
+            rows.failure_reason[s] = None
+        rows.obs[pending], rows.action_mask[pending] = self._obs[pending], self._mask[pending]
+        rows.reward[pending], rows.terminated[pending], rows.truncated[pending] = 0.0, False, False
+        rows.step_id[pending] = self._step_id[pending]
+        return self._pending.copy()
 
     def slot_variants(self) -> np.ndarray:
         """Variant index each slot is playing now (for feeding per-variant scores back)."""

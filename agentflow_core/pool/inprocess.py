@@ -60,6 +60,8 @@ class InProcessPool(PoolDriver):
             seed,
         )
         host = ProcessWorker if config.step_isolation == "process" else EnvWorker
+        if config.step_isolation == "process":  # a child's hung step is handled by killing the child
+            self.detach_after_s = None
         self.workers: list[Any] = [
             host(factory, part, config.max_live_per_worker, config.step_timeout_s, w)
             for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))

@@ -14,7 +14,8 @@ Failures: every call is bounded by ``call_timeout_s`` (Ray never notices a hung 
 actor counts as a lost worker as soon as the driver sees it: Ray's own report
 (``RayActorError``) takes ~1.2 s, so while waiting on a call the driver also polls the actor's
 process (same host only, pid + start time through psutil) and treats a vanished or zombie process
-as dead at once. A lost (dead or hung) worker is replaced by a *standby* actor started ahead of
+as dead at once, and one stopped (SIGSTOP) for ``stop_grace_s`` as hung: it is killed and replaced
+instead of holding the pool for the call timeout. A lost (dead or hung) worker is replaced by a *standby* actor started ahead of
 time, already warmed with idle envs of every base env (:meth:`RayEnvWorker.prewarm_standby`, at
 idle CPU priority so that it takes no CPU the running workers want): it adopts the
 lost worker's catalogue slice in one call and serves the slots at once by re-targeting those envs,
@@ -195,6 +196,7 @@ class RayPool(PoolDriver):
         standby_workers: int = 1,
         standby_delay_s: float = 1.5,
         poll_s: float = 0.02,
+        stop_grace_s: float = 0.5,
     ) -> None:
         import ray
 
@@ -232,6 +234,8 @@ class RayPool(PoolDriver):
             for w, args in enumerate(self._actor_args)
         ]
         self._host = _host()
+        self.stop_grace_s = float(stop_grace_s)
+        self._stopped_since: dict[int, float] = {}  # worker -> when its process was first seen stopped
         self.nodes_used: set[str] = set()  # Ray node ids that hosted a worker of this pool, ever
         self._procs: list[tuple[int, float] | None] = [self._locate(a) for a in self.actors]
         self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
@@ -309,13 +313,29 @@ class RayPool(PoolDriver):
         return (int(pid), float(started)) if host == self._host else None
 
     def _alive(self, worker: int) -> bool:
-        """False only when the worker's process is certainly gone (vanished, zombie or pid reused)."""
+        """False when the worker's process is gone (vanished, zombie or pid reused) or stopped.
+
+        A process stopped (SIGSTOP, ``T`` state) for ``stop_grace_s`` would hold its call until the
+        call timeout: it is killed here (SIGKILL) and counted lost like a vanished one.
+        """
         proc = self._procs[worker]
         if proc is None:
             return True
         try:
             p = psutil.Process(proc[0])
-            return p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - proc[1]) < 1e-3
+            status = p.status()
+            if status == psutil.STATUS_ZOMBIE or abs(p.create_time() - proc[1]) >= 1e-3:
+                return False
+            if status not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                self._stopped_since.pop(worker, None)
+                return True
+            since = self._stopped_since.setdefault(worker, time.monotonic())
+            if time.monotonic() - since < self.stop_grace_s:
+                return True
+            logger.error("pool: worker %d process %d stopped for %.2f s; killing it", worker, p.pid, self.stop_grace_s)
+            p.kill()
+            self._stopped_since.pop(worker, None)
+            return False
         except psutil.NoSuchProcess:
             return False
 

@@ -219,6 +219,7 @@ class SlicePool(PoolDriver):
         self.worker, self.global_index = worker, np.asarray(global_index, np.int64)
         variants = [worker.variants[g] for g in self.global_index.tolist()]
         super().__init__(variants, num_slots, config, scheduler, n_workers=1)
+        self.detach_after_s = None  # a slice waits for every step: its rollout is a function of its seeds
 
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
         out: dict[int, WorkerBatch | None] = {}

@@ -31,7 +31,16 @@ import numpy as np
 
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvError
-from agentflow_core.pool.base import ENV_CRASH, ENV_INVALID, ENV_TIMEOUT, WORKER_LOST, EnvFactory, PoolEnv, VariantLike
+from agentflow_core.pool.base import (
+    ENV_CRASH,
+    ENV_INVALID,
+    ENV_TIMEOUT,
+    STEP_PENDING,
+    WORKER_LOST,
+    EnvFactory,
+    PoolEnv,
+    VariantLike,
+)
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 
 logger = logging.getLogger("agentflow.pool")
@@ -42,6 +51,22 @@ class _Timeout:
 
 
 TIMED_OUT = _Timeout()
+# CPU time a stuck step must have used to count as computing (not waiting) at its patience.
+COMPUTING_MIN_CPU_S = 0.002
+
+
+@dataclass
+class DetachedStep:
+    """An item still running after the batch's patience: the batch went on without it.
+
+    Its thread keeps running it; ``result`` is set (and ``done``) when it returns. The owner gives
+    up on it after the step timeout (:meth:`BatchWatchdog.give_up`).
+    """
+
+    started: float
+    thread: threading.Thread | None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
 
 
 @dataclass
@@ -54,7 +79,10 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     current: int = -1
     started: float = 0.0
+    cpu_started: float = 0.0  # the stepping thread's CPU clock when the current item started
+    process_cpu_started: float = 0.0  # and the whole process's
     abandoned: bool = False
+    detached: DetachedStep | None = None
     thread: threading.Thread | None = None
 
 
@@ -76,6 +104,25 @@ def interrupt_thread(thread: threading.Thread | None) -> bool:
 
     set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
     return bool(set_async(ctypes.c_ulong(thread.ident), ctypes.py_object(AbandonedStep)) == 1)
+
+
+def _computing(job: _Job) -> bool:
+    """Whether the item in progress has been using the CPU: most of the process's CPU time since it
+    started, and at least ``COMPUTING_MIN_CPU_S``.
+
+    Such a step holds the GIL most of the time: going on beside it would not step the others
+    faster (and every GIL release of theirs would wait a switch interval behind it), so it is
+    waited for up to the step timeout and interrupted there. A step that waits (a sleep, a socket,
+    a lock) uses no CPU and is detached. Measured against the process's own CPU time, not the
+    wall clock, so a busy loop on a loaded machine (a small CPU share) still counts as computing.
+    """
+    if job.thread is None or job.thread.ident is None:
+        return False
+    try:
+        cpu = time.clock_gettime(time.pthread_getcpuclockid(job.thread.ident)) - job.cpu_started
+    except (AttributeError, OSError):  # no per-thread CPU clocks here, or the thread just ended
+        return False
+    return cpu >= COMPUTING_MIN_CPU_S and cpu >= 0.5 * (time.process_time() - job.process_cpu_started)
 
 
 class BatchWatchdog:
@@ -119,21 +166,32 @@ class BatchWatchdog:
                     if job.abandoned:
                         return
                     job.current, job.started = i, time.perf_counter()
+                    job.cpu_started, job.process_cpu_started = time.thread_time(), time.process_time()
                 try:
                     out: Any = job.fn(job.items[i])
                 except BaseException as exc:  # isolate whatever the env raised
                     out = exc
                 with job.lock:
-                    if job.abandoned:  # this thread was given up on; its late answer is dropped
+                    if job.abandoned:  # the batch went on without this thread: a detached item's
+                        if job.detached is not None:  # answer is kept for its owner, a timed-out one dropped
+                            job.detached.result = out
+                            job.detached.done.set()
                         return
                     job.results[i] = out
             job.done.set()
 
-    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """``[fn(item) or the exception it raised or TIMED_OUT]`` in item order."""
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any], detach_after_s: float | None = None) -> list[Any]:
+        """``[fn(item) or the exception it raised or TIMED_OUT or a DetachedStep]`` in item order.
+
+        With ``detach_after_s`` an item still running after that long is not waited for, unless it
+        is computing (:func:`_computing`): the rest of the batch goes on on a fresh thread and the
+        item's result is a :class:`DetachedStep` (its answer arrives later, or its owner gives up on
+        it at the step timeout).
+        """
         results: list[Any] = [None] * len(items)
         if self._stuck:  # an interrupt can be swallowed (it may land in a __del__ or weakref callback): ask again
             self._stuck = [t for t in self._stuck if t.is_alive() and interrupt_thread(t)]
+        patience = self.timeout_s if detach_after_s is None else min(float(detach_after_s), self.timeout_s)
         start = 0
         while start < len(items):
             if self._queue is None:
@@ -141,22 +199,40 @@ class BatchWatchdog:
             job = _Job(fn, items, start, results)
             self._queue.put(job)
             start = len(items)
-            while not job.done.wait(
-                max(job.started + self.timeout_s - time.perf_counter(), 0.0) if job.current >= 0 else self.timeout_s
-            ):
+            computing: int | None = None  # an item found computing at its patience is waited for up to the timeout
+            while True:
+                limit = self.timeout_s if computing is not None and job.current == computing else patience
+                if job.done.wait(max(job.started + limit - time.perf_counter(), 0.0) if job.current >= 0 else limit):
+                    break
                 with job.lock:
                     if job.done.is_set():
                         break
-                    if job.current >= 0 and time.perf_counter() - job.started >= self.timeout_s:
-                        job.abandoned = True
+                    waited = time.perf_counter() - job.started
+                    if job.current < 0 or waited < limit:
+                        continue
+                    if waited < self.timeout_s and _computing(job):
+                        computing = job.current
+                        continue
+                    job.abandoned = True
+                    start = job.current + 1
+                    self._queue = None  # the stuck thread keeps its queue; the next job gets a new thread
+                    if waited < self.timeout_s:
+                        job.detached = DetachedStep(job.started, job.thread)
+                        results[job.current] = job.detached
+                    else:
                         results[job.current] = TIMED_OUT
-                        start = job.current + 1
-                        self._queue = None  # the stuck thread keeps its queue; the next job gets a new thread
-                        self.abandoned_threads += 1
-                        if interrupt_thread(job.thread):  # a step looping in Python ends now, not never
-                            self._stuck.append(job.thread)  # type: ignore[arg-type]
-                        break
+                        self._abandon(job.thread)
+                    break
         return results
+
+    def give_up(self, step: DetachedStep) -> None:
+        """A detached item did not answer within the step timeout: interrupt its thread and forget it."""
+        self._abandon(step.thread)
+
+    def _abandon(self, thread: threading.Thread | None) -> None:
+        self.abandoned_threads += 1
+        if interrupt_thread(thread):  # a step looping in Python ends now, not never
+            self._stuck.append(thread)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Stop the helper thread once it finishes its current job (an abandoned one is left to end alone)."""
@@ -247,6 +323,7 @@ class EnvWorker:
         self.worker_index = worker_index
         self.watchdog = BatchWatchdog(step_timeout_s)
         self._active: dict[int, _Active] = {}
+        self._pending: dict[int, DetachedStep] = {}  # slot -> its step still running (see step())
         # variant index -> idle envs of that variant, least recently used variant first
         self._idle: OrderedDict[int, list[PoolEnv]] = OrderedDict()
         # base env id -> variants holding idle envs (LRU first), and each such variant's base env
@@ -286,6 +363,7 @@ class EnvWorker:
             "worker": self.worker_index,
             "live": self.live_count,
             "active": len(self._active),
+            "pending": len(self._pending),
             "idle": self._n_idle,
             "catalogue": len(self.variants),
             "abandoned_threads": self.watchdog.abandoned_threads,
@@ -339,7 +417,12 @@ class EnvWorker:
         """End the slots' episodes without stepping (pool reset); their envs go to the cache."""
         for slot in np.asarray(slots, dtype=np.int64).tolist():
             active = self._active.pop(slot, None)
-            if active is not None:
+            detached = self._pending.pop(slot, None)
+            if detached is not None and active is not None:  # its step may still run: the env is never reused
+                if not detached.done.is_set():
+                    self.watchdog.give_up(detached)
+                self._discard(active.env, hung=True)
+            elif active is not None:
                 self._park(active.variant_index, active.env, active.base_env_id)
 
     def adopt(self, variants: Mapping[int, VariantLike], worker_index: int) -> int:
@@ -417,24 +500,50 @@ class EnvWorker:
         mask = info.get("action_mask")
         return env, obs, env.action_masks() if mask is None else mask
 
-    def step(self, slots: np.ndarray, actions: np.ndarray) -> WorkerBatch:
-        """Advance every given slot by one action; ended episodes park their env in the cache."""
+    def step(self, slots: np.ndarray, actions: np.ndarray, detach_after_s: float | None = None) -> WorkerBatch:
+        """Advance every given slot by one action; ended episodes park their env in the cache.
+
+        With ``detach_after_s`` a step still running after that long does not hold the others: its
+        row says ``STEP_PENDING`` and the slot's action is ignored until the step returns; a later
+        call delivers its outcome, or ends its episode as ``env_timeout`` once it has run for the
+        step timeout. Without it, the batch waits for each step up to the step timeout.
+        """
         slots = np.asarray(slots, dtype=np.int64)
         actions = np.asarray(actions)
         out = WorkerBatch.empty(slots)
         items: list[tuple[PoolEnv, int] | None] = []
-        for slot, action in zip(slots.tolist(), actions.tolist(), strict=True):
-            active = self._active.get(slot)
-            items.append(None if active is None else (active.env, action))
-        results = self.watchdog.run(self._step_one, items)
+        fresh: list[int] = []  # rows stepped now; the others are steps still pending from an earlier call
+        results: list[Any] = [None] * len(slots)
+        now = time.perf_counter()
+        for row, (slot, action) in enumerate(zip(slots.tolist(), actions.tolist(), strict=True)):
+            detached = self._pending.get(slot)
+            if detached is None:
+                active = self._active.get(slot)
+                items.append(None if active is None else (active.env, action))
+                fresh.append(row)
+                continue
+            if detached.done.is_set():
+                results[row] = detached.result
+            elif now - detached.started >= self.watchdog.timeout_s:
+                self.watchdog.give_up(detached)
+                results[row] = TIMED_OUT
+            else:
+                results[row] = detached
+        for row, res in zip(fresh, self.watchdog.run(self._step_one, items, detach_after_s), strict=True):
+            results[row] = res
         self.counters["steps"] += len(items)
         self.counters["step_calls"] += 1
         for row, (slot, res) in enumerate(zip(slots.tolist(), results, strict=True)):
-            if items[row] is None:  # the slot has no episode here (this worker was restarted)
+            if isinstance(res, DetachedStep):
+                self._pending[slot] = res
+                out.failure_reason[row] = STEP_PENDING
+                continue
+            self._pending.pop(slot, None)
+            active = self._active.get(slot)
+            if active is None:  # the slot has no episode here (this worker was restarted)
                 out.truncated[row] = True
                 out.failure_reason[row] = WORKER_LOST
                 continue
-            active = self._active[slot]
             if not isinstance(res, tuple):
                 del self._active[slot]
                 self._record_failure(row, out, res, active.env, active.variant_index)
@@ -487,9 +596,10 @@ class EnvWorker:
             self._discard(env, hung=res is TIMED_OUT)
 
     def close(self) -> None:
-        """Close every env this worker holds."""
-        for active in self._active.values():
-            self._discard(active.env, hung=False)
+        """Close every env this worker holds (an env whose step is still running is left alone)."""
+        for slot, active in self._active.items():
+            self._discard(active.env, hung=slot in self._pending)
+        self._pending.clear()
         for envs in self._idle.values():
             for env in envs:
                 self._discard(env, hung=False)

@@ -181,17 +181,20 @@ def explore(
         actions, explored = epsilon_greedy(policy_fn(obs, masks), masks, epsilon, rng)
         batch = pool.step(actions)
         nxt, done = _next_obs(batch)
-        tracker.update(nxt, obs)
+        stepped = slice(None) if batch.pending is None else ~batch.pending
+        tracker.update(nxt[stepped], obs[stepped])
         tracker.observe(batch.obs[done])
         components = reward_fn.step(batch) if reward_fn is not None else None
         now = time.time()
         for i in range(n):
+            if batch.pending is not None and batch.pending[i]:  # no step happened in this slot
+                continue
             row = _row(
                 batch,
                 i,
                 obs[i],
                 masks[i],
-                int(actions[i]),
+                int(batch.infos[i].get("action", actions[i])),  # a step that was pending: its own action
                 bool(explored[i]),
                 nxt[i],
                 components,

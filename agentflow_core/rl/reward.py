@@ -58,6 +58,7 @@ class StepBatch(Protocol):
     truncated: np.ndarray
     final_obs: np.ndarray
     infos: list[dict[str, Any]]
+    pending: np.ndarray | None  # slots whose step has not returned: no transition, no reward
 
 
 COMPONENTS = ("base", "env", "shaping", "risk")
@@ -116,6 +117,8 @@ class RewardFunction:
         env_reward = np.asarray(batch.reward, dtype=np.float32)
         base = self._base(next_obs, next_tokens, env_reward)
         fired = self._shaping_fired(next_obs)
+        idle = np.zeros(self.num_envs, bool) if batch.pending is None else np.asarray(batch.pending, bool)
+        fired[idle] = False
         shaping = (
             (fired * self.term_values).sum(axis=1, dtype=np.float32)
             if fired.shape[1]
@@ -134,6 +137,10 @@ class RewardFunction:
             step_risk = np.array([float(info.get("risk", 0.0)) for info in batch.infos], dtype=np.float32)
             risk[step_risk > self.cfg.risk_threshold] = self.cfg.risk_penalty
         total = (base + env + shaping - risk).astype(np.float32)
+        if idle.any():  # a pending slot took no step: nothing to reward (or to charge)
+            base, env, shaping, risk, total = (
+                np.where(idle, 0.0, x).astype(np.float32) for x in (base, env, shaping, risk, total)
+            )
         return RewardComponents(env_reward, base, env, shaping, risk, total, fired, model_ok)
 
     def _token_table(self, next_tokens: np.ndarray) -> np.ndarray:

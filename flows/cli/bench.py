@@ -40,6 +40,7 @@ COMMANDS = {
     "learning": "agentflow bench learning",
     "sql": "agentflow bench sql",
     "soak": "agentflow bench soak",
+    "soak_ray": "agentflow bench soak --backend ray",
     "browser": "agentflow bench browser",
 }
 TITLES = {
@@ -50,6 +51,7 @@ TITLES = {
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
+    "soak_ray": "Soak on the Ray backend: the same sides, env workers in Ray actors",
     "browser": "Web channel in a real browser: step latency, live envs per GB, sim-to-real gap per family",
 }
 
@@ -132,7 +134,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "browser"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "soak_ray", "browser"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -149,7 +151,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
                 f" --episodes {result['latency_episodes']} --live-envs {result['live_envs']}"
                 f" --gap-episodes {result['gap_episodes_per_family']}"
             )
-        if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
+        if name in ("soak", "soak_ray"):  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
         out += [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]
@@ -335,8 +337,11 @@ def soak(
     isolation: str | None = typer.Option(
         None, help="pool.step_isolation, thread or process [default: the params' pool.step_isolation]."
     ),
+    backend: str = typer.Option(
+        "inprocess", help="pool.backend: inprocess (writes soak.json) or ray (writes soak_ray.json)."
+    ),
 ) -> None:
-    """Soak: the in-process pool for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)."""
+    """Soak: the pool for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)."""
     import logging
 
     from flows.cli.pool import catalogue_and_factory
@@ -346,16 +351,19 @@ def soak(
     logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the faulty side fails on purpose
     if isolation not in (None, "thread", "process"):
         raise typer.BadParameter(f"--isolation must be thread or process, got {isolation!r}")
+    if backend not in ("inprocess", "ray"):
+        raise typer.BadParameter(f"--backend must be inprocess or ray, got {backend!r}")
     pool_cfg = cfg.pool.model_copy(
         update={
-            "backend": "inprocess",
+            "backend": backend,
             "step_isolation": isolation or cfg.pool.step_isolation,
             "step_timeout_s": step_timeout_s,
         }
     )
     variants, factory = catalogue_and_factory(cfg)
-    result = run_soak_bench(list(variants), factory, pool_cfg, num_envs, n_variants, seconds, share, seed=cfg.base.seed)
-    write_json(BENCH_DIR / "soak.json", result)
+    app = cfg.model_copy(update={"pool": pool_cfg})
+    result = run_soak_bench(list(variants), factory, app, num_envs, n_variants, seconds, share, seed=cfg.base.seed)
+    write_json(BENCH_DIR / ("soak_ray.json" if backend == "ray" else "soak.json"), result)
     keys = ("clean_env_steps_per_s", "faulty_env_steps_per_s", "throughput_ratio", "extra_healthy_episodes_lost")
     for key in keys:
         target = TARGETS.get(key)
@@ -365,3 +373,4 @@ def soak(
     typer.echo(
         f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s"
     )
+    write_benchmarks_md()

@@ -135,7 +135,9 @@ def test_the_in_process_watchdog_ends_a_busy_looping_step_too() -> None:
     """Default isolation (threads, also inside each Ray actor): a step looping in Python leaves no thread."""
     variants = tiny_variants(4)
     factory = TinyFactory(faults={variants[1].env_id: Fault("spin", at_step=2, hang_s=30.0)})
-    cfg = PoolConfig(num_workers=2, backend="inprocess", scheduler="round_robin", step_timeout_s=TIMEOUT_S)
+    cfg = PoolConfig(
+        num_workers=2, backend="inprocess", scheduler="round_robin", step_timeout_s=TIMEOUT_S, step_patience_s=None
+    )
     pool = InProcessPool(variants, factory, 4, cfg, seed=0)
     pool.reset(seed=0)
     pool.step(np.full(4, LOGIN))
@@ -207,7 +209,7 @@ def test_a_busy_looping_step_in_a_ray_actor_ends_and_the_actor_goes_on() -> None
 
     variants = tiny_variants(4)
     factory = TinyFactory(faults={variants[2].env_id: Fault("spin", at_step=2, hang_s=60.0)})
-    cfg = PoolConfig(num_workers=2, scheduler="round_robin", step_timeout_s=TIMEOUT_S)
+    cfg = PoolConfig(num_workers=2, scheduler="round_robin", step_timeout_s=TIMEOUT_S, step_patience_s=None)
     pool = RayPool(variants, factory, 4, cfg, seed=0)
     try:
         pool.reset(seed=0)

@@ -26,7 +26,9 @@ def test_one_percent_per_kind_disjoint() -> None:
 def test_each_fault_kind_ends_its_episode_with_its_reason(kind: str) -> None:
     variants = tiny_variants(4)
     factory = FaultInjectingFactory(TinyFactory(), {variants[1].env_id: kind}, at_step=2, hang_s=5.0)
-    cfg = PoolConfig(num_workers=2, backend="inprocess", scheduler="round_robin", step_timeout_s=0.3)
+    cfg = PoolConfig(
+        num_workers=2, backend="inprocess", scheduler="round_robin", step_timeout_s=0.3, step_patience_s=None
+    )
     pool = InProcessPool(variants, factory, 4, cfg, seed=0)
     pool.reset(seed=0)
     pool.step(np.full(4, LOGIN))
