@@ -176,11 +176,13 @@ class PoolConfig(_Section):
     max_live_per_worker: EnvCount = 256
     step_timeout_s: TimeoutS = 5.0
     step_patience_s: TimeoutS | None = Field(
-        0.1,
+        None,
         description=(
             "a pool step waits this long for an env step, then goes on without it: the slot is left out "
-            "of the next pool steps until its step returns (or is ended at step_timeout_s). null: wait "
-            "up to step_timeout_s (training's worker-side rollouts always wait, to stay deterministic)."
+            "of the next pool steps until its step returns (or is ended at step_timeout_s). Hangs then "
+            "cost the other slots nothing, but which steps are late depends on timing, so a run is no "
+            "longer bit-reproducible. null (default): wait up to step_timeout_s (training's worker-side "
+            "rollouts always wait)."
         ),
     )
     step_isolation: Literal["thread", "process"] = Field(

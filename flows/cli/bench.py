@@ -153,6 +153,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             )
         if name in ("soak", "soak_ray"):  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
+            command += f" --step-patience-s {result['step_patience_s'] or 0:g}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
         out += [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]
         out += _scheduler_table(result) if name == "scheduler" else _targets_table(result)
@@ -334,6 +335,9 @@ def soak(
     n_variants: int = typer.Option(300, min=8, help="Catalogue variants sampled for the soak."),
     share: float = typer.Option(0.01, min=0.0, max=0.2, help="Share of the variants faulty per fault kind."),
     step_timeout_s: float = typer.Option(0.25, min=0.01, help="pool.step_timeout_s for the soak."),
+    step_patience_s: float = typer.Option(
+        0.1, min=0.0, help="pool.step_patience_s for the soak (0: off, every pool step waits for its env steps)."
+    ),
     isolation: str | None = typer.Option(
         None, help="pool.step_isolation, thread or process [default: the params' pool.step_isolation]."
     ),
@@ -358,6 +362,7 @@ def soak(
             "backend": backend,
             "step_isolation": isolation or cfg.pool.step_isolation,
             "step_timeout_s": step_timeout_s,
+            "step_patience_s": step_patience_s or None,
         }
     )
     variants, factory = catalogue_and_factory(cfg)
