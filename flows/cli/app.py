@@ -22,6 +22,7 @@ from flows.cli.calibrate import calibrate_command
 from flows.cli.common import PARAMS_OPTION, config_or_exit, one_line
 from flows.cli.envs import envs_app
 from flows.cli.explore import explore_command
+from flows.cli.offline import offline_command
 from flows.cli.pool import profile_envs_cmd
 from flows.cli.stress import report_command, stress_command
 from flows.cli.train import train_command
@@ -55,6 +56,12 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
         f"{n_combos * v.samples_per_combination} variants, less the quarantined; budget {v.budget_s:g} s",
         "explore": f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs "
         f"(eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})",
+        "offline": (
+            f"offline: CQL {cfg.offline.gradient_steps} steps on the dataset, actor toward softmax(Q); "
+            f"PPO's KL to it {cfg.offline.kl_coef:g} -> 0 over {cfg.offline.kl_decay_updates} updates"
+            if cfg.offline.enabled
+            else "offline: switched off (offline.enabled: false): PPO starts from BC"
+        ),
         "train": f"train: PPO up to {cfg.train.total_steps} steps, clip {cfg.train.clip_range}, "
         f"target KL {cfg.train.target_kl}",
         "stress": f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants",
@@ -241,6 +248,7 @@ def serve(
 app.command("calibrate")(calibrate_command)
 app.command("variants")(variants)
 app.command("explore")(explore_command)
+app.command("offline")(offline_command)
 app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)
