@@ -40,7 +40,7 @@ QUARANTINE = {
 
 def test_every_phase_with_a_threshold_declares_its_gate() -> None:
     gates = {g.phase: g for g in declared_gates(AgentFlowConfig())}
-    assert list(gates) == ["calibrate", "explore", "train", "stress"]
+    assert list(gates) == ["calibrate", "explore", "offline", "train", "stress"]
     assert [c.describe() for c in gates["explore"].checks] == ["state_coverage_ratio >= 0.92"]
     assert [c.describe() for c in gates["stress"].checks] == [
         "robustness_score >= 0.8",
