@@ -40,6 +40,7 @@ COMMANDS = {
     "learning": "agentflow bench learning",
     "sql": "agentflow bench sql",
     "soak": "agentflow bench soak",
+    "offline": "agentflow bench offline",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -48,6 +49,7 @@ TITLES = {
     "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
+    "offline": "Offline stage: PPO's start and steps to the expert after BC vs after BC + CQL",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
 }
 
@@ -130,7 +132,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "offline"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -142,6 +144,10 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --steps {result['config']['train']['total_steps']}"
         if name == "sql":
             command += f" --episodes {result['episodes']}"
+        if name == "offline":
+            command += f" --steps {result['config']['ppo_total_steps']} --explore-steps " + ",".join(
+                str(v["explore_steps"]) for v in result["settings"].values()
+            )
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
@@ -275,6 +281,37 @@ def sql(
     write_json(BENCH_DIR / "sql.json", run_sql_bench(entry, episodes))
     write_benchmarks_md()
     typer.echo(bench_section(TITLES["sql"]))
+
+
+@bench_app.command("offline")
+def offline(
+    params: Path = PARAMS_OPTION,
+    steps: int = typer.Option(32768, "--steps", min=1, help="PPO env steps per learner at most."),
+    explore_steps: str = typer.Option(
+        "", "--explore-steps", help="Comma-separated exploration steps per setting [default: the params', then 1500]."
+    ),
+    eval_every_updates: int = typer.Option(2, "--eval-every-updates", min=1, help="Updates between test checkpoints."),
+    test_episodes: int | None = typer.Option(None, "--test-episodes", min=1, help="Test episodes per checkpoint."),
+) -> None:
+    """PPO's starting test process success and env steps to the expert, after BC vs after BC + CQL."""
+    import tempfile
+
+    from tasks.bench.offline_bench import HARDER_EXPLORE_STEPS, run_offline_bench
+
+    cfg = phase_config_or_exit(params)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
+    try:
+        settings = [int(v) for v in explore_steps.split(",") if v.strip()] or [
+            cfg.explore.total_steps,
+            HARDER_EXPLORE_STEPS,
+        ]
+    except ValueError:
+        raise typer.BadParameter(f"--explore-steps must be comma-separated integers, got {explore_steps!r}") from None
+    with tempfile.TemporaryDirectory(prefix="agentflow-bench-offline-") as tmp:
+        result = run_offline_bench(cfg, Path(tmp), settings, eval_every_updates, test_episodes, progress=typer.echo)
+    write_json(BENCH_DIR / "offline.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["offline"]))
 
 
 @bench_app.command("all")
