@@ -112,3 +112,33 @@ def test_offline_stage_hands_ppo_its_actor_and_a_decaying_kl(tmp_path: Path) -> 
     off = cfg.model_copy(update={"offline": cfg.offline.model_copy(update={"enabled": False})})
     assert run_offline(off, catalogue, traj, offline)["enabled"] is False
     assert not (offline / ACTOR_FILE).exists()
+
+
+def test_minari_export_reads_back_with_minari_and_h5py(tmp_path: Path) -> None:
+    import h5py
+    import minari
+
+    from tasks.minari_export import DATASET_ID, export_minari
+
+    rows = [_row("a", 0, seed=1, ts=0.0), _row("a", 1, seed=1, ts=1.0), _row("a", 2, seed=1, ts=2.0, terminated=True)]
+    rows += [_row("b", 0, seed=1, ts=0.0), _row("b", 1, seed=1, ts=1.0)]  # cut off by the end of the run
+    traj = _write(tmp_path / "trajectories", rows)
+    summary = export_minari(traj, tmp_path / "minari")
+    assert (summary["episodes"], summary["steps"]) == (2, 5)
+    dataset = minari.MinariDataset(tmp_path / "minari" / DATASET_ID / "data")
+    assert dataset.total_episodes == 2 and dataset.total_steps == 5
+    a, b = list(dataset.iterate_episodes())
+    assert a.observations.shape == (4, OBS_DIM) and a.actions.tolist() == [0, 1, 2]
+    assert a.observations[:3].argmax(1).tolist() == [0, 1, 2]  # s_t as recorded
+    assert a.rewards.tolist() == [0.0, 1.0, 2.0]
+    assert a.terminations.tolist() == [False, False, True] and not a.truncations.any()
+    assert b.truncations.tolist() == [False, True] and not b.terminations.any()
+    assert a.infos["action_mask"].shape == (4, N_ACTIONS) and not a.infos["action_mask"][-1].any()
+    # the final observation: the recorded final tokens, the last recorded features
+    from agentflow_core.semantics import TOKEN_INDEX
+
+    assert a.observations[-1][TOKEN_INDEX[GOAL_TOKEN]] == 1.0
+    with h5py.File(tmp_path / "minari" / DATASET_ID / "data" / "main_data.hdf5", "r") as f:
+        assert sorted(f.keys()) == ["episode_0", "episode_1"]
+        assert f["episode_0"]["actions"][()].tolist() == [0, 1, 2]
+        assert f["episode_1"]["observations"].shape == (3, OBS_DIM)

@@ -22,7 +22,7 @@ from flows.cli.calibrate import calibrate_command
 from flows.cli.common import PARAMS_OPTION, config_or_exit, one_line
 from flows.cli.envs import envs_app
 from flows.cli.explore import explore_command
-from flows.cli.offline import offline_command
+from flows.cli.offline import export_minari_command, offline_command
 from flows.cli.pool import profile_envs_cmd
 from flows.cli.stress import report_command, stress_command
 from flows.cli.train import train_command
@@ -249,6 +249,7 @@ app.command("calibrate")(calibrate_command)
 app.command("variants")(variants)
 app.command("explore")(explore_command)
 app.command("offline")(offline_command)
+app.command("export-minari")(export_minari_command)
 app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)

@@ -51,3 +51,30 @@ def offline_command(
         err_console.print(f"[bold red]gate failed[/]: {escape(str(summary['gate']))}")
         raise typer.Exit(code=1)
     console.print(f"[green]{escape(str(summary['gate']))}[/]")
+
+
+MINARI_OUT_OPTION = typer.Option(None, "--out", help="Minari datasets root (default <data_dir>/minari).")
+
+
+def export_minari_command(
+    params: Path = PARAMS_OPTION, trajectories: Path | None = TRAJ_OPTION, out: Path | None = MINARI_OUT_OPTION
+) -> None:
+    """Export the trajectory dataset (every cycle) as the Minari 0.5 dataset agentflow/trajectories-v0 (HDF5).
+
+    Read it with ``minari.MinariDataset("<out>/agentflow/trajectories-v0/data")``, or
+    ``MINARI_DATASETS_PATH=<out>`` and ``minari.load_dataset("agentflow/trajectories-v0")``.
+    """
+    from tasks.minari_export import export_minari
+    from tasks.paths import DataPaths
+
+    cfg = phase_config_or_exit(params)
+    paths = DataPaths.of(cfg)
+    try:
+        summary = export_minari(trajectories or paths.trajectories, out or paths.root / "minari")
+    except (AgentFlowError, ValueError) as exc:
+        err_console.print(f"[bold red]export failed[/]: {one_line(exc)}")
+        raise typer.Exit(code=1) from None
+    console.print(
+        f"Minari {summary['minari_version']} dataset {summary['dataset_id']}: {summary['episodes']} episodes, "
+        f"{summary['steps']} steps -> {escape(summary['path'])}"
+    )
