@@ -77,7 +77,7 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
 
 @app.callback()
 def _root() -> None:
-    """AgentFlow: calibrate -> variants -> explore -> train -> stress -> report."""
+    """AgentFlow: calibrate -> variants -> explore -> offline -> train -> stress -> report."""
 
 
 @app.command()
@@ -105,7 +105,7 @@ def run(
     retrain: bool = typer.Option(False, "--retrain", help=RETRAIN_HELP),
     sets: list[str] = SET_OPTION,
 ) -> None:
-    """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> train -> stress -> report)."""
+    """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> offline -> train -> stress -> report)."""
     from tasks.compose import backend
     from tasks.runtime import configure_services
 
@@ -241,7 +241,7 @@ def serve(
         name=name,
         cron=cron,
         parameters=cycle_parameters(params, retrain, overrides),
-        description="AgentFlow training cycle: calibrate -> variants -> explore -> train -> stress -> report",
+        description="AgentFlow training cycle: calibrate -> variants -> explore -> offline -> train -> stress -> report",
     )
 
 

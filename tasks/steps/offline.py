@@ -99,16 +99,26 @@ def offline_actor(
 ) -> tuple[ActorCritic, ActorCritic, QNetwork, dict[str, Any]]:
     """``(bc actor, bc+cql actor, Q, figures)``: BC, then CQL on the train split's transitions, then the actor step."""
     o, device = cfg.offline, resolve_device(cfg.base.device)
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return clock[-1] - clock[-2]
+
     bc, bc_samples = bc_actor(cfg, catalogue_path, trajectories_dir, seed)
+    bc_s = lap()
     train_hashes = {v.content_hash for v in read_splits(catalogue_path)["train"]}
     data = load_transitions(Path(trajectories_dir), train_hashes)
     fit, heldout = data.split(o.heldout_share, np.random.default_rng(seed))
     settings = cql_settings(cfg)
+    data_s = lap()
     result = train_cql(fit, settings, seed=seed, device=device)
+    cql_s = lap()
     diagnostics = td_error_on(result.q, heldout, settings.gamma, settings.alpha) if len(heldout) else {}
     actor = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
     actor.load_state_dict(bc.state_dict())
     improved = improve_actor(actor, result.q, data.obs, data.mask, temperature=o.temperature, steps=o.improve_steps, seed=seed)
+    improve_s = lap()
     figures = {
         "bc_samples": bc_samples,
         "transitions": len(fit),
@@ -125,6 +135,7 @@ def offline_actor(
         "improve_kl_after": improved.kl_after,
         "improve_greedy_agreement": improved.greedy_agreement,
         "cycles": int(np.ceil(data.age.max())) if len(data) else 0,
+        "time_s": {"bc": bc_s, "transitions": data_s, "cql": cql_s, "improve": improve_s},
     }
     return bc, actor, result.q, figures
 
@@ -160,6 +171,7 @@ def run_offline(
     pool = pool_factory(
         cfg, validation, min(cfg.train.num_envs, EVAL_NUM_ENVS), seed=cfg.base.seed + 1, scheduler="round_robin", standby=False
     )
+    eval_started = time.perf_counter()
     try:
         evals = {
             name: evaluate_policy(pool, greedy_policy(net), o.eval_episodes, seed=cfg.base.seed + 7, dimensions=dimensions)
@@ -167,6 +179,7 @@ def run_offline(
         }
     finally:
         pool.close()
+    figures["time_s"]["validation_eval"] = time.perf_counter() - eval_started
     summary = {
         "enabled": True,
         **figures,
