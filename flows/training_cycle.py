@@ -187,7 +187,11 @@ def cycle_markdown(results: dict[str, Any]) -> str:
     rows = [
         ("calibrate", "env_stability_score", results.get("calibrate", {}).get("env_stability_score")),
         ("explore", "state_coverage_ratio", results.get("explore", {}).get("state_coverage_ratio")),
-        ("offline", "offline_validation_process_success", results.get("offline", {}).get("offline_validation_process_success")),
+        (
+            "offline",
+            "offline_validation_process_success",
+            results.get("offline", {}).get("offline_validation_process_success"),
+        ),
         ("train", "policy_convergence_flag", results.get("train", {}).get("policy_convergence_flag")),
         ("train", "stop_reason", results.get("train", {}).get("stop_reason")),
         ("train", "test_process_success", results.get("train", {}).get("test_process_success")),

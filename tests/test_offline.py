@@ -16,7 +16,9 @@ from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM
 from tasks.dataset import append_cycle
 
 
-def _row(episode: str, step: int, *, seed: int, ts: float, terminated: bool = False, truncated: bool = False) -> dict[str, Any]:
+def _row(
+    episode: str, step: int, *, seed: int, ts: float, terminated: bool = False, truncated: bool = False
+) -> dict[str, Any]:
     obs = np.zeros(OBS_DIM, np.float32)
     obs[step] = 1.0  # the state is the step index: next_obs pairs are checkable
     return {
@@ -64,7 +66,9 @@ def test_transitions_pair_steps_drop_unbootstrappable_ends_and_age_by_cycle(tmp_
     ]
     append_cycle(dataset, _write(tmp_path / "c1", first), cycle="one", seed=1)
     # cycle 2: a 2-step episode cut off by the end of the run (no terminal row)
-    append_cycle(dataset, _write(tmp_path / "c2", [_row("c", 0, seed=2, ts=5.0), _row("c", 1, seed=2, ts=6.0)]), "two", 2)
+    append_cycle(
+        dataset, _write(tmp_path / "c2", [_row("c", 0, seed=2, ts=5.0), _row("c", 1, seed=2, ts=6.0)]), "two", 2
+    )
     data = load_transitions(dataset)
     # a: 3 transitions (the last terminated); b: its truncated last row dropped; c: its cut-off last row dropped
     assert len(data) == 5
@@ -91,7 +95,11 @@ def test_offline_stage_hands_ppo_its_actor_and_a_decaying_kl(tmp_path: Path) -> 
 
     torch.set_num_threads(1)
     cfg = load_config(write_tiny_params(tmp_path, train={"total_steps": 1024, "eval_every_updates": 2}))
-    catalogue, traj, offline = tmp_path / "data" / "variants", tmp_path / "data" / "trajectories", tmp_path / "data" / "offline"
+    catalogue, traj, offline = (
+        tmp_path / "data" / "variants",
+        tmp_path / "data" / "trajectories",
+        tmp_path / "data" / "offline",
+    )
     run_variants(cfg, catalogue)
     run_explore(cfg, catalogue, traj)
     metrics = tmp_path / "offline.json"

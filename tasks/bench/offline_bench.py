@@ -95,13 +95,21 @@ def _figures(run: LearnerRun, expert: float) -> dict[str, Any]:
 
 
 def run_setting(
-    cfg: AgentFlowConfig, work: Path, explore_steps: int, eval_every: int, test_episodes: int | None, progress: Callable[[str], None] | None
+    cfg: AgentFlowConfig,
+    work: Path,
+    explore_steps: int,
+    eval_every: int,
+    test_episodes: int | None,
+    progress: Callable[[str], None] | None,
 ) -> dict[str, Any]:
     """One dataset (``explore_steps`` exploration steps), both learners, both evaluated the same way."""
     cfg = cfg.model_copy(
         update={
             "explore": cfg.explore.model_copy(
-                update={"total_steps": explore_steps, "remediation": cfg.explore.remediation.model_copy(update={"max_steps": 0})}
+                update={
+                    "total_steps": explore_steps,
+                    "remediation": cfg.explore.remediation.model_copy(update={"max_steps": 0}),
+                }
             )
         }
     )

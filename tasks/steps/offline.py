@@ -117,7 +117,9 @@ def offline_actor(
     diagnostics = td_error_on(result.q, heldout, settings.gamma, settings.alpha) if len(heldout) else {}
     actor = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
     actor.load_state_dict(bc.state_dict())
-    improved = improve_actor(actor, result.q, data.obs, data.mask, temperature=o.temperature, steps=o.improve_steps, seed=seed)
+    improved = improve_actor(
+        actor, result.q, data.obs, data.mask, temperature=o.temperature, steps=o.improve_steps, seed=seed
+    )
     improve_s = lap()
     figures = {
         "bc_samples": bc_samples,
@@ -169,12 +171,19 @@ def run_offline(
     dimensions = sorted(cfg.variants.dimensions)
     validation = stratified_eval_variants(splits["validation"], o.eval_episodes, dimensions, cfg.base.seed)
     pool = pool_factory(
-        cfg, validation, min(cfg.train.num_envs, EVAL_NUM_ENVS), seed=cfg.base.seed + 1, scheduler="round_robin", standby=False
+        cfg,
+        validation,
+        min(cfg.train.num_envs, EVAL_NUM_ENVS),
+        seed=cfg.base.seed + 1,
+        scheduler="round_robin",
+        standby=False,
     )
     eval_started = time.perf_counter()
     try:
         evals = {
-            name: evaluate_policy(pool, greedy_policy(net), o.eval_episodes, seed=cfg.base.seed + 7, dimensions=dimensions)
+            name: evaluate_policy(
+                pool, greedy_policy(net), o.eval_episodes, seed=cfg.base.seed + 7, dimensions=dimensions
+            )
             for name, net in (("bc", bc), ("offline", actor))
         }
     finally:
