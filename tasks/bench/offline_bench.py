@@ -176,7 +176,15 @@ def run_offline_bench(
         "offline": cfg.offline.model_dump(mode="json"),
     }
     result["machine"] = machine_info() | {"load_avg_before": load_before}
-    result["notes"] = [
+    result["notes"] = notes(result)
+    return result
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """What the figures mean, and per setting whether BC alone already starts at the expert."""
+    eval_every = result["config"]["eval_every_updates"]
+    load_before = result["machine"]["load_avg_before"]
+    out = [
         "Starting test process success: greedy on the test split before PPO's first update (BC actor vs BC+CQL actor).",
         "steps_to_expert: PPO env steps to the first test checkpoint at or above the scripted expert (checkpoints every "
         f"{eval_every} updates); 0 means the starting actor is already there. None: not reached within the budget.",
@@ -185,4 +193,18 @@ def run_offline_bench(
         f"Load average before: {' / '.join(f'{v:.2f}' for v in load_before)} on {os.cpu_count()} CPUs (a shared machine "
         "when above the CPU count: times are noisy, steps and success are not).",
     ]
-    return result
+    for name, setting in result["settings"].items():
+        bc, cql, expert = setting["bc"], setting["bc_cql"], setting["test_process_success_expert"]
+        if bc["start_test_process_success"] >= expert:
+            out.append(
+                f"{name}: BC alone already starts at the expert ({bc['start_test_process_success']:.3f} vs "
+                f"{expert:.3f}): the offline stage has nothing to add there (BC+CQL starts at "
+                f"{cql['start_test_process_success']:.3f})."
+            )
+        else:
+            out.append(
+                f"{name}: BC starts at {bc['start_test_process_success']:.3f}, BC+CQL at "
+                f"{cql['start_test_process_success']:.3f} (expert {expert:.3f}); PPO steps to the expert: BC "
+                f"{bc['steps_to_expert']}, BC+CQL {cql['steps_to_expert']} (budget {bc['ppo_steps']} / {cql['ppo_steps']})."
+            )
+    return out
