@@ -441,7 +441,7 @@ class OfflineConfig(_Section):
     target_update_every: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 100
     heldout_share: Annotated[float, Field(ge=0.0, lt=1.0, description="Episodes held out for TD diagnostics.")] = 0.1
     temperature: Annotated[float, Field(gt=0.0, le=100.0, description="CQL policy = softmax(Q / temperature).")] = 1.0
-    improve_steps: Annotated[int, Field(ge=0, le=MAX_COUNT, description="Actor steps toward the CQL policy.")] = 300
+    improve_steps: Annotated[int, Field(ge=0, le=MAX_COUNT, description="Actor steps toward pi_BC · exp(Q / T).")] = 300
     kl_coef: Annotated[float, Field(ge=0.0, le=100.0, description="PPO's KL(pi || pi_offline) weight at update 0.")] = (
         0.1
     )

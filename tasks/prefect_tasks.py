@@ -178,7 +178,7 @@ def explore_task(params_path: str, use_cache: bool = True, retrain_plan: str | N
 
 @task(name="offline", retries=1, **NOT_PERSISTED)
 def offline_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
-    """Phase 1b: BC -> discrete CQL (prioritized replay) -> actor toward the CQL policy (reused for the same inputs)."""
+    """Phase 1b: BC -> discrete CQL (prioritized replay) -> BC actor improved by Q (reused for the same inputs)."""
     from tasks.steps.offline import run_offline
 
     cfg = _config(params_path)

@@ -14,9 +14,9 @@ Q of every legal action in proportion to its softmax weight and pushes up the ac
 so the greedy policy of ``Q`` stays on actions the dataset supports.
 
 The offline result reaches PPO twice (:mod:`tasks.steps.offline`): the actor is first cloned from the
-successful episodes (BC), then moved toward the CQL policy ``softmax(Q(s, .)/temperature)`` over the
-legal actions on every dataset state (:func:`improve_actor`); and PPO's first updates are held near
-that policy by :class:`OfflinePrior`, a ``KL(pi || pi_offline)`` term whose coefficient decays
+successful episodes (BC), then moved toward ``pi_BC · exp(Q/temperature)`` over the legal actions
+on every dataset state (:func:`improve_actor`: the KL-regularised improvement of the BC policy by the
+conservative Q); and PPO's first updates are held near that policy by :class:`OfflinePrior`, a ``KL(pi || pi_offline)`` term whose coefficient decays
 linearly to zero.
 """
 
@@ -210,14 +210,9 @@ def td_error_on(q: QNetwork, data: Transitions, gamma: float, alpha: float) -> d
     return {"td_loss": float(td), "cql_penalty": float(penalty), "data_action_agreement": float(agree)}
 
 
-def cql_policy_logits(q_values: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Logits of the CQL policy ``softmax(Q/temperature)`` over legal actions."""
-    return masked_q(q_values / temperature, mask)
-
-
 @dataclass(frozen=True)
 class ImproveResult:
-    """How far the actor moved toward the CQL policy: KL(pi_cql || actor) before and after, greedy agreement."""
+    """How far the actor moved toward pi* ∝ pi_BC · exp(Q/T): KL(pi* || actor) before and after, greedy agreement."""
 
     steps: int
     kl_before: float
@@ -242,15 +237,21 @@ def improve_actor(
     learning_rate: float = 1e-3,
     seed: int = 0,
 ) -> ImproveResult:
-    """Move the actor toward the CQL policy on the dataset's states: minimise ``KL(pi_cql || pi_actor)``.
+    """Move the actor toward ``pi* ∝ pi_start · exp(Q / temperature)`` on the dataset's states.
 
-    The actor starts from behaviour cloning; only its weights change (the critic is PPO's to fit).
+    ``pi*`` is the closed-form maximiser of ``E_pi[Q] - temperature · KL(pi || pi_start)`` (the
+    KL-regularised policy improvement step of AWR/MPO-style methods), with ``pi_start`` the actor as
+    it comes in (behaviour cloning's): where BC is confident, Q must disagree by more than its
+    log-probability margin to move it; where BC is unsure, Q decides. The actor minimises
+    ``KL(pi* || pi)``; only its weights change (the critic is PPO's to fit).
     """
     device = next(actor.parameters()).device
     obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device)
     mask_t = torch.as_tensor(mask, dtype=torch.bool, device=device)
     with torch.no_grad():
-        target_logp = torch.log_softmax(cql_policy_logits(q.to(device)(obs_t), mask_t, temperature), dim=-1)
+        start_logp = torch.log_softmax(actor.masked_logits(obs_t, mask_t), dim=-1)
+        improved = masked_q(start_logp + q.to(device)(obs_t) / temperature, mask_t)
+        target_logp = torch.log_softmax(improved, dim=-1)
         kl_before = float(_kl_to_actor(actor, obs_t, mask_t, target_logp))
     optimizer = torch.optim.Adam(actor.actor.parameters(), lr=learning_rate)
     rng = np.random.default_rng(seed)

@@ -57,7 +57,7 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
         "explore": f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs "
         f"(eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})",
         "offline": (
-            f"offline: CQL {cfg.offline.gradient_steps} steps on the dataset, actor toward softmax(Q); "
+            f"offline: CQL {cfg.offline.gradient_steps} steps on the dataset, actor improved by Q (pi_BC * exp(Q/T)); "
             f"PPO's KL to it {cfg.offline.kl_coef:g} -> 0 over {cfg.offline.kl_decay_updates} updates"
             if cfg.offline.enabled
             else "offline: switched off (offline.enabled: false): PPO starts from BC"

@@ -145,8 +145,8 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         if name == "sql":
             command += f" --episodes {result['episodes']}"
         if name == "offline":
-            command += f" --steps {result['config']['ppo_total_steps']} --explore-steps " + ",".join(
-                str(v["explore_steps"]) for v in result["settings"].values()
+            command += f" --steps {result['config']['ppo_total_steps']} --settings " + ",".join(
+                f"{v['behaviour']}:{v['explore_steps']}" for v in result["settings"].values()
             )
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
@@ -287,8 +287,10 @@ def sql(
 def offline(
     params: Path = PARAMS_OPTION,
     steps: int = typer.Option(32768, "--steps", min=1, help="PPO env steps per learner at most."),
-    explore_steps: str = typer.Option(
-        "", "--explore-steps", help="Comma-separated exploration steps per setting [default: the params', then 1500]."
+    settings: str = typer.Option(
+        "",
+        "--settings",
+        help="Comma-separated BEHAVIOUR:STEPS exploration settings [default: the params' explore, then policy:STEPS].",
     ),
     eval_every_updates: int = typer.Option(2, "--eval-every-updates", min=1, help="Updates between test checkpoints."),
     test_episodes: int | None = typer.Option(None, "--test-episodes", min=1, help="Test episodes per checkpoint."),
@@ -296,19 +298,20 @@ def offline(
     """PPO's starting test process success and env steps to the expert, after BC vs after BC + CQL."""
     import tempfile
 
-    from tasks.bench.offline_bench import HARDER_EXPLORE_STEPS, run_offline_bench
+    from tasks.bench.offline_bench import HARDER_BEHAVIOUR, run_offline_bench
 
     cfg = phase_config_or_exit(params)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
-    try:
-        settings = [int(v) for v in explore_steps.split(",") if v.strip()] or [
-            cfg.explore.total_steps,
-            HARDER_EXPLORE_STEPS,
-        ]
-    except ValueError:
-        raise typer.BadParameter(f"--explore-steps must be comma-separated integers, got {explore_steps!r}") from None
+    parsed: list[tuple[str, int]] = []
+    for item in (v.strip() for v in settings.split(",") if v.strip()):
+        behaviour, _, count = item.partition(":")
+        if behaviour not in ("expert", "policy") or not count.isdigit() or int(count) < 1:
+            raise typer.BadParameter(f"--settings takes expert:N or policy:N items, got {item!r}")
+        parsed.append((behaviour, int(count)))
+    n = cfg.explore.total_steps
+    parsed = parsed or [(cfg.explore.behaviour, n), (HARDER_BEHAVIOUR, n)]
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-offline-") as tmp:
-        result = run_offline_bench(cfg, Path(tmp), settings, eval_every_updates, test_episodes, progress=typer.echo)
+        result = run_offline_bench(cfg, Path(tmp), parsed, eval_every_updates, test_episodes, progress=typer.echo)
     write_json(BENCH_DIR / "offline.json", result)
     write_benchmarks_md()
     typer.echo(bench_section(TITLES["offline"]))

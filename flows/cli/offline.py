@@ -28,7 +28,7 @@ def offline_command(
     trajectories: Path | None = TRAJ_OPTION,
     out: Path | None = OUT_OPTION,
 ) -> None:
-    """BC, then discrete CQL with prioritized replay on the dataset, then the actor moved toward the CQL policy.
+    """BC, then discrete CQL with prioritized replay on the dataset, then the BC actor improved by Q.
 
     `agentflow train` starts PPO from that actor with a decaying KL term toward it. Exits 1 when the
     offline gate fails (the summary is still written; no actor is left for training).

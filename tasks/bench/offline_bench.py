@@ -6,7 +6,7 @@ training reward, as ``agentflow train`` does:
 
 - ``bc``: behaviour cloning on the successful episodes, then PPO;
 - ``bc_cql``: the offline stage (:func:`tasks.steps.offline.offline_actor`: the same BC actor, then
-  discrete CQL with prioritized replay and the actor moved toward the CQL policy), then PPO with the
+  discrete CQL with prioritized replay and the actor moved toward pi_BC · exp(Q/temperature)), then PPO with the
   decaying ``KL(pi || pi_offline)`` term.
 
 Both start from the same network initialisation. Each is played greedily on the same stratified test
@@ -43,7 +43,9 @@ from tasks.steps.offline import offline_actor
 from tasks.steps.train import reward_transform
 from tasks.steps.variants import run_variants
 
-HARDER_EXPLORE_STEPS = 1500  # a tenth of the demonstrations: BC alone no longer starts at the expert
+# The harder setting: exploration around the untrained network instead of the scripted expert, so the
+# dataset holds few successful episodes for BC (with 1,500 expert-exploration steps BC still started at 1.00).
+HARDER_BEHAVIOUR = "policy"
 
 
 def _fresh_policy(cfg: AgentFlowConfig, seed: int) -> ActorCritic:
@@ -97,6 +99,7 @@ def _figures(run: LearnerRun, expert: float) -> dict[str, Any]:
 def run_setting(
     cfg: AgentFlowConfig,
     work: Path,
+    behaviour: str,
     explore_steps: int,
     eval_every: int,
     test_episodes: int | None,
@@ -107,6 +110,7 @@ def run_setting(
         update={
             "explore": cfg.explore.model_copy(
                 update={
+                    "behaviour": behaviour,
                     "total_steps": explore_steps,
                     "remediation": cfg.explore.remediation.model_copy(update={"max_steps": 0}),
                 }
@@ -114,7 +118,7 @@ def run_setting(
         }
     )
     seed = cfg.base.seed
-    catalogue, trajectories = work / "variants", work / f"trajectories_{explore_steps}"
+    catalogue, trajectories = work / "variants", work / f"trajectories_{behaviour}_{explore_steps}"
     if not catalogue.exists():
         run_variants(cfg, catalogue)
     explored = run_explore(cfg, catalogue, trajectories)
@@ -140,6 +144,7 @@ def run_setting(
         evaluator.close()
     ours, base = _figures(cql, expert), _figures(bc, expert)
     return {
+        "behaviour": behaviour,
         "explore_steps": explore_steps,
         "explore_goal_episodes": explored.get("goal_episodes"),
         "bc_samples": offline["bc_samples"],
@@ -155,16 +160,16 @@ def run_setting(
 def run_offline_bench(
     cfg: AgentFlowConfig,
     work: Path,
-    explore_steps: list[int],
+    settings: list[tuple[str, int]],
     eval_every: int = 2,
     test_episodes: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Every setting in ``explore_steps`` (the shipped exploration first, then harder ones)."""
+    """Every ``(explore.behaviour, explore steps)`` setting (the shipped exploration first, then harder ones)."""
     load_before = list(os.getloadavg())
-    settings = {f"explore_{n}": run_setting(cfg, work, n, eval_every, test_episodes, progress) for n in explore_steps}
-    result: dict[str, Any] = {"settings": settings}
-    for name, s in settings.items():
+    runs = {f"{b}_{n}": run_setting(cfg, work, b, n, eval_every, test_episodes, progress) for b, n in settings}
+    result: dict[str, Any] = {"settings": runs}
+    for name, s in runs.items():
         for learner in ("bc", "bc_cql"):
             result[f"{name}/{learner}/start_test_process_success"] = s[learner]["start_test_process_success"]
             result[f"{name}/{learner}/steps_to_expert"] = s[learner]["steps_to_expert"]
@@ -188,8 +193,9 @@ def notes(result: dict[str, Any]) -> list[str]:
         "Starting test process success: greedy on the test split before PPO's first update (BC actor vs BC+CQL actor).",
         "steps_to_expert: PPO env steps to the first test checkpoint at or above the scripted expert (checkpoints every "
         f"{eval_every} updates); 0 means the starting actor is already there. None: not reached within the budget.",
-        f"Settings: explore_N = N exploration steps of the shipped explore section (no remediation); "
-        f"explore_{HARDER_EXPLORE_STEPS} is the harder setting (fewer demonstrations for BC).",
+        "Settings: BEHAVIOUR_N = N exploration steps (no remediation) epsilon-greedy around BEHAVIOUR: expert is "
+        f"the shipped explore section; {HARDER_BEHAVIOUR} (around the untrained network) is the harder setting, "
+        "a dataset with few successful episodes for BC.",
         f"Load average before: {' / '.join(f'{v:.2f}' for v in load_before)} on {os.cpu_count()} CPUs (a shared machine "
         "when above the CPU count: times are noisy, steps and success are not).",
     ]

@@ -5,7 +5,7 @@ the exploration dataset (every cycle's shards); writes under ``out_dir``:
 
 * ``bc_actor.safetensors`` -- the behaviour-cloned actor, exactly the one ``agentflow train`` would
   clone (same seed, same initialisation, same successful train-split episodes);
-* ``actor.safetensors`` -- that actor moved toward the CQL policy ``softmax(Q/temperature)``: what
+* ``actor.safetensors`` -- that actor moved toward ``pi_BC · exp(Q/temperature)``: what
   training starts from, and what its decaying KL term holds it near;
 * ``q.safetensors`` -- the conservative Q network;
 * ``offline_summary.json`` -- losses, held-out TD diagnostics, replay statistics, the validation
