@@ -25,12 +25,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.contracts import PolicyFn
 from agentflow_core.evaluation.policy_eval import expert_policy, greedy_policy
 from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.cql import OfflinePrior, load_actor
+from agentflow_core.rl.cql import OfflinePrior, QNetwork, load_actor, masked_q
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
@@ -46,6 +48,17 @@ from tasks.steps.variants import run_variants
 # The harder setting: exploration around the untrained network instead of the scripted expert, so the
 # dataset holds few successful episodes for BC (with 1,500 expert-exploration steps BC still started at 1.00).
 HARDER_BEHAVIOUR = "policy"
+
+
+def q_greedy_policy(q: QNetwork) -> PolicyFn:
+    """The argmax legal action of the conservative Q (no actor)."""
+
+    def act(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            values = q(torch.as_tensor(obs, dtype=torch.float32))
+            return masked_q(values, torch.as_tensor(mask, dtype=torch.bool)).argmax(-1).numpy()
+
+    return act
 
 
 def _fresh_policy(cfg: AgentFlowConfig, seed: int) -> ActorCritic:
@@ -134,8 +147,9 @@ def run_setting(
         _ppo_to_expert(cfg, bc, policy, catalogue, evaluator, expert, eval_every, None)
         cql = LearnerRun("bc_cql")
         started = time.perf_counter()
-        _, actor, _, offline = offline_actor(cfg, catalogue, trajectories, seed)
+        _, actor, q, offline = offline_actor(cfg, catalogue, trajectories, seed)
         cql.setup_s["bc_cql_s"] = time.perf_counter() - started
+        q_greedy = evaluator.test(q_greedy_policy(q)).process_success_rate  # CQL's own greedy policy, for reference
         policy = _fresh_policy(cfg, seed)
         load_actor(policy, actor.state_dict())
         prior = OfflinePrior(actor, cfg.offline.kl_coef, cfg.offline.kl_decay_updates)
@@ -151,6 +165,7 @@ def run_setting(
         "cql_transitions": offline["transitions"],
         "test_process_success_expert": expert,
         "start_gain": ours["start_test_process_success"] - base["start_test_process_success"],
+        "q_greedy_test_process_success": q_greedy,
         "bc": base,
         "bc_cql": ours,
         "offline": {k: v for k, v in offline.items() if not k.endswith("_curve")},
@@ -175,6 +190,7 @@ def run_offline_bench(
             result[f"{name}/{learner}/steps_to_expert"] = s[learner]["steps_to_expert"]
         result[f"{name}/expert_test_process_success"] = s["test_process_success_expert"]
         result[f"{name}/start_gain"] = s["start_gain"]
+        result[f"{name}/q_greedy_test_process_success"] = s["q_greedy_test_process_success"]
     result["config"] = {
         "ppo_total_steps": cfg.train.total_steps,
         "eval_every_updates": eval_every,
