@@ -429,7 +429,7 @@ class OfflineConfig(_Section):
     """`offline` (Phase 1b): discrete CQL on the trajectory dataset between BC and PPO (seed 003 §5.2).
 
     BC clones the successful episodes, CQL fits a conservative Q on every train-split transition,
-    the actor moves toward ``softmax(Q/temperature)``, and PPO starts from that actor with a
+    the actor moves toward ``pi_BC · exp(Q/temperature)``, and PPO starts from that actor with a
     ``KL(pi || pi_offline)`` term whose weight decays from ``kl_coef`` to 0 over ``kl_decay_updates``.
     """
 
@@ -440,7 +440,9 @@ class OfflineConfig(_Section):
     alpha: Annotated[float, Field(ge=0.0, le=100.0, description="Weight of the CQL penalty (0: plain DQN).")] = 1.0
     target_update_every: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 100
     heldout_share: Annotated[float, Field(ge=0.0, lt=1.0, description="Episodes held out for TD diagnostics.")] = 0.1
-    temperature: Annotated[float, Field(gt=0.0, le=100.0, description="CQL policy = softmax(Q / temperature).")] = 1.0
+    temperature: Annotated[
+        float, Field(gt=0.0, le=100.0, description="Improved actor ∝ pi_BC · exp(Q / temperature).")
+    ] = 0.1
     improve_steps: Annotated[int, Field(ge=0, le=MAX_COUNT, description="Actor steps toward pi_BC · exp(Q / T).")] = 300
     kl_coef: Annotated[float, Field(ge=0.0, le=100.0, description="PPO's KL(pi || pi_offline) weight at update 0.")] = (
         0.1
