@@ -89,6 +89,7 @@ def export_minari(trajectories: Path, out: Path, dataset_id: str = DATASET_ID) -
         warnings.filterwarnings("ignore", message=r"`eval_env` is set to None")
         warnings.filterwarnings("ignore", message=r"env_spec is None")
         warnings.filterwarnings("ignore", message=r"`author_email` is set to None")
+        warnings.filterwarnings("ignore", message=r"`code_permalink` is set to None")
         if dataset_id in minari.list_local_datasets():
             minari.delete_dataset(dataset_id)
         dataset = minari.create_dataset_from_buffers(
