@@ -429,6 +429,59 @@ class SimToRealConfig(_Section):
     env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
 
 
+class OfflineReplay(_Section):
+    """Prioritized replay of the offline stage (seed 003 §4.1): ``p = (|td| + eps)^alpha * decay^age``."""
+
+    prioritized: bool = Field(True, description="False: uniform draws (no IS weights).")
+    alpha: Annotated[float, Field(ge=0.0, le=1.0, description="Priority exponent (0: uniform in TD error).")] = 0.6
+    beta: Annotated[float, Field(ge=0.0, le=1.0, description="Importance-sampling exponent (1: full correction).")] = (
+        0.4
+    )
+    freshness_decay: Annotated[
+        float, Field(gt=0.0, le=1.0, description="Priority factor per cycle of age (1: no freshness preference).")
+    ] = 0.5
+
+
+class OfflineGate(_Section):
+    """The offline stage's exit gate, on the validation split (greedy episodes in the envs)."""
+
+    min_validation_process_success: Fraction = Field(
+        0.5, description="The BC+CQL actor's validation process success must reach this."
+    )
+    max_regression_vs_bc: Fraction = Field(
+        0.05, description="...and fall at most this far below the BC actor's on the same episodes."
+    )
+
+
+class OfflineConfig(_Section):
+    """`offline` (Phase 1b): discrete CQL on the trajectory dataset between BC and PPO (seed 003 §5.2).
+
+    BC clones the successful episodes, CQL fits a conservative Q on every train-split transition,
+    the actor moves toward ``pi_BC · exp(Q/temperature)``, and PPO starts from that actor with a
+    ``KL(pi || pi_offline)`` term whose weight decays from ``kl_coef`` to 0 over ``kl_decay_updates``.
+    """
+
+    enabled: bool = True
+    gradient_steps: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 1500
+    batch_size: Annotated[int, Field(gt=0, le=65_536)] = 256
+    learning_rate: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-3
+    alpha: Annotated[float, Field(ge=0.0, le=100.0, description="Weight of the CQL penalty (0: plain DQN).")] = 1.0
+    target_update_every: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 100
+    heldout_share: Annotated[float, Field(ge=0.0, lt=1.0, description="Episodes held out for TD diagnostics.")] = 0.1
+    temperature: Annotated[
+        float, Field(gt=0.0, le=100.0, description="Improved actor ∝ pi_BC · exp(Q / temperature).")
+    ] = 0.1
+    improve_steps: Annotated[int, Field(ge=0, le=MAX_COUNT, description="Actor steps toward pi_BC · exp(Q / T).")] = 300
+    kl_coef: Annotated[float, Field(ge=0.0, le=100.0, description="PPO's KL(pi || pi_offline) weight at update 0.")] = (
+        0.1
+    )
+    kl_decay_updates: Annotated[int, Field(gt=0, le=MAX_COUNT, description="Updates until that weight is 0.")] = 20
+    eval_episodes: Count = 64
+    replay: OfflineReplay = OfflineReplay()
+    gate: OfflineGate = OfflineGate()
+    budget_s: BudgetS = 120.0
+
+
 class StressConfig(_Section):
     """Phase 3 stress validation (agentflow_core.evaluation documents every measure)."""
 
@@ -472,6 +525,7 @@ class AgentFlowConfig(_Section):
     variants: VariantsConfig = VariantsConfig()
     pool: PoolConfig = PoolConfig()
     explore: ExploreConfig = ExploreConfig()
+    offline: OfflineConfig = OfflineConfig()
     train: TrainConfig = TrainConfig()
     stress: StressConfig = StressConfig()
     report: ReportConfig = ReportConfig()
@@ -479,4 +533,4 @@ class AgentFlowConfig(_Section):
     @property
     def phases(self) -> tuple[str, ...]:
         """The phases in the order the cycle runs them."""
-        return ("calibrate", "variants", "explore", "train", "stress", "report")
+        return ("calibrate", "variants", "explore", "offline", "train", "stress", "report")

@@ -109,6 +109,20 @@ def explore_gate(cfg: AgentFlowConfig) -> PhaseGate:
     )
 
 
+def offline_gate(cfg: AgentFlowConfig) -> PhaseGate:
+    """Phase 1b: the BC+CQL actor's validation process success, absolute and against the BC actor's."""
+    o = cfg.offline
+    return PhaseGate(
+        "offline",
+        (
+            GateCheck("offline_validation_process_success", ">=", o.gate.min_validation_process_success),
+            GateCheck("offline_vs_bc_validation", ">=", -o.gate.max_regression_vs_bc),
+        ),
+        "none (set offline.enabled: false to train from the BC actor alone)",
+        o.budget_s,
+    )
+
+
 def train_gate(cfg: AgentFlowConfig) -> PhaseGate:
     """Phase 2: stop on the convergence flag or the step/time budget; the best checkpoint's validation success."""
     t = cfg.train
@@ -146,7 +160,8 @@ def stress_gate(cfg: AgentFlowConfig) -> PhaseGate:
 
 def declared_gates(cfg: AgentFlowConfig) -> tuple[PhaseGate, ...]:
     """Every enforced gate, in the order the cycle meets them."""
-    return (calibrate_gate(cfg), explore_gate(cfg), train_gate(cfg), stress_gate(cfg))
+    offline = (offline_gate(cfg),) if cfg.offline.enabled else ()
+    return (calibrate_gate(cfg), explore_gate(cfg), *offline, train_gate(cfg), stress_gate(cfg))
 
 
 def gate_for(cfg: AgentFlowConfig, phase: str) -> PhaseGate:

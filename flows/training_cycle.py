@@ -1,4 +1,4 @@
-"""The training cycle as a Prefect DAG: calibrate → variants → explore → train → stress → report.
+"""The training cycle as a Prefect DAG: calibrate → variants → explore → offline → train → stress → report.
 
 The flow is composition only: each phase is a task in ``tasks.prefect_tasks`` that calls the
 same step function as ``agentflow <phase>`` and the DVC stage. Each step judges its phase against
@@ -33,6 +33,7 @@ from tasks.prefect_tasks import (
     GateFailed,
     calibrate_task,
     explore_task,
+    offline_task,
     report_task,
     stress_task,
     track_phase,
@@ -140,6 +141,13 @@ def training_cycle(
         if not explore["passed"]:
             raise GateFailed(explore["gate"])
 
+        offline = offline_task(params_path, use_cache)
+        track_phase(params_path, parent, uri, experiment, "offline", offline, paths.offline)
+        record_phase(tracker, parent, paths, "offline", paths.offline)
+        results["offline"] = offline
+        if not offline["passed"]:
+            raise GateFailed(offline["gate"])
+
         train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train
         record_phase(tracker, parent, paths, "train", paths.checkpoints)
@@ -179,6 +187,11 @@ def cycle_markdown(results: dict[str, Any]) -> str:
     rows = [
         ("calibrate", "env_stability_score", results.get("calibrate", {}).get("env_stability_score")),
         ("explore", "state_coverage_ratio", results.get("explore", {}).get("state_coverage_ratio")),
+        (
+            "offline",
+            "offline_validation_process_success",
+            results.get("offline", {}).get("offline_validation_process_success"),
+        ),
         ("train", "policy_convergence_flag", results.get("train", {}).get("policy_convergence_flag")),
         ("train", "stop_reason", results.get("train", {}).get("stop_reason")),
         ("train", "test_process_success", results.get("train", {}).get("test_process_success")),

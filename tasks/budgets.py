@@ -13,7 +13,7 @@ from typing import Any
 
 from agentflow_core.gates import BudgetUse
 
-PHASES_WITH_BUDGET = ("calibrate", "variants", "explore", "train", "stress", "report")
+PHASES_WITH_BUDGET = ("calibrate", "variants", "explore", "offline", "train", "stress", "report")
 
 
 def budget_metrics(

@@ -40,6 +40,11 @@ class DataPaths:
         return self.root / "trajectories"
 
     @property
+    def offline(self) -> Path:
+        """Output of ``offline``: the BC+CQL actor train starts from, the Q network, the summary."""
+        return self.root / "offline"
+
+    @property
     def checkpoints(self) -> Path:
         """Output of ``train``: checkpoints, learning curves and the best policy."""
         return self.root / "checkpoints"

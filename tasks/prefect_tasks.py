@@ -176,6 +176,25 @@ def explore_task(params_path: str, use_cache: bool = True, retrain_plan: str | N
     return summary
 
 
+@task(name="offline", retries=1, **NOT_PERSISTED)
+def offline_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
+    """Phase 1b: BC -> discrete CQL (prioritized replay) -> BC actor improved by Q (reused for the same inputs)."""
+    from tasks.steps.offline import run_offline
+
+    cfg = _config(params_path)
+    paths = DataPaths.of(cfg)
+    summary = cached(
+        cfg,
+        "offline",
+        paths.offline,
+        use_cache,
+        lambda: run_offline(cfg, paths.variants, paths.trajectories, paths.offline, paths.metrics_file("offline")),
+    )
+    _publish("offline", "Phase 1b: offline RL (CQL)", summary)
+    get_run_logger().info("offline: %s", summary["message"])
+    return summary
+
+
 def track_phase(
     params_path: str,
     parent_run_id: str,

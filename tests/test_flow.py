@@ -20,7 +20,7 @@ from tests.tiny import REPO, write_tiny_params
 
 pytestmark = pytest.mark.slow
 
-PHASES = {"calibrate", "variants", "explore", "train", "stress", "report"}
+PHASES = {"calibrate", "variants", "explore", "offline", "train", "stress", "report"}
 
 
 def mlflow_client(root: Path) -> MlflowClient:
@@ -51,6 +51,10 @@ def test_every_phase_ran_and_wrote_its_outputs(cycle: tuple[Path, dict]) -> None
     assert results["variants"]["variants"] == 48
     assert 0.0 < results["explore"]["state_coverage_ratio"] <= 1.0
     assert results["train"]["global_step"] >= 1024
+    # the offline stage ran between explore and train, and PPO started from its actor
+    assert results["offline"]["enabled"] and results["offline"]["transitions"] > 0
+    assert (root / "data" / "offline" / "actor.safetensors").is_file()
+    assert results["train"]["bc"]["source"] == "offline" and results["train"]["offline"]["kl_coef"] > 0
     assert results["stress"]["episodes"] == 24 and results["stress"]["crash_episodes"] == 0
     data = root / "data"
     for name in ("report.md", "report.html", "report.json"):
@@ -140,7 +144,7 @@ def test_registered_model_predicts_from_observation_and_mask_columns(
 
 
 def test_prefect_artifacts_per_phase(cycle: tuple[Path, dict]) -> None:
-    for key in ("calibration", "variants", "exploration", "training", "stress", "champion", "cycle-summary"):
+    for key in ("calibration", "variants", "exploration", "offline", "training", "stress", "champion", "cycle-summary"):
         artifact = Artifact.get(key)
         assert artifact is not None, key
     assert "robustness_score" in Artifact.get("cycle-summary").data

@@ -40,7 +40,7 @@ QUARANTINE = {
 
 def test_every_phase_with_a_threshold_declares_its_gate() -> None:
     gates = {g.phase: g for g in declared_gates(AgentFlowConfig())}
-    assert list(gates) == ["calibrate", "explore", "train", "stress"]
+    assert list(gates) == ["calibrate", "explore", "offline", "train", "stress"]
     assert [c.describe() for c in gates["explore"].checks] == ["state_coverage_ratio >= 0.92"]
     assert [c.describe() for c in gates["stress"].checks] == [
         "robustness_score >= 0.8",
@@ -192,7 +192,14 @@ def test_quarantined_variants_never_reach_a_later_phase_and_a_failed_stress_gate
     assert md.startswith("# GATE FAILED: ") and "- Verdict: GATE FAILED — stress gate failed" in md.splitlines()[2]
     assert md.index("## Test split: trained vs scripted expert") < md.index("# Evaluation report")
     assert all(q in md for q in ids)
-    assert [b["phase"] for b in report["cycle"]["budgets"]] == ["calibrate", "variants", "explore", "train", "stress"]
+    assert [b["phase"] for b in report["cycle"]["budgets"]] == [
+        "calibrate",
+        "variants",
+        "explore",
+        "offline",
+        "train",
+        "stress",
+    ]
     html = (data / "reports" / "report.html").read_text()
     assert html.index("GATE FAILED") < html.index("training curve") < html.index("<h1>Evaluation report:")
 

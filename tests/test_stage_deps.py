@@ -21,6 +21,8 @@ ENTRIES = {
     "calibrate": ("flows.cli.calibrate", "calibrate_command"),
     "variants": ("flows.cli.variants", "variants"),
     "explore": ("flows.cli.explore", "explore_command"),
+    "offline": ("flows.cli.offline", "offline_command"),
+    "export-minari": ("flows.cli.offline", "export_minari_command"),
     "train": ("flows.cli.train", "train_command"),
     "stress": ("flows.cli.stress", "stress_command"),
     "report": ("flows.cli.stress", "report_command"),

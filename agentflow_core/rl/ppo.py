@@ -80,6 +80,19 @@ class MemorySink:
 
 
 @runtime_checkable
+class PolicyPenalty(Protocol):
+    """An extra term of every minibatch loss (e.g. ``cql.OfflinePrior``'s decaying KL to the offline policy)."""
+
+    def penalty(
+        self, policy: ActorCritic, obs: torch.Tensor, mask: torch.Tensor, update: int
+    ) -> tuple[torch.Tensor, float]:
+        """``(loss term, diagnostic value)`` of one minibatch at PPO update ``update`` (0-based)."""
+
+    def coef(self, update: int) -> float:
+        """The term's weight at update ``update``."""
+
+
+@runtime_checkable
 class RewardTransform(Protocol):
     """Maps a pool step's env rewards to training rewards (reward function + per-env normaliser)."""
 
@@ -266,6 +279,7 @@ class PPO:
         self.global_step = 0
         self.update = 0
         self.last_rollout = RolloutStats()
+        self.policy_penalty: PolicyPenalty | None = None  # set by the caller (train: the offline prior)
 
     # ---------------------------------------------------------------- rollout
     def collect_rollout(self) -> RolloutStats:
@@ -334,6 +348,7 @@ class PPO:
         clip_range = self.adaptive.clip_range
         coef = LossCoefficients(clip_range, cfg.ent_coef, cfg.vf_coef, self.adaptive.kl_coef)
         mb_stats: list[torch.Tensor] = []
+        penalty_values: list[float] = []
         for _epoch in range(cfg.n_epochs):
             b_inds = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
             for start in range(0, self.batch_size, cfg.minibatch_size):
@@ -348,6 +363,12 @@ class PPO:
                     b_returns[mb_inds],
                     coef,
                 )
+                if self.policy_penalty is not None:
+                    extra, penalty_value = self.policy_penalty.penalty(
+                        self.policy, b_obs[mb_inds], b_masks[mb_inds], self.update
+                    )
+                    loss = loss + extra
+                    penalty_values.append(penalty_value)
                 self.optimizer.zero_grad()
                 loss.backward()
                 self.grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -359,6 +380,10 @@ class PPO:
         self.adaptive.observe(metrics["losses/approx_kl"])
         metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
         metrics["adaptive/clip_range_used"] = clip_range
+        if self.policy_penalty is not None:
+            metrics["offline/kl_coef"] = self.policy_penalty.coef(self.update)
+            if metrics["offline/kl_coef"] > 0.0:
+                metrics["offline/kl_to_offline"] = float(np.mean(penalty_values))
         return metrics
 
     def _feed_scheduler(self, returns: torch.Tensor) -> None:

@@ -22,6 +22,7 @@ from flows.cli.calibrate import calibrate_command
 from flows.cli.common import PARAMS_OPTION, config_or_exit, one_line
 from flows.cli.envs import envs_app
 from flows.cli.explore import explore_command
+from flows.cli.offline import export_minari_command, offline_command
 from flows.cli.pool import profile_envs_cmd
 from flows.cli.stress import report_command, stress_command
 from flows.cli.train import train_command
@@ -55,6 +56,12 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
         f"{n_combos * v.samples_per_combination} variants, less the quarantined; budget {v.budget_s:g} s",
         "explore": f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs "
         f"(eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})",
+        "offline": (
+            f"offline: CQL {cfg.offline.gradient_steps} steps on the dataset, actor improved by Q (pi_BC * exp(Q/T)); "
+            f"PPO's KL to it {cfg.offline.kl_coef:g} -> 0 over {cfg.offline.kl_decay_updates} updates"
+            if cfg.offline.enabled
+            else "offline: switched off (offline.enabled: false): PPO starts from BC"
+        ),
         "train": f"train: PPO up to {cfg.train.total_steps} steps, clip {cfg.train.clip_range}, "
         f"target KL {cfg.train.target_kl}",
         "stress": f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants",
@@ -70,7 +77,7 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
 
 @app.callback()
 def _root() -> None:
-    """AgentFlow: calibrate -> variants -> explore -> train -> stress -> report."""
+    """AgentFlow: calibrate -> variants -> explore -> offline -> train -> stress -> report."""
 
 
 @app.command()
@@ -98,7 +105,7 @@ def run(
     retrain: bool = typer.Option(False, "--retrain", help=RETRAIN_HELP),
     sets: list[str] = SET_OPTION,
 ) -> None:
-    """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> train -> stress -> report)."""
+    """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> offline -> train -> stress -> report)."""
     from tasks.compose import backend
     from tasks.runtime import configure_services
 
@@ -234,13 +241,15 @@ def serve(
         name=name,
         cron=cron,
         parameters=cycle_parameters(params, retrain, overrides),
-        description="AgentFlow training cycle: calibrate -> variants -> explore -> train -> stress -> report",
+        description="AgentFlow training cycle: calibrate -> variants -> explore -> offline -> train -> stress -> report",
     )
 
 
 app.command("calibrate")(calibrate_command)
 app.command("variants")(variants)
 app.command("explore")(explore_command)
+app.command("offline")(offline_command)
+app.command("export-minari")(export_minari_command)
 app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)

@@ -42,6 +42,7 @@ COMMANDS = {
     "soak": "agentflow bench soak",
     "soak_ray": "agentflow bench soak --backend ray",
     "browser": "agentflow bench browser",
+    "offline": "agentflow bench offline",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -50,6 +51,7 @@ TITLES = {
     "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
+    "offline": "Offline stage: PPO's start and steps to the expert after BC vs after BC + CQL",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
     "soak_ray": "Soak on the Ray backend: the same sides, env workers in Ray actors",
     "browser": "Web channel in a real browser: step latency, live envs per GB, sim-to-real gap per family",
@@ -134,7 +136,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "soak_ray", "browser"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "offline", "soak", "soak_ray", "browser"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -151,7 +153,14 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
                 f" --episodes {result['latency_episodes']} --live-envs {result['live_envs']}"
                 f" --gap-episodes {result['gap_episodes_per_family']}"
             )
-        if name in ("soak", "soak_ray"):  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
+        if name == "offline":
+            command += f" --steps {result['config']['ppo_total_steps']} --settings " + ",".join(
+                f"{v['behaviour']}:{v['explore_steps']}" for v in result["settings"].values()
+            )
+        if name in (
+            "soak",
+            "soak_ray",
+        ):  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
             command += f" --step-patience-s {result['step_patience_s'] or 0:g}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
@@ -313,6 +322,40 @@ def browser(
     write_json(BENCH_DIR / "browser.json", result)
     write_benchmarks_md()
     typer.echo(bench_section(TITLES["browser"]))
+
+
+@bench_app.command("offline")
+def offline(
+    params: Path = PARAMS_OPTION,
+    steps: int = typer.Option(32768, "--steps", min=1, help="PPO env steps per learner at most."),
+    settings: str = typer.Option(
+        "",
+        "--settings",
+        help="Comma-separated BEHAVIOUR:STEPS exploration settings [default: the params' explore, then policy:STEPS].",
+    ),
+    eval_every_updates: int = typer.Option(2, "--eval-every-updates", min=1, help="Updates between test checkpoints."),
+    test_episodes: int | None = typer.Option(None, "--test-episodes", min=1, help="Test episodes per checkpoint."),
+) -> None:
+    """PPO's starting test process success and env steps to the expert, after BC vs after BC + CQL."""
+    import tempfile
+
+    from tasks.bench.offline_bench import HARDER_BEHAVIOUR, run_offline_bench
+
+    cfg = phase_config_or_exit(params)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
+    parsed: list[tuple[str, int]] = []
+    for item in (v.strip() for v in settings.split(",") if v.strip()):
+        behaviour, _, count = item.partition(":")
+        if behaviour not in ("expert", "policy") or not count.isdigit() or int(count) < 1:
+            raise typer.BadParameter(f"--settings takes expert:N or policy:N items, got {item!r}")
+        parsed.append((behaviour, int(count)))
+    n = cfg.explore.total_steps
+    parsed = parsed or [(cfg.explore.behaviour, n), (HARDER_BEHAVIOUR, n)]
+    with tempfile.TemporaryDirectory(prefix="agentflow-bench-offline-") as tmp:
+        result = run_offline_bench(cfg, Path(tmp), parsed, eval_every_updates, test_episodes, progress=typer.echo)
+    write_json(BENCH_DIR / "offline.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["offline"]))
 
 
 @bench_app.command("all")

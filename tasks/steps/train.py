@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker
+from agentflow_core.rl.cql import OfflinePrior, load_actor
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
 from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward
@@ -73,6 +75,38 @@ def reward_transform(cfg: AgentFlowConfig, pool: EnvPool | SlicedRollouts, rewar
         normalizer,
         key_of=lambda info: base_of.get(info.get("variant_index", -1), str(info.get("env_id"))),
     )
+
+
+@dataclass(frozen=True)
+class OfflineStart:
+    """The offline stage's actor (PPO's initial actor weights) and the decaying KL prior toward it."""
+
+    path: Path
+    actor: dict[str, torch.Tensor]
+    prior: OfflinePrior
+    settings: dict[str, float]
+
+
+def offline_start(cfg: AgentFlowConfig, offline_dir: Path | None, warm_start: Path | None) -> OfflineStart | None:
+    """The offline actor when the stage is on and wrote one (``offline_dir``, default ``<data_dir>/offline``).
+
+    A retrain's champion warm start replaces it (the champion already learnt online); without an
+    actor file (the stage switched off, not run, or its gate failed) training starts from BC alone.
+    """
+    from safetensors.torch import load_file
+
+    from tasks.paths import DataPaths
+    from tasks.steps.offline import ACTOR_FILE
+
+    path = Path(offline_dir or DataPaths.of(cfg).offline) / ACTOR_FILE
+    if not cfg.offline.enabled or warm_start is not None or not path.is_file():
+        return None
+    actor = load_file(str(path))
+    reference = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    load_actor(reference, actor)
+    o = cfg.offline
+    prior = OfflinePrior(reference, o.kl_coef, o.kl_decay_updates)
+    return OfflineStart(path, actor, prior, {"kl_coef": o.kl_coef, "kl_decay_updates": o.kl_decay_updates})
 
 
 def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], path: Path) -> None:
@@ -120,6 +154,7 @@ def run_train(
     seed: int | None = None,
     warm_start: Path | None = None,
     rollout_factory: Callable[..., SlicedRollouts] = build_rollouts,
+    offline_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
 
@@ -159,6 +194,9 @@ def run_train(
     resources.callback(eval_pool.close)
     reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
     ppo = PPO(policy, pool, tc, seed=seed, sink=sink, reward_transform=reward, device=device)
+    offline = offline_start(cfg, offline_dir, warm_start)
+    if offline is not None:
+        ppo.policy_penalty = offline.prior
     manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes)
     tracker = ConvergenceTracker()
     curve: list[dict[str, float]] = []
@@ -181,6 +219,9 @@ def run_train(
         else:
             if warm_start is not None:
                 bc_summary = {"used": False, "reason": f"warm start from {warm_start}"}
+            elif offline is not None:
+                load_actor(policy, offline.actor)
+                bc_summary = {"used": True, "source": "offline", "actor": str(offline.path)}
             elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
                 accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
                 obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted)
@@ -281,6 +322,7 @@ def run_train(
         "steps_lost": recovery["steps_lost"],
         "worker_recovery_s": max((r["recovery_s"] for r in recovery["recoveries"]), default=0.0),
         "seed": seed,
+        "offline": None if offline is None else {"actor": str(offline.path), **offline.settings},
         "warm_start": None
         if warm_start is None
         else {"checkpoint": str(warm_start), "policy_hash": policy_hash(untrained)},

@@ -1,0 +1,227 @@
+"""Phase 1b step: conservative Q-learning on the trajectory dataset, between BC and PPO (seed 003 §5.2).
+
+Called by ``agentflow offline`` (and the DVC stage / Prefect task). Reads the catalogue's split and
+the exploration dataset (every cycle's shards); writes under ``out_dir``:
+
+* ``bc_actor.safetensors`` -- the behaviour-cloned actor, exactly the one ``agentflow train`` would
+  clone (same seed, same initialisation, same successful train-split episodes);
+* ``actor.safetensors`` -- that actor moved toward ``pi_BC · exp(Q/temperature)``: what
+  training starts from, and what its decaying KL term holds it near;
+* ``q.safetensors`` -- the conservative Q network;
+* ``offline_summary.json`` -- losses, held-out TD diagnostics, replay statistics, the validation
+  evaluation of both actors, the gate.
+
+Only train-split transitions are learnt from (validation and test variants stay held out, as in BC);
+``offline.heldout_share`` of those episodes are kept out of CQL for its TD diagnostics. The gate plays
+both actors greedily on the validation episodes ``agentflow train`` evaluates on.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from agentflow_core.atomic import write_json
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.evaluation.policy_eval import evaluate_policy, greedy_policy, stratified_eval_variants
+from agentflow_core.gates import evaluate_gate, offline_gate
+from agentflow_core.rl.bc import behaviour_cloning
+from agentflow_core.rl.cql import CQLSettings, QNetwork, actor_state, improve_actor, td_error_on, train_cql
+from agentflow_core.rl.offline_data import load_transitions
+from agentflow_core.rl.policy import ActorCritic, resolve_device
+from agentflow_core.rl.trajectories import behaviour_cloning_arrays
+from agentflow_core.semantics import accepted_outcomes
+from agentflow_core.splits import read_splits
+from tasks.budgets import budget_metrics
+from tasks.compose import PoolFactory, build_pool
+from tasks.steps.train import EVAL_NUM_ENVS
+
+ACTOR_FILE = "actor.safetensors"
+BC_ACTOR_FILE = "bc_actor.safetensors"
+Q_FILE = "q.safetensors"
+SUMMARY_FILE = "offline_summary.json"
+
+METRIC_KEYS = (
+    "offline_validation_process_success",
+    "bc_validation_process_success",
+    "offline_vs_bc_validation",
+    "transitions",
+    "heldout_transitions",
+    "heldout_td_loss",
+    "heldout_cql_penalty",
+    "heldout_data_action_agreement",
+    "final_td_loss",
+    "final_cql_penalty",
+    "replay_draws_newest_share",
+    "improve_kl_before",
+    "improve_kl_after",
+    "improve_greedy_agreement",
+    "bc_samples",
+    "wall_s",
+)
+
+
+def cql_settings(cfg: AgentFlowConfig) -> CQLSettings:
+    """The offline learner's settings from the ``offline`` section (gamma and widths from ``train``)."""
+    o = cfg.offline
+    return CQLSettings(
+        gradient_steps=o.gradient_steps,
+        batch_size=o.batch_size,
+        learning_rate=o.learning_rate,
+        gamma=cfg.train.gamma,
+        alpha=o.alpha,
+        target_update_every=o.target_update_every,
+        hidden_sizes=tuple(cfg.train.hidden_sizes),
+        prioritized=o.replay.prioritized,
+        priority_alpha=o.replay.alpha,
+        priority_beta=o.replay.beta,
+        freshness_decay=o.replay.freshness_decay,
+    )
+
+
+def bc_actor(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path, seed: int) -> tuple[ActorCritic, int]:
+    """The actor ``agentflow train`` clones: ``manual_seed(seed)``, a fresh network, BC on the train split."""
+    train_variants = read_splits(catalogue_path)["train"]
+    torch.manual_seed(seed)
+    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
+    result = behaviour_cloning(policy, *behaviour_cloning_arrays(Path(trajectories_dir), accepted), seed=seed)
+    return policy, result.samples
+
+
+def offline_actor(
+    cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path, seed: int
+) -> tuple[ActorCritic, ActorCritic, QNetwork, dict[str, Any]]:
+    """``(bc actor, bc+cql actor, Q, figures)``: BC, then CQL on the train split's transitions, then the actor step."""
+    o, device = cfg.offline, resolve_device(cfg.base.device)
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return clock[-1] - clock[-2]
+
+    bc, bc_samples = bc_actor(cfg, catalogue_path, trajectories_dir, seed)
+    bc_s = lap()
+    train_hashes = {v.content_hash for v in read_splits(catalogue_path)["train"]}
+    data = load_transitions(Path(trajectories_dir), train_hashes)
+    fit, heldout = data.split(o.heldout_share, np.random.default_rng(seed))
+    settings = cql_settings(cfg)
+    data_s = lap()
+    result = train_cql(fit, settings, seed=seed, device=device)
+    cql_s = lap()
+    diagnostics = td_error_on(result.q, heldout, settings.gamma, settings.alpha) if len(heldout) else {}
+    actor = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    actor.load_state_dict(bc.state_dict())
+    improved = improve_actor(
+        actor, result.q, data.obs, data.mask, temperature=o.temperature, steps=o.improve_steps, seed=seed
+    )
+    improve_s = lap()
+    figures = {
+        "bc_samples": bc_samples,
+        "transitions": len(fit),
+        "heldout_transitions": len(heldout),
+        "heldout_td_loss": diagnostics.get("td_loss", float("nan")),
+        "heldout_cql_penalty": diagnostics.get("cql_penalty", float("nan")),
+        "heldout_data_action_agreement": diagnostics.get("data_action_agreement", float("nan")),
+        "final_td_loss": result.td_loss[-1],
+        "final_cql_penalty": result.cql_penalty[-1],
+        "td_loss_curve": result.td_loss,
+        "cql_penalty_curve": result.cql_penalty,
+        "replay_draws_newest_share": result.replay_draws_newest_share,
+        "improve_kl_before": improved.kl_before,
+        "improve_kl_after": improved.kl_after,
+        "improve_greedy_agreement": improved.greedy_agreement,
+        "cycles": int(np.ceil(data.age.max())) if len(data) else 0,
+        "time_s": {"bc": bc_s, "transitions": data_s, "cql": cql_s, "improve": improve_s},
+    }
+    return bc, actor, result.q, figures
+
+
+def run_offline(
+    cfg: AgentFlowConfig,
+    catalogue_path: Path,
+    trajectories_dir: Path,
+    out_dir: Path,
+    metrics_path: Path | None = None,
+    pool_factory: PoolFactory = build_pool,
+    *,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Run the offline stage (or record that it is switched off); returns the summary."""
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (ACTOR_FILE, BC_ACTOR_FILE, Q_FILE):
+        (out_dir / name).unlink(missing_ok=True)  # a switched-off or failed stage leaves no actor for train
+    o, seed = cfg.offline, cfg.base.seed if seed is None else seed
+    if not o.enabled:
+        summary: dict[str, Any] = {"enabled": False, "passed": True, "gate": "offline stage switched off"}
+        summary["message"] = "offline.enabled is false: training starts from behaviour cloning alone"
+        write_json(out_dir / SUMMARY_FILE, summary)
+        if metrics_path is not None:
+            write_json(metrics_path, {"enabled": 0.0})
+        return summary
+    bc, actor, q, figures = offline_actor(cfg, catalogue_path, trajectories_dir, seed)
+    splits = read_splits(catalogue_path)
+    dimensions = sorted(cfg.variants.dimensions)
+    validation = stratified_eval_variants(splits["validation"], o.eval_episodes, dimensions, cfg.base.seed)
+    pool = pool_factory(
+        cfg,
+        validation,
+        min(cfg.train.num_envs, EVAL_NUM_ENVS),
+        seed=cfg.base.seed + 1,
+        scheduler="round_robin",
+        standby=False,
+    )
+    eval_started = time.perf_counter()
+    try:
+        evals = {
+            name: evaluate_policy(
+                pool, greedy_policy(net), o.eval_episodes, seed=cfg.base.seed + 7, dimensions=dimensions
+            )
+            for name, net in (("bc", bc), ("offline", actor))
+        }
+    finally:
+        pool.close()
+    figures["time_s"]["validation_eval"] = time.perf_counter() - eval_started
+    summary = {
+        "enabled": True,
+        **figures,
+        "offline_validation_process_success": evals["offline"].process_success_rate,
+        "bc_validation_process_success": evals["bc"].process_success_rate,
+        "offline_vs_bc_validation": evals["offline"].process_success_rate - evals["bc"].process_success_rate,
+        "offline_validation_by_family": evals["offline"].process_success_by_family,
+        "bc_validation_by_family": evals["bc"].process_success_by_family,
+        "seed": seed,
+    }
+    verdict = evaluate_gate(offline_gate(cfg), summary)
+    if verdict.passed:
+        save_file(actor_state(actor), str(out_dir / ACTOR_FILE))
+    save_file(actor_state(bc), str(out_dir / BC_ACTOR_FILE))
+    save_file({k: v.detach().cpu().contiguous() for k, v in q.state_dict().items()}, str(out_dir / Q_FILE))
+    summary["wall_s"] = time.perf_counter() - started
+    summary.update(
+        passed=verdict.passed,
+        gate=verdict.message,
+        message=(
+            f"{verdict.message}: validation process success BC+CQL {summary['offline_validation_process_success']:.3f} "
+            f"vs BC {summary['bc_validation_process_success']:.3f} on {o.eval_episodes} episodes; "
+            f"{summary['transitions']} transitions, held-out TD loss {summary['heldout_td_loss']:.4g}"
+        ),
+        **budget_metrics("offline", summary["wall_s"], o.budget_s),
+    )
+    write_json(out_dir / SUMMARY_FILE, summary)
+    if metrics_path is not None:
+        write_json(metrics_path, offline_metrics(summary))
+    return summary
+
+
+def offline_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """``data/metrics/offline.json``: the headline numbers and the budget."""
+    budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
+    return {"enabled": 1.0, **{k: float(summary[k]) for k in METRIC_KEYS}} | budget
