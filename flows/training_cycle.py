@@ -42,6 +42,7 @@ from tasks.prefect_tasks import (
 from tasks.provenance import git_tags
 from tasks.retrain_tasks import plan_retrain_task
 from tasks.runtime import mlflow_uri
+from tasks.validator_tasks import validator_task
 from tasks.stages import dvc_md5, params_hash
 from tasks.tracking import CHECKPOINTS_TAG, PARAMS_HASH_TAG, MlflowTracker
 
@@ -139,6 +140,12 @@ def training_cycle(
         results["explore"] = explore
         if not explore["passed"]:
             raise GateFailed(explore["gate"])
+
+        validator = validator_task(params_path, parent, uri, experiment)
+        results["validator"] = validator
+        record_phase(tracker, parent, paths, "validator", paths.root / "validator")
+        if not validator["passed"]:
+            raise GateFailed(validator["gate"])
 
         train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train

@@ -40,6 +40,8 @@ COMMANDS = {
     "learning": "agentflow bench learning",
     "sql": "agentflow bench sql",
     "soak": "agentflow bench soak",
+    "validator": "agentflow bench validator",
+    "forgetting": "agentflow bench forgetting",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -49,6 +51,8 @@ TITLES = {
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
+    "validator": "Reward validator: planted reward-hacking episodes caught vs honest episodes flagged",
+    "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
 }
 
 
@@ -130,7 +134,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "validator", "forgetting"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -329,3 +333,56 @@ def soak(
     typer.echo(
         f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s"
     )
+
+
+@bench_app.command("validator")
+def validator(
+    params: Path = PARAMS_OPTION,
+    episodes: int = typer.Option(200, min=8, help="Episodes per honest policy and per planted behaviour."),
+    train_steps: int | None = typer.Option(
+        None, "--train-steps", min=0, help="PPO steps of the honest trained policy [default: train.total_steps; 0: none]."
+    ),
+) -> None:
+    """Train the validator as the cycle does, then score honest and planted reward-hacking episodes."""
+    from tasks.bench.validator_bench import run_validator_bench_fresh
+
+    cfg = phase_config_or_exit(params)
+    result = run_validator_bench_fresh(cfg, episodes, train_steps, progress=typer.echo)
+    result["notes"] = [
+        f"threshold {result['threshold']:g}; per behaviour: "
+        + ", ".join(
+            f"{k} {v['caught_rate'] if v['caught_rate'] is None else round(v['caught_rate'], 3)} "
+            f"({v['habit_fired']}/{v['played']} fired)"
+            for k, v in result["per_behaviour"].items()
+        ),
+        "honest: "
+        + ", ".join(f"{k} FPR {v['false_positive_rate']:.3f} of {v['episodes']}" for k, v in result["honest"].items()),
+        f"measured on {platform.node() or 'this machine'} (shared machine: timings are noisy, rates are not)",
+    ]
+    write_json(BENCH_DIR / "validator.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["validator"]))
+
+
+@bench_app.command("forgetting")
+def forgetting(
+    params: Path = PARAMS_OPTION,
+    retrain_steps: int | None = typer.Option(
+        None, "--retrain-steps", min=1024, help="PPO steps per retrain on the shifted catalogue [default: train.total_steps]."
+    ),
+) -> None:
+    """Cycle A, a shifted catalogue B, retrains on B without and with EWC; forgetting on A's test variants."""
+    from tasks.bench.forgetting_bench import run_forgetting_bench
+
+    cfg = phase_config_or_exit(params)
+    result = run_forgetting_bench(cfg, retrain_steps, progress=typer.echo)
+    result["notes"] = [
+        f"shift: {result['shift']}",
+        f"EWC lam {result['ewc_lam']:g} over {result['ewc_samples']} states of A's trajectories "
+        f"(Fisher {result['fisher_s']:.1f} s); same retrain seed for both sides; {result['test_episodes']} test episodes",
+        "shared machine: timings are noisy",
+    ]
+    write_json(BENCH_DIR / "forgetting.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["forgetting"]))
+

@@ -202,6 +202,10 @@ def run_stress(
         cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
+    summary["reward_validator"] = validator_flags(cfg, rollout)
+    if summary["reward_validator"] is not None:
+        summary["metrics"]["validator_flagged"] = summary["reward_validator"]["flagged"]
+        summary["metrics"]["validator_flagged_rate"] = summary["reward_validator"]["rate"]
     verdict = evaluate_gate(stress_gate(cfg), summary["metrics"])
     summary["gate"] = verdict.message
     summary["budget"] = budget_metrics("stress", time.perf_counter() - started, cfg.stress.budget_s)
@@ -214,6 +218,18 @@ def run_stress(
         {k: summary["metrics"][k] for k in METRIC_KEYS}
         | {"passed": summary["passed"]}
         | summary["breakdown_metrics"]
-        | summary["budget"],
+        | summary["budget"]
+        | {k: summary["metrics"][k] for k in ("validator_flagged", "validator_flagged_rate") if k in summary["metrics"]},
     )
     return summary
+
+
+def validator_flags(cfg: AgentFlowConfig, rollout: StressRollout) -> dict[str, Any] | None:
+    """The discriminator reward validator's verdict on the stress episodes (None when off or not trained)."""
+    from agentflow_core.evaluation.validator import validate_episodes
+    from tasks.steps.validator import load_validator
+
+    model = load_validator(cfg)
+    if model is None:
+        return None
+    return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold).to_dict()
