@@ -151,7 +151,7 @@ def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) ->
     assert checkpoint_hashes(clone) == flow_checkpoints
 
     first = run([DVC, "repro", "--force"], clone)
-    assert stages_run(first.stdout) == {"calibrate", "variants", "explore", "train", "stress", "report"}
+    assert stages_run(first.stdout) == {"calibrate", "variants", "explore", "validator", "train", "stress", "report"}
     by_dvc = metrics(clone)
     assert by_dvc == by_flow
     assert checkpoint_hashes(clone) == flow_checkpoints

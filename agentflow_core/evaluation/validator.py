@@ -36,6 +36,8 @@ from agentflow_core.semantics import N_ACTIONS, N_TOKENS, TOKEN_INDEX
 
 VALIDATOR_FILE = "discriminator.safetensors"
 IN_DIM = N_TOKENS + N_ACTIONS
+MINIBATCH = 512
+MIN_UPDATES = 600
 
 
 def features(state_tokens: np.ndarray, actions: np.ndarray) -> np.ndarray:
@@ -48,12 +50,11 @@ def features(state_tokens: np.ndarray, actions: np.ndarray) -> np.ndarray:
 
 def policy_negatives(masks: np.ndarray, actions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """One legal action per state drawn uniformly among those other than ``actions`` (the action itself if alone)."""
-    out = np.asarray(actions, dtype=np.int64).copy()
-    for i, (mask, a) in enumerate(zip(np.asarray(masks, bool), out, strict=True)):
-        others = np.flatnonzero(mask & (np.arange(N_ACTIONS) != a))
-        if len(others):
-            out[i] = rng.choice(others)
-    return out
+    actions = np.asarray(actions, dtype=np.int64)
+    allowed = np.asarray(masks, bool).copy()
+    allowed[np.arange(len(actions)), actions] = False
+    scores = np.where(allowed, rng.random(allowed.shape), -1.0)  # argmax of uniform scores: a uniform legal pick
+    return np.where(allowed.any(1), scores.argmax(1), actions)
 
 
 class Discriminator(nn.Module):
@@ -116,11 +117,14 @@ def fit_discriminator(
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     loss_fn = nn.BCEWithLogitsLoss()
     loss = torch.zeros(())
-    for _ in range(epochs):
+    updates, epoch = 0, 0
+    while epoch < epochs or updates < MIN_UPDATES:  # a small dataset still gets MIN_UPDATES gradient steps
+        epoch += 1
         x, y = pairs(train)  # fresh negatives each epoch
         perm = torch.as_tensor(rng.permutation(len(y)))
-        for start in range(0, len(y), 1024):
-            mb = perm[start : start + 1024]
+        for start in range(0, len(y), MINIBATCH):
+            updates += 1
+            mb = perm[start : start + MINIBATCH]
             loss = loss_fn(model(x[mb]), y[mb])
             optimizer.zero_grad()
             loss.backward()
@@ -130,7 +134,7 @@ def fit_discriminator(
         x, y = pairs(val)
         with torch.no_grad():
             accuracy = float(((model(x) > 0).float() == y).float().mean())
-    return model, FitResult(n, n, float(loss), accuracy)
+    return model, FitResult(n, n, float(loss.detach()), accuracy)
 
 
 def save_discriminator(model: Discriminator, path: Path) -> None:
