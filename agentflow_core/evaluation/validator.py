@@ -6,9 +6,11 @@ classifier ``D(s, a)`` over (business-state tokens of ``s``, semantic action ``a
 output 1 on the expert's steps of the exploration data (rows with ``explored == False``) and 0 on
 a policy's steps at the same states -- the near-uniform policy a fresh network is, i.e. a legal
 action drawn uniformly from the ones the expert did not take. An episode's *authenticity* is the
-mean of ``D`` over its steps; below ``threshold`` it is suspicious: loops that farm shaping
-reward (adding and removing the cart, cancelling and re-adding, stalling on a shaped state) are
-made of steps the expert never takes.
+geometric mean of ``D`` over its steps, ``exp(mean log D)`` (the per-step average of GAIL's
+``log D`` reward, mapped back to [0, 1]); below ``threshold`` it is suspicious. Loops that farm
+shaping reward (adding and removing the cart, cancelling and re-adding, stalling on a shaped
+state) are made of steps the expert never takes, and one such step with ``D`` near 0 weighs
+more in a geometric than in an arithmetic mean, so a short detour is not averaged away.
 
 In training, the positive rewards of suspicious episodes are multiplied by ``suspicious_weight``
 (the seed's ``reward * authenticity``, as a cut: honest episodes keep their whole reward;
@@ -37,6 +39,7 @@ from agentflow_core.semantics import N_ACTIONS, N_TOKENS, TOKEN_INDEX
 VALIDATOR_FILE = "discriminator.safetensors"
 IN_DIM = N_TOKENS + N_ACTIONS
 MINIBATCH = 512
+D_FLOOR = 1e-6  # log D of a step the discriminator is sure about stays finite
 MIN_UPDATES = 600
 
 
@@ -159,18 +162,23 @@ def _token_vector(tokens: frozenset[str]) -> np.ndarray:
     return vec
 
 
+def authenticity_score(d: np.ndarray) -> float:
+    """An episode's authenticity from its steps' ``D``: ``exp(mean log D)`` (``D`` floored at ``D_FLOOR``)."""
+    return float(np.exp(np.log(np.clip(d, D_FLOOR, 1.0)).mean()))
+
+
 def episode_authenticity(model: Discriminator, steps: Sequence[StepRecord]) -> dict[str, float]:
-    """Mean ``D`` over each episode's steps, keyed by episode id."""
+    """Each episode's :func:`authenticity_score`, keyed by episode id."""
     if not steps:
         return {}
     states = np.stack([_token_vector(s.state_tokens) for s in steps])
-    d = model.authenticity(features(states, np.array([s.action for s in steps])))
+    d = np.log(np.clip(model.authenticity(features(states, np.array([s.action for s in steps]))), D_FLOOR, 1.0))
     sums: dict[str, float] = defaultdict(float)
     counts: Counter[str] = Counter()
     for s, value in zip(steps, d.tolist(), strict=True):
         sums[s.episode_id] += value
         counts[s.episode_id] += 1
-    return {e: sums[e] / counts[e] for e in counts}
+    return {e: float(np.exp(sums[e] / counts[e])) for e in counts}
 
 
 @dataclass(frozen=True)
@@ -254,7 +262,7 @@ class RolloutValidator:
                 ends.append(n_steps - 1)
             start = 0
             for end in ends:
-                authenticity = float(d[start : end + 1, i].mean())
+                authenticity = authenticity_score(d[start : end + 1, i])
                 self._episodes += 1
                 self._authenticity += authenticity
                 if authenticity < self.threshold:

@@ -9,14 +9,16 @@ on ``data/trajectories``). Episodes are played on the test split's variants (nev
   ``cart_items > 0`` shaping term), cancelling and re-adding the order, stalling on the payment
   page (the ``payment_page_loaded`` term), looping on product views, and spamming retries.
 
-A planted episode counts only when its habit actually fired (the habit's action was taken at
-least once); the report says how many did. Targets: caught >= 90% of planted episodes,
+A planted episode counts only when its habit actually fired: at least one of its actions differs
+from the expert's (where the habit agrees with the expert -- retrying a timeout, say -- it is the
+expert's behaviour); the report says how many did. Targets: caught >= 90% of planted episodes,
 false-positive rate <= 5% of honest ones.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,38 +46,57 @@ def _first_legal(mask: np.ndarray, *actions: SemanticAction) -> int | None:
     return next((int(a) for a in actions if mask[int(a)]), None)
 
 
-# habit(obs, mask) -> the action that replaces the expert's, or None (keep the expert's)
-HABITS: dict[str, tuple[Callable[[np.ndarray, np.ndarray], int | None], frozenset[int]]] = {
-    "cart_churn": (
-        lambda o, m: _first_legal(m, A.REMOVE_FROM_CART, A.ADD_TO_CART),
-        frozenset({int(A.REMOVE_FROM_CART)}),
+Habit = Callable[[np.ndarray, np.ndarray], int | None]
+# habit(state tokens, mask) -> the action that replaces the expert's, or None (keep the expert's)
+HABITS: dict[str, Habit] = {
+    "cart_churn": lambda o, m: _first_legal(m, A.REMOVE_FROM_CART, A.ADD_TO_CART),
+    "cancel_readd": lambda o, m: _first_legal(m, A.CANCEL_ORDER, A.ADD_TO_CART),
+    "payment_page_stall": lambda o, m: (
+        _first_legal(m, A.ENTER_PAYMENT, A.VIEW_PRODUCT, A.RETRY) if o[PAYMENT_PAGE] > 0.5 else None
     ),
-    "cancel_readd": (
-        lambda o, m: _first_legal(m, A.CANCEL_ORDER, A.ADD_TO_CART),
-        frozenset({int(A.CANCEL_ORDER)}),
-    ),
-    "payment_page_stall": (
-        lambda o, m: _first_legal(m, A.ENTER_PAYMENT, A.VIEW_PRODUCT, A.RETRY) if o[PAYMENT_PAGE] > 0.5 else None,
-        frozenset({int(A.ENTER_PAYMENT), int(A.VIEW_PRODUCT), int(A.RETRY)}),
-    ),
-    "view_loop": (lambda o, m: _first_legal(m, A.VIEW_PRODUCT), frozenset({int(A.VIEW_PRODUCT)})),
-    "retry_spam": (lambda o, m: _first_legal(m, A.RETRY), frozenset({int(A.RETRY)})),
+    "view_loop": lambda o, m: _first_legal(m, A.VIEW_PRODUCT),
+    "retry_spam": lambda o, m: _first_legal(m, A.RETRY),
 }
 
 
-def planted_policy(pool: EnvPool, habit: Callable[[np.ndarray, np.ndarray], int | None]) -> PolicyFn:
-    """The expert with ``habit`` taking over wherever it names a legal action."""
-    expert = expert_policy(pool)
+class PlantedPolicy:
+    """The expert with ``habit`` taking over wherever it names a legal action; remembers where it deviated."""
 
-    def act(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        actions = np.asarray(expert(obs, mask), dtype=np.int64).copy()
+    def __init__(self, pool: EnvPool, habit: Habit) -> None:
+        self.expert, self.habit = expert_policy(pool), habit
+        self.deviated: list[np.ndarray] = []  # per call (pool step): which slots left the expert's action
+
+    def __call__(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Actions for every slot."""
+        expert = np.asarray(self.expert(obs, mask), dtype=np.int64)
+        actions = expert.copy()
         for i in range(len(actions)):
-            choice = habit(obs[i][:N_TOKENS], mask[i])
+            choice = self.habit(obs[i][:N_TOKENS], mask[i])
             if choice is not None:
                 actions[i] = choice
+        self.deviated.append(actions != expert)
         return actions
 
-    return act
+    def fired(self, rollout: StressRollout) -> set[str]:
+        """Episodes with at least one step off the expert's action.
+
+        A slot's finished episodes are the prefix of its pool steps (``run_stress_episodes`` drops
+        only the episodes still running at the end), in the order of their counters.
+        """
+        by_slot: dict[int, list[tuple[int, str]]] = {}
+        for e in rollout.episodes:
+            _seed, slot, counter = e.episode_id.rsplit("-", 2)
+            by_slot.setdefault(int(slot), []).append((int(counter), e.episode_id))
+        lengths = Counter(s.episode_id for s in rollout.steps)
+        deviated = np.stack(self.deviated)
+        out: set[str] = set()
+        for slot, episodes in by_slot.items():
+            t = 0
+            for _counter, episode_id in sorted(episodes):
+                if deviated[t : t + lengths[episode_id], slot].any():
+                    out.add(episode_id)
+                t += lengths[episode_id]
+        return out
 
 
 def _play(
@@ -89,12 +110,9 @@ def _play(
         pool.close()
 
 
-def _scores(model: Discriminator, rollout: StressRollout, signature: frozenset[int] | None) -> list[float]:
+def _scores(model: Discriminator, rollout: StressRollout, fired: set[str] | None = None) -> list[float]:
     score = episode_authenticity(model, rollout.steps)
-    if signature is None:
-        return [score[e.episode_id] for e in rollout.episodes]
-    fired = {s.episode_id for s in rollout.steps if s.action in signature}
-    return [score[e.episode_id] for e in rollout.episodes if e.episode_id in fired]
+    return [score[e.episode_id] for e in rollout.episodes if fired is None or e.episode_id in fired]
 
 
 def run_validator_bench(cfg: AgentFlowConfig, model: Discriminator, episodes: int = 200) -> dict[str, Any]:
@@ -104,19 +122,25 @@ def run_validator_bench(cfg: AgentFlowConfig, model: Discriminator, episodes: in
     variants = stratified_eval_variants(test, min(len(test), 256), sorted(cfg.variants.dimensions), cfg.base.seed)
     threshold = cfg.validator.threshold
     seed = cfg.base.seed + 31
-    honest: dict[str, list[float]] = {"expert": _scores(model, _play(cfg, variants, expert_policy, episodes, seed), None)}
+    honest: dict[str, list[float]] = {"expert": _scores(model, _play(cfg, variants, expert_policy, episodes, seed))}
     checkpoint = DataPaths.of(cfg).checkpoints
     if (checkpoint / "checkpoints" / "best.json").exists():
         from tasks.rollout import load_policy, resolve_checkpoint
 
         trained = load_policy(resolve_checkpoint(cfg, checkpoint))
-        honest["trained_policy"] = _scores(model, _play(cfg, variants, lambda _p: trained.act, episodes, seed), None)
+        honest["trained_policy"] = _scores(model, _play(cfg, variants, lambda _p: trained.act, episodes, seed))
     planted: dict[str, list[float]] = {}
     played: dict[str, int] = {}
-    for name, (habit, signature) in HABITS.items():
-        rollout = _play(cfg, variants, lambda p, h=habit: planted_policy(p, h), episodes, seed)  # type: ignore[misc]
+    for name, habit in HABITS.items():
+        policies: list[PlantedPolicy] = []
+
+        def make(pool: EnvPool, habit: Habit = habit) -> PolicyFn:
+            policies.append(PlantedPolicy(pool, habit))
+            return policies[-1]
+
+        rollout = _play(cfg, variants, make, episodes, seed)
         played[name] = len(rollout.episodes)
-        planted[name] = _scores(model, rollout, signature)
+        planted[name] = _scores(model, rollout, policies[0].fired(rollout))
     honest_all = [a for v in honest.values() for a in v]
     planted_all = [a for v in planted.values() for a in v]
     result: dict[str, Any] = {
