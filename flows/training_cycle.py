@@ -42,9 +42,9 @@ from tasks.prefect_tasks import (
 from tasks.provenance import git_tags
 from tasks.retrain_tasks import plan_retrain_task
 from tasks.runtime import mlflow_uri
-from tasks.validator_tasks import validator_task
 from tasks.stages import dvc_md5, params_hash
 from tasks.tracking import CHECKPOINTS_TAG, PARAMS_HASH_TAG, MlflowTracker
+from tasks.validator_tasks import validator_task
 
 PREFECT_UI = "http://127.0.0.1:4200"  # where `prefect server start` serves the runs kept in PREFECT_HOME
 

@@ -49,7 +49,9 @@ def model() -> Discriminator:
 
 def _episode(eid: str, states: list[int], actions: list[int]) -> tuple[EpisodeRecord, list[StepRecord]]:
     steps = [
-        StepRecord(eid, "web-1", "web", {}, t + 1, frozenset({TOKENS[s]}), a, frozenset(), 0.1, 0.5, 0.0, False, False, None)
+        StepRecord(
+            eid, "web-1", "web", {}, t + 1, frozenset({TOKENS[s]}), a, frozenset(), 0.1, 0.5, 0.0, False, False, None
+        )
         for t, (s, a) in enumerate(zip(states, actions, strict=True))
     ]
     record = EpisodeRecord(eid, "web-1", "web", {}, len(steps), 1.0, 5.0, 1.0, False, False, None, 0)

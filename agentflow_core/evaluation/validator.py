@@ -275,6 +275,9 @@ class RolloutValidator:
     def metrics(self) -> dict[str, float]:
         """Share of suspicious episodes and mean authenticity since the last call."""
         n = max(self._episodes, 1)
-        out = {"validator/suspicious_share": self._suspicious / n, "validator/mean_authenticity": self._authenticity / n}
+        out = {
+            "validator/suspicious_share": self._suspicious / n,
+            "validator/mean_authenticity": self._authenticity / n,
+        }
         self._episodes, self._suspicious, self._authenticity = 0, 0, 0.0
         return out

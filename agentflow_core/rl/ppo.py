@@ -306,7 +306,9 @@ class PPO:
             for t in range(self.n_steps):
                 buf.np_rewards[t] = self.reward_transform(rollout.step_batch(t))
         if self.reward_validator is not None:
-            buf.np_rewards[:] = self.reward_validator.reweight(rollout.obs, rollout.actions, rollout.done, buf.np_rewards)
+            buf.np_rewards[:] = self.reward_validator.reweight(
+                rollout.obs, rollout.actions, rollout.done, buf.np_rewards
+            )
         stats = RolloutStats()
         for t, i in zip(*np.nonzero(rollout.done), strict=True):  # step order, then slot order
             stats.episode_returns.append(float(rollout.episode_return[t, i]))

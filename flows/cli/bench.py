@@ -146,6 +146,10 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --steps {result['config']['train']['total_steps']}"
         if name == "sql":
             command += f" --episodes {result['episodes']}"
+        if name == "validator":
+            command += f" --episodes {result['episodes_per_policy']} --train-steps {result['train_steps']}"
+        if name == "forgetting":
+            command += f" --steps {result['total_steps_cap']}"
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
@@ -340,7 +344,10 @@ def validator(
     params: Path = PARAMS_OPTION,
     episodes: int = typer.Option(200, min=8, help="Episodes per honest policy and per planted behaviour."),
     train_steps: int | None = typer.Option(
-        None, "--train-steps", min=0, help="PPO steps of the honest trained policy [default: train.total_steps; 0: none]."
+        None,
+        "--train-steps",
+        min=0,
+        help="PPO steps of the honest trained policy [default: train.total_steps; 0: none].",
     ),
 ) -> None:
     """Train the validator as the cycle does, then score honest and planted reward-hacking episodes."""
@@ -348,6 +355,8 @@ def validator(
 
     cfg = phase_config_or_exit(params)
     result = run_validator_bench_fresh(cfg, episodes, train_steps, progress=typer.echo)
+    result["episodes_per_policy"] = episodes
+    result["train_steps"] = cfg.train.total_steps if train_steps is None else train_steps
     result["notes"] = [
         f"threshold {result['threshold']:g}; per behaviour: "
         + ", ".join(
@@ -367,15 +376,15 @@ def validator(
 @bench_app.command("forgetting")
 def forgetting(
     params: Path = PARAMS_OPTION,
-    retrain_steps: int | None = typer.Option(
-        None, "--retrain-steps", min=1024, help="PPO steps per retrain on the shifted catalogue [default: train.total_steps]."
+    steps: int | None = typer.Option(
+        None, "--steps", min=1024, help="PPO steps of the champion and of each retrain [default: train.total_steps]."
     ),
 ) -> None:
     """Cycle A, a shifted catalogue B, retrains on B without and with EWC; forgetting on A's test variants."""
     from tasks.bench.forgetting_bench import run_forgetting_bench
 
     cfg = phase_config_or_exit(params)
-    result = run_forgetting_bench(cfg, retrain_steps, progress=typer.echo)
+    result = run_forgetting_bench(cfg, steps, progress=typer.echo)
     result["notes"] = [
         f"shift: {result['shift']}",
         f"EWC lam {result['ewc_lam']:g} over {result['ewc_samples']} states of A's trajectories "
@@ -385,4 +394,3 @@ def forgetting(
     write_json(BENCH_DIR / "forgetting.json", result)
     write_benchmarks_md()
     typer.echo(bench_section(TITLES["forgetting"]))
-

@@ -67,21 +67,21 @@ def _success_on(cfg: AgentFlowConfig, catalogue: Path, checkpoint: Path, episode
 
 def run_forgetting_bench(
     cfg: AgentFlowConfig,
-    retrain_steps: int | None = None,
+    steps: int | None = None,
     progress: Callable[[str], None] | None = None,
     work: Path | None = None,
 ) -> dict[str, Any]:
-    """Cycle A, the shifted catalogue B, two retrains on B (without / with EWC); forgetting on A's test split."""
+    """Cycle A, the shifted catalogue B, two retrains on B (without / with EWC); forgetting on A's test split.
+
+    ``steps`` caps PPO's steps of the champion's training and of each retrain (default: ``train.total_steps``).
+    """
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-forgetting-") as tmp:
         root = Path(tmp) if work is None else work
-        cfg_a = shifted(cfg, root / "a", {})
-        cfg_b = shifted(cfg, root / "b")
-        if retrain_steps is not None:
-            cfg_b = cfg_b.model_copy(
-                update={"train": cfg_b.train.model_copy(update={"total_steps": retrain_steps})}
-            )
+        budget = {} if steps is None else {"train.total_steps": steps}
+        cfg_a = shifted(cfg, root / "a", budget)
+        cfg_b = shifted(cfg, root / "b", {**SHIFT, **budget})
         a, b = root / "a", root / "b"
         say("cycle A: variants, explore, train")
         run_variants(cfg_a, a / "variants")
@@ -125,6 +125,7 @@ def run_forgetting_bench(
         "retrain_steps_no_ewc": retrains["no_ewc"]["global_step"],
         "champion_steps": train_a["global_step"],
         "fisher_s": fisher_s,
+        "total_steps_cap": cfg_b.train.total_steps,
         "ewc_lam": cfg.train.ewc.lam,
         "ewc_samples": cfg.train.ewc.samples,
         "test_episodes": TEST_EPISODES,

@@ -99,6 +99,18 @@ class PlantedPolicy:
         return out
 
 
+class _Planter:
+    """Pool -> :class:`PlantedPolicy` with ``habit``, keeping the policy it built (for :meth:`PlantedPolicy.fired`)."""
+
+    def __init__(self, habit: Habit) -> None:
+        self.habit = habit
+        self.policy: PlantedPolicy | None = None
+
+    def __call__(self, pool: EnvPool) -> PolicyFn:
+        self.policy = PlantedPolicy(pool, self.habit)
+        return self.policy
+
+
 def _play(
     cfg: AgentFlowConfig, variants: list[VariantSpec], make: Callable[[EnvPool], PolicyFn], n: int, seed: int
 ) -> StressRollout:
@@ -132,15 +144,11 @@ def run_validator_bench(cfg: AgentFlowConfig, model: Discriminator, episodes: in
     planted: dict[str, list[float]] = {}
     played: dict[str, int] = {}
     for name, habit in HABITS.items():
-        policies: list[PlantedPolicy] = []
-
-        def make(pool: EnvPool, habit: Habit = habit) -> PolicyFn:
-            policies.append(PlantedPolicy(pool, habit))
-            return policies[-1]
-
-        rollout = _play(cfg, variants, make, episodes, seed)
+        planter = _Planter(habit)
+        rollout = _play(cfg, variants, planter, episodes, seed)
         played[name] = len(rollout.episodes)
-        planted[name] = _scores(model, rollout, policies[0].fired(rollout))
+        assert planter.policy is not None
+        planted[name] = _scores(model, rollout, planter.policy.fired(rollout))
     honest_all = [a for v in honest.values() for a in v]
     planted_all = [a for v in planted.values() for a in v]
     result: dict[str, Any] = {

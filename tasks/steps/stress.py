@@ -219,7 +219,9 @@ def run_stress(
         | {"passed": summary["passed"]}
         | summary["breakdown_metrics"]
         | summary["budget"]
-        | {k: summary["metrics"][k] for k in ("validator_flagged", "validator_flagged_rate") if k in summary["metrics"]},
+        | {
+            k: summary["metrics"][k] for k in ("validator_flagged", "validator_flagged_rate") if k in summary["metrics"]
+        },
     )
     return summary
 

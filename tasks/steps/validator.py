@@ -54,7 +54,10 @@ def expert_rows(trajectories: Path, max_samples: int, seed: int) -> tuple[np.nda
 
 
 def run_validator(
-    cfg: AgentFlowConfig, trajectories: Path | None = None, out_dir: Path | None = None, metrics_path: Path | None = None
+    cfg: AgentFlowConfig,
+    trajectories: Path | None = None,
+    out_dir: Path | None = None,
+    metrics_path: Path | None = None,
 ) -> dict[str, Any]:
     """Fit the discriminator on the exploration dataset; write it, its summary and the metrics."""
     vc = cfg.validator
