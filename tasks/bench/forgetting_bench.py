@@ -131,6 +131,7 @@ def run_forgetting_bench(
         "test_episodes": TEST_EPISODES,
         "shift": SHIFT,
         "wall_s": time.perf_counter() - started,
+        "backend": cfg.pool.backend,
     }
     result["targets"] = {k: v[0] for k, v in TARGETS.items()}
     result["targets_met"] = {k: (result[k] >= b if hi else result[k] <= b) for k, (b, hi) in TARGETS.items()}

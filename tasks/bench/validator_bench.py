@@ -175,6 +175,7 @@ def run_validator_bench(cfg: AgentFlowConfig, model: Discriminator, episodes: in
             for name, scores in honest.items()
         },
         "wall_s": time.perf_counter() - started,
+        "backend": cfg.pool.backend,
     }
     result["targets"] = {k: v[0] for k, v in TARGETS.items()}
     result["targets_met"] = {
