@@ -175,7 +175,7 @@ def champion_fisher(cfg: AgentFlowConfig, checkpoint: Path, trajectories: Path) 
 
     obs, masks = dataset_states(trajectories, cfg.train.ewc.samples, cfg.base.seed)
     policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    policy.load_state_dict(load_checkpoint(resolve_checkpoint(cfg, checkpoint), cfg.train.hidden_sizes).model)
+    policy.load_state_dict(load_checkpoint(Path(resolve_checkpoint(cfg, checkpoint)), cfg.train.hidden_sizes).model)
     path = checkpoint.parent / FISHER_FILE
     champion_penalty(policy, obs, masks, cfg.train.ewc.lam).save(path)
     return path

@@ -85,8 +85,8 @@ class PlantedPolicy:
         """
         by_slot: dict[int, list[tuple[int, str]]] = {}
         for e in rollout.episodes:
-            _seed, slot, counter = e.episode_id.rsplit("-", 2)
-            by_slot.setdefault(int(slot), []).append((int(counter), e.episode_id))
+            _seed, slot_text, counter = e.episode_id.rsplit("-", 2)
+            by_slot.setdefault(int(slot_text), []).append((int(counter), e.episode_id))
         lengths = Counter(s.episode_id for s in rollout.steps)
         deviated = np.stack(self.deviated)
         out: set[str] = set()
