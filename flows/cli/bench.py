@@ -149,7 +149,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         if name == "validator":
             command += f" --episodes {result['episodes_per_policy']} --train-steps {result['train_steps']}"
         if name == "forgetting":
-            command += f" --steps {result['total_steps_cap']}"
+            command += f" --steps {result['total_steps_cap']} --shift {result.get('shift_name', 'catalogue')}"
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
@@ -379,14 +379,19 @@ def forgetting(
     steps: int | None = typer.Option(
         None, "--steps", min=1024, help="PPO steps of the champion and of each retrain [default: train.total_steps]."
     ),
+    shift: str = typer.Option("catalogue", "--shift", help="catalogue (dimensions + balances) or family (SQL only)."),
 ) -> None:
     """Cycle A, a shifted catalogue B, retrains on B without and with EWC; forgetting on A's test variants."""
     from tasks.bench.forgetting_bench import run_forgetting_bench
 
     cfg = phase_config_or_exit(params)
-    result = run_forgetting_bench(cfg, steps, progress=typer.echo)
+    from tasks.bench.forgetting_bench import SHIFTS
+
+    if shift not in SHIFTS:
+        raise typer.BadParameter(f"--shift must be one of {sorted(SHIFTS)}")
+    result = run_forgetting_bench(cfg, steps, progress=typer.echo, shift=shift)
     result["notes"] = [
-        f"shift: {result['shift']}",
+        f"shift {result['shift_name']}: {result['shift']}",
         f"EWC lam {result['ewc_lam']:g} over {result['ewc_samples']} states of A's trajectories "
         f"(Fisher {result['fisher_s']:.1f} s); same retrain seed for both sides; {result['test_episodes']} test episodes",
         "shared machine: timings are noisy",
