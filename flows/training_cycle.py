@@ -1,4 +1,4 @@
-"""The training cycle as a Prefect DAG: calibrate → variants → explore → train → stress → report.
+"""The training cycle as a Prefect DAG: calibrate → variants → explore → validator → train → stress → report.
 
 The flow is composition only: each phase is a task in ``tasks.prefect_tasks`` that calls the
 same step function as ``agentflow <phase>`` and the DVC stage. Each step judges its phase against
