@@ -27,6 +27,7 @@ BENCH_DIR = Path("data/bench")
 # kept verbatim after the generated tables so regenerating BENCHMARKS.md does not drop them.
 MEASUREMENTS_DIR = Path("docs/measurements")
 BENCHMARKS_MD = Path("BENCHMARKS.md")
+FORGETTING = ("forgetting", "forgetting_family")  # agentflow bench forgetting --shift catalogue / family
 REPEAT_OPTION = typer.Option(
     1, "--repeat", min=1, help="Run the benchmark this many times; a target is met only if every run meets it."
 )
@@ -42,6 +43,7 @@ COMMANDS = {
     "soak": "agentflow bench soak",
     "validator": "agentflow bench validator",
     "forgetting": "agentflow bench forgetting",
+    "forgetting_family": "agentflow bench forgetting",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -53,6 +55,7 @@ TITLES = {
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
     "validator": "Reward validator: planted reward-hacking episodes caught vs honest episodes flagged",
     "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
+    "forgetting_family": "Forgetting: a retrain on the SQL channel alone, with and without EWC, on the previous test split",
 }
 
 
@@ -134,7 +137,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "validator", "forgetting"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "validator", *FORGETTING):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -148,7 +151,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --episodes {result['episodes']}"
         if name == "validator":
             command += f" --episodes {result['episodes_per_policy']} --train-steps {result['train_steps']}"
-        if name == "forgetting":
+        if name in FORGETTING:
             command += f" --steps {result['total_steps_cap']} --shift {result.get('shift_name', 'catalogue')}"
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
@@ -396,6 +399,7 @@ def forgetting(
         f"(Fisher {result['fisher_s']:.1f} s); same retrain seed for both sides; {result['test_episodes']} test episodes",
         "shared machine: timings are noisy",
     ]
-    write_json(BENCH_DIR / "forgetting.json", result)
+    name = "forgetting" if shift == "catalogue" else f"forgetting_{shift}"
+    write_json(BENCH_DIR / f"{name}.json", result)
     write_benchmarks_md()
-    typer.echo(bench_section(TITLES["forgetting"]))
+    typer.echo(bench_section(TITLES[name]))
