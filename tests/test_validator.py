@@ -126,3 +126,15 @@ def test_bench_catches_planted_hacking_and_passes_the_expert_on_the_tiny_catalog
     assert result["planted_episodes"] >= 24 and result["honest_episodes"] == 24
     assert result["caught_rate"] >= 0.9 and result["false_positive_rate"] <= 0.05
     assert result["targets_met"] == {"caught_rate": True, "false_positive_rate": True}
+
+
+def test_report_tree_lists_the_suspicious_episodes(model: Discriminator) -> None:
+    from agentflow_core.evaluation.report import _validator_nodes
+
+    honest, honest_steps = _episode("honest", [0, 1, 2], [0, 1, 2])
+    loop, loop_steps = _episode("loop", [1, 2] * 3, [7, 8] * 3)
+    verdict = validate_episodes(model, [honest, loop], honest_steps + loop_steps, threshold=0.5).to_dict()
+    (node,) = _validator_nodes(verdict)
+    assert node.label.startswith("Reward Validator: 1 suspicious episode(s) (50.0%)")
+    assert [c.label.split(":")[0] for c in node.children] == ["web-1"]
+    assert _validator_nodes(None) == []  # validator off: no line

@@ -30,6 +30,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "consistency",
     "root_causes",
     "reward_hacking",
+    "reward_validator",
     "risk",
     "recommendation",
     "recommendations",
