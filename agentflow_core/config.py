@@ -365,6 +365,23 @@ class TrainGate(_Section):
     )
 
 
+class EWCConfig(_Section):
+    """`train.ewc`: elastic weight consolidation in retrains (Kirkpatrick et al. 2017, seed 003 §5.2).
+
+    A retrain adds ``lam / 2 * sum_i F_i (theta_i - theta*_i)^2`` to PPO's loss: ``theta*`` the
+    champion's weights, ``F`` the diagonal Fisher information of the champion's policy on its data
+    (``agentflow_core.rl.ewc``). A fresh cycle has no champion and trains without it.
+    """
+
+    enabled: bool = True
+    lam: Annotated[float, Field(ge=0.0, le=1e9)] = Field(
+        100.0, description="EWC strength lambda (the penalty is lam/2 * sum F (theta - theta*)^2)."
+    )
+    samples: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
+        4096, description="States of the champion's data the Fisher information is averaged over."
+    )
+
+
 class TrainConfig(_Section):
     """PPO (CleanRL names). The learner's batch is one rollout, ``num_envs`` x ``n_steps`` transitions
     (CleanRL derives it the same way), cut into minibatches of ``minibatch_size``. Episode length is
@@ -395,6 +412,7 @@ class TrainConfig(_Section):
     reward: RewardConfig = RewardConfig()
     gate: TrainGate = TrainGate()
     budget_s: BudgetS = 1800.0
+    ewc: EWCConfig = EWCConfig()
 
     @model_validator(mode="after")
     def _batches(self) -> TrainConfig:
@@ -517,6 +535,27 @@ class ReportConfig(_Section):
     budget_s: BudgetS = 300.0
 
 
+class ValidatorConfig(_Section):
+    """`validator`: the discriminator reward validator (seed 003 §3.2, ``agentflow_core.evaluation.validator``).
+
+    Trained after exploration to tell the expert's steps from a near-uniform policy's at the same
+    states; an episode whose mean authenticity is below ``threshold`` is suspicious. Training pays
+    the positive rewards of suspicious episodes times ``suspicious_weight``; stress and the report
+    flag them.
+    """
+
+    enabled: bool = True
+    hidden: Annotated[int, Field(gt=0, le=MAX_WIDTH)] = 64
+    epochs: Annotated[int, Field(gt=0, le=1000)] = 30
+    max_samples: Count = 50_000
+    threshold: Fraction = Field(0.5, description="Episodes with mean authenticity below this are suspicious.")
+    suspicious_weight: Fraction = Field(0.1, description="Factor on the positive rewards of suspicious episodes.")
+    min_heldout_accuracy: Fraction = Field(
+        0.8, description="Gate: expert-vs-policy accuracy of the discriminator on 10% held-out states."
+    )
+    budget_s: BudgetS = 60.0
+
+
 class AgentFlowConfig(_Section):
     """The whole of ``params.yaml``."""
 
@@ -529,6 +568,7 @@ class AgentFlowConfig(_Section):
     train: TrainConfig = TrainConfig()
     stress: StressConfig = StressConfig()
     report: ReportConfig = ReportConfig()
+    validator: ValidatorConfig = ValidatorConfig()
 
     @property
     def phases(self) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The training cycle as a Prefect DAG: calibrate → variants → explore → offline → train → stress → report.
+"""The training cycle as a Prefect DAG: calibrate → variants → explore → offline → validator → train → stress → report.
 
 The flow is composition only: each phase is a task in ``tasks.prefect_tasks`` that calls the
 same step function as ``agentflow <phase>`` and the DVC stage. Each step judges its phase against
@@ -45,6 +45,7 @@ from tasks.retrain_tasks import plan_retrain_task
 from tasks.runtime import mlflow_uri
 from tasks.stages import dvc_md5, params_hash
 from tasks.tracking import CHECKPOINTS_TAG, PARAMS_HASH_TAG, MlflowTracker
+from tasks.validator_tasks import validator_task
 
 PREFECT_UI = "http://127.0.0.1:4200"  # where `prefect server start` serves the runs kept in PREFECT_HOME
 
@@ -147,6 +148,12 @@ def training_cycle(
         results["offline"] = offline
         if not offline["passed"]:
             raise GateFailed(offline["gate"])
+
+        validator = validator_task(params_path, parent, uri, experiment)
+        results["validator"] = validator
+        record_phase(tracker, parent, paths, "validator", paths.root / "validator")
+        if not validator["passed"]:
+            raise GateFailed(validator["gate"])
 
         train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train

@@ -249,6 +249,7 @@ def train_task(
         ),
         seed=None if plan is None else plan.seed,
         warm_start=warm_start,
+        ewc=Path(plan.ewc) if plan is not None and plan.ewc else None,
     )
     _publish("training", "Phase 2: PPO refinement", summary)
     return {**summary, "train_run_id": run_id}

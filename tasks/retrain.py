@@ -71,6 +71,7 @@ class RetrainPlan:
     priority: tuple[str, ...]  # env ids, explored first in this order
     champion_failed: tuple[str, ...]  # the train variants the champion failed in the sample
     sampled: int
+    ewc: str | None = None  # the champion's Fisher + weights (agentflow_core.rl.ewc), next to its checkpoint
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``plan.json``)."""
@@ -91,6 +92,7 @@ class RetrainPlan:
             "champion_failed_train_variants": len(self.champion_failed),
             "champion_sampled_train_variants": self.sampled,
             "priority_variants": len(self.priority),
+            "ewc": self.ewc,
         }
 
 
@@ -143,6 +145,9 @@ def plan_retrain(
         champion = load_policy(resolve_checkpoint(cfg, checkpoint))
         rollout = stress_rollout(cfg, champion, sample, len(sample), pool_factory=pool_factory, seed=seed)
         failures = _outcomes(rollout.episodes)
+    ewc = None
+    if checkpoint is not None and cfg.train.ewc.enabled:
+        ewc = str(champion_fisher(cfg, checkpoint, paths.trajectories))
     plan = RetrainPlan(
         cycle=cycle,
         seed=seed,
@@ -151,9 +156,49 @@ def plan_retrain(
         priority=tuple(priority_order(train, failures, visit_counts(paths.trajectories))),
         champion_failed=tuple(sorted(failures)),
         sampled=len(sample),
+        ewc=ewc,
     )
     write_json(out / PLAN_FILE, plan.to_dict())
     return plan
+
+
+def champion_fisher(cfg: AgentFlowConfig, checkpoint: Path, trajectories: Path) -> Path:
+    """EWC at the start of a retrain: the champion's diagonal Fisher on its data, written next to its checkpoint.
+
+    Its data: ``train.ewc.samples`` states drawn (seeded by ``base.seed``) from the trajectory
+    dataset as it stands before this cycle appends to it -- the states of the cycles the champion
+    was trained on.
+    """
+    from agentflow_core.rl.checkpoint import load_checkpoint
+    from agentflow_core.rl.ewc import FISHER_FILE, champion_penalty
+    from agentflow_core.rl.policy import ActorCritic
+
+    obs, masks = dataset_states(trajectories, cfg.train.ewc.samples, cfg.base.seed)
+    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    policy.load_state_dict(load_checkpoint(Path(resolve_checkpoint(cfg, checkpoint)), cfg.train.hidden_sizes).model)
+    path = checkpoint.parent / FISHER_FILE
+    champion_penalty(policy, obs, masks, cfg.train.ewc.lam).save(path)
+    return path
+
+
+def dataset_states(trajectories: Path, n: int, seed: int) -> tuple[Any, Any]:
+    """``(obs, action_mask)`` of ``n`` rows of the dataset drawn without replacement (all rows if fewer)."""
+    import numpy as np
+
+    from agentflow_core.rl.trajectories import read_steps
+    from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+
+    if not (Path(trajectories) / "_meta.json").exists():
+        return np.zeros((0, OBS_DIM), np.float32), np.zeros((0, N_ACTIONS), bool)
+    table = read_steps(Path(trajectories))
+    obs = np.asarray(table.column("obs").combine_chunks().flatten(), dtype=np.float32).reshape(-1, OBS_DIM)
+    masks = np.asarray(
+        table.column("action_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool
+    ).reshape(-1, N_ACTIONS)
+    if len(obs) > n:
+        idx = np.sort(np.random.default_rng(seed).choice(len(obs), n, replace=False))
+        obs, masks = obs[idx], masks[idx]
+    return obs, masks
 
 
 def explore_retrain(

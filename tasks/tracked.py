@@ -31,10 +31,12 @@ def tracked_train(
     *,
     seed: int | None = None,
     warm_start: Path | None = None,
+    ewc: Path | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) PPO and record it into the MLflow run ``run_id``; paths default to ``base.data_dir``'s.
 
-    ``seed`` and ``warm_start`` are a retrain's cycle seed and champion checkpoint (``run_train``).
+    ``seed``, ``warm_start`` and ``ewc`` are a retrain's cycle seed, champion checkpoint and the champion's
+    EWC file (``run_train``).
     """
     from tasks.steps.train import run_train, train_metrics
 
@@ -52,6 +54,7 @@ def tracked_train(
             on_update=on_update,
             seed=seed,
             warm_start=warm_start,
+            ewc=ewc,
         )
     except BaseException:
         tracker.end(run_id, "FAILED")

@@ -20,7 +20,7 @@ from tests.tiny import REPO, write_tiny_params
 
 pytestmark = pytest.mark.slow
 
-PHASES = {"calibrate", "variants", "explore", "offline", "train", "stress", "report"}
+PHASES = {"calibrate", "variants", "explore", "offline", "validator", "train", "stress", "report"}
 
 
 def mlflow_client(root: Path) -> MlflowClient:
@@ -218,6 +218,7 @@ def test_no_task_reads_persisted_results_so_a_planted_pickle_runs_nothing(
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
 
     import tasks.prefect_tasks as prefect_tasks
+    import tasks.validator_tasks as validator_tasks
 
     marker = tmp_path / "pwned"
     storage = Path(PREFECT_LOCAL_STORAGE_PATH.value())
@@ -234,7 +235,8 @@ def test_no_task_reads_persisted_results_so_a_planted_pickle_runs_nothing(
 
     flow(json_task_with_a_cache_key)()
     assert marker.exists()  # the plant is live: any task that looks its key up runs the pickle
-    ours = [t for t in vars(prefect_tasks).values() if hasattr(t, "persist_result") and hasattr(t, "fn")]
+    modules = (prefect_tasks, validator_tasks)
+    ours = [t for m in modules for t in vars(m).values() if hasattr(t, "persist_result") and hasattr(t, "fn")]
     assert {t.name for t in ours} == PHASES
     assert all(t.persist_result is False and t.cache_policy is NO_CACHE for t in ours)
 

@@ -168,3 +168,24 @@ def test_paired_comparison_plays_identical_episodes_and_rejects_an_untrained_pol
     assert heldout_outcomes(cfg, champion) == a  # the same episodes give the same outcomes
     result = paired_heldout(cfg, untrained, champion)
     assert not result.beats and result.losses > result.wins
+
+
+def test_a_retrain_trains_with_ewc_toward_the_champion(cycles: dict[str, Any]) -> None:
+    from agentflow_core.rl.ewc import EWCPenalty
+
+    assert cycles["first"]["train"]["ewc"] == {"used": False}  # no champion yet
+    fisher_file = Path(cycles["retrain"]["retrain"]["ewc"])
+    assert fisher_file.name == "fisher.safetensors" and fisher_file.parent.name == cycles["retrain"]["mlflow_run_id"]
+    ewc = cycles["retrain_train"]["ewc"]
+    assert ewc["used"] and ewc["file"] == str(fisher_file) and ewc["ewc/fisher_max"] > 0.0
+    penalty = EWCPenalty.load(fisher_file, lam=1.0)
+    champion = load_file(str(cycles["root"] / "first-policy.safetensors"))
+    assert set(penalty.anchor) == {k for k in champion if k.startswith(("actor.", "critic."))}
+    assert all((penalty.anchor[k] == champion[k]).all() for k in penalty.anchor)  # anchored at the champion
+    assert all(float(penalty.fisher[k].abs().sum()) == 0.0 for k in penalty.fisher if k.startswith("critic."))
+    client, parent = _client(cycles["root"]), cycles["retrain"]["mlflow_run_id"]
+    train_run = client.search_runs(
+        [client.get_run(parent).info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{parent}' and tags.`agentflow.phase` = 'train'",
+    )[0]
+    assert "train/losses/regularizer" in train_run.data.metrics  # the penalty is tracked per update

@@ -23,6 +23,7 @@ ENTRIES = {
     "explore": ("flows.cli.explore", "explore_command"),
     "offline": ("flows.cli.offline", "offline_command"),
     "export-minari": ("flows.cli.offline", "export_minari_command"),
+    "validator": ("flows.cli.validator", "validator_command"),
     "train": ("flows.cli.train", "train_command"),
     "stress": ("flows.cli.stress", "stress_command"),
     "report": ("flows.cli.stress", "report_command"),

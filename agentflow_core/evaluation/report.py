@@ -30,6 +30,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "consistency",
     "root_causes",
     "reward_hacking",
+    "reward_validator",
     "risk",
     "recommendation",
     "recommendations",
@@ -77,6 +78,7 @@ def build_report(
         "consistency": analysis["consistency"],
         "root_causes": analysis["root_causes"],
         "reward_hacking": analysis["reward_hacking"],
+        "reward_validator": analysis.get("reward_validator"),
         "risk": analysis["risk"],
         "recommendation": recs[0] if recs else "",
         "recommendations": recs,
@@ -218,6 +220,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
             f"Reward Hacking: {report['reward_hacking']['flagged']} episode(s) with shaped return ≥ "
             f"{report['reward_hacking']['threshold']:g} and no PAYMENT_SUCCESS"
         ),
+        *_validator_nodes(report.get("reward_validator")),
         TreeNode(
             f"Risk: {risk['risky_steps']} risky step(s) ({risk['rate']:.2%}) in {risk['risky_episodes']} episode(s)"
             + (f", mostly {top_risky}" if top_risky else "")
@@ -467,3 +470,17 @@ def _html_table(title: str, headers: list[str], rows: list[list[Any]]) -> str:
     head = f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"
     body = ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in rows]
     return "\n".join([head, *body, "</table>"])
+
+
+def _validator_nodes(validator: Mapping[str, Any] | None) -> list[TreeNode]:
+    """The discriminator reward validator's line (none when it is off or was not trained)."""
+    if not validator:
+        return []
+    examples = [TreeNode(f"{e['env_id']}: authenticity {e['authenticity']:.2f}") for e in validator["examples"]]
+    return [
+        TreeNode(
+            f"Reward Validator: {validator['flagged']} suspicious episode(s) ({validator['rate']:.1%}) with mean "
+            f"discriminator authenticity < {validator['threshold']:g} (mean {validator['mean_authenticity']:.2f})",
+            examples,
+        )
+    ]

@@ -112,6 +112,17 @@ class RewardTransform(Protocol):
         """Reward diagnostics since the last call; reading them starts a new window."""
 
 
+@runtime_checkable
+class RewardValidatorHook(Protocol):
+    """Scales the training rewards of episodes a reward validator finds suspicious (seed 003 §3.2)."""
+
+    def reweight(self, obs: np.ndarray, actions: np.ndarray, done: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        """Rewards ``[n_steps, num_envs]`` after down-weighting; episodes are cut at ``done`` in each slot's column."""
+
+    def metrics(self) -> dict[str, float]:
+        """Diagnostics since the last call (share of suspicious episodes)."""
+
+
 class TrainingReward:
     """Reward function (``agentflow_core.rl.reward.RewardFunction``) + per-env scale normalisation.
 
@@ -255,6 +266,8 @@ class PPO:
         sink: MetricsSink | None = None,
         reward_transform: RewardTransform | None = None,
         device: torch.device | str = "cpu",
+        regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+        reward_validator: RewardValidatorHook | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
@@ -264,6 +277,8 @@ class PPO:
         self.seed = seed
         self.sink: MetricsSink = sink or NullSink()
         self.reward_transform = reward_transform
+        self.regularizer = regularizer  # e.g. EWC toward the champion in a retrain (agentflow_core.rl.ewc)
+        self.reward_validator = reward_validator  # down-weights suspicious episodes (evaluation.validator)
         self.num_envs = int(pool.num_envs)
         self.n_steps = cfg.n_steps
         self.batch_size = self.num_envs * self.n_steps
@@ -304,6 +319,10 @@ class PPO:
             self.reward_transform.reset(rollout.reset_batch())
             for t in range(self.n_steps):
                 buf.np_rewards[t] = self.reward_transform(rollout.step_batch(t))
+        if self.reward_validator is not None:
+            buf.np_rewards[:] = self.reward_validator.reweight(
+                rollout.obs, rollout.actions, rollout.done, buf.np_rewards
+            )
         stats = RolloutStats()
         for t, i in zip(*np.nonzero(rollout.done), strict=True):  # step order, then slot order
             stats.episode_returns.append(float(rollout.episode_return[t, i]))
@@ -349,6 +368,7 @@ class PPO:
         coef = LossCoefficients(clip_range, cfg.ent_coef, cfg.vf_coef, self.adaptive.kl_coef)
         mb_stats: list[torch.Tensor] = []
         penalty_values: list[float] = []
+        penalties: list[torch.Tensor] = []
         for _epoch in range(cfg.n_epochs):
             b_inds = torch.as_tensor(self.np_random.permutation(self.batch_size), device=self.device)
             for start in range(0, self.batch_size, cfg.minibatch_size):
@@ -369,6 +389,10 @@ class PPO:
                     )
                     loss = loss + extra
                     penalty_values.append(penalty_value)
+                if self.regularizer is not None:
+                    penalty = self.regularizer(self.policy)
+                    loss = loss + penalty
+                    penalties.append(penalty.detach())
                 self.optimizer.zero_grad()
                 loss.backward()
                 self.grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -376,6 +400,8 @@ class PPO:
                 mb_stats.append(stats)
         metrics = dict(zip(STAT_KEYS, torch.stack(mb_stats).mean(0).tolist(), strict=True))
         metrics["losses/grad_norm"] = float(self.grad_norm)
+        if penalties:
+            metrics["losses/regularizer"] = float(torch.stack(penalties).mean())
         metrics["losses/explained_variance"] = explained_variance(b_values, b_returns)
         self.adaptive.observe(metrics["losses/approx_kl"])
         metrics.update({"adaptive/" + k: v for k, v in self.adaptive.metrics().items()})
@@ -409,6 +435,8 @@ class PPO:
         metrics.update(rollout.metrics())
         if self.reward_transform is not None:
             metrics.update(self.reward_transform.metrics())
+        if self.reward_validator is not None:
+            metrics.update(self.reward_validator.metrics())
         metrics.update(
             {
                 "time/rollout_s": t1 - t0,

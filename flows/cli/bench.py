@@ -27,6 +27,7 @@ BENCH_DIR = Path("data/bench")
 # kept verbatim after the generated tables so regenerating BENCHMARKS.md does not drop them.
 MEASUREMENTS_DIR = Path("docs/measurements")
 BENCHMARKS_MD = Path("BENCHMARKS.md")
+FORGETTING = ("forgetting", "forgetting_family")  # agentflow bench forgetting --shift catalogue / family
 REPEAT_OPTION = typer.Option(
     1, "--repeat", min=1, help="Run the benchmark this many times; a target is met only if every run meets it."
 )
@@ -43,6 +44,9 @@ COMMANDS = {
     "soak_ray": "agentflow bench soak --backend ray",
     "browser": "agentflow bench browser",
     "offline": "agentflow bench offline",
+    "validator": "agentflow bench validator",
+    "forgetting": "agentflow bench forgetting",
+    "forgetting_family": "agentflow bench forgetting",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -55,6 +59,9 @@ TITLES = {
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
     "soak_ray": "Soak on the Ray backend: the same sides, env workers in Ray actors",
     "browser": "Web channel in a real browser: step latency, live envs per GB, sim-to-real gap per family",
+    "validator": "Reward validator: planted reward-hacking episodes caught vs honest episodes flagged",
+    "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
+    "forgetting_family": "Forgetting: a retrain on the SQL channel alone, with and without EWC, on the previous test split",
 }
 
 
@@ -136,7 +143,20 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "offline", "soak", "soak_ray", "browser"):
+    for name in (
+        "learning",
+        "train",
+        "pool",
+        "ppo",
+        "scheduler",
+        "sql",
+        "offline",
+        "validator",
+        *FORGETTING,
+        "soak",
+        "soak_ray",
+        "browser",
+    ):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -157,6 +177,10 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --steps {result['config']['ppo_total_steps']} --settings " + ",".join(
                 f"{v['behaviour']}:{v['explore_steps']}" for v in result["settings"].values()
             )
+        if name == "validator":
+            command += f" --episodes {result['episodes_per_policy']} --train-steps {result['train_steps']}"
+        if name in FORGETTING:
+            command += f" --steps {result['total_steps_cap']} --shift {result.get('shift_name', 'catalogue')}"
         if name in (
             "soak",
             "soak_ray",
@@ -422,3 +446,66 @@ def soak(
         f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s"
     )
     write_benchmarks_md()
+
+
+@bench_app.command("validator")
+def validator(
+    params: Path = PARAMS_OPTION,
+    episodes: int = typer.Option(200, min=8, help="Episodes per honest policy and per planted behaviour."),
+    train_steps: int | None = typer.Option(
+        None,
+        "--train-steps",
+        min=0,
+        help="PPO steps of the honest trained policy [default: train.total_steps; 0: none].",
+    ),
+) -> None:
+    """Train the validator as the cycle does, then score honest and planted reward-hacking episodes."""
+    from tasks.bench.validator_bench import run_validator_bench_fresh
+
+    cfg = phase_config_or_exit(params)
+    result = run_validator_bench_fresh(cfg, episodes, train_steps, progress=typer.echo)
+    result["episodes_per_policy"] = episodes
+    result["train_steps"] = cfg.train.total_steps if train_steps is None else train_steps
+    result["notes"] = [
+        f"threshold {result['threshold']:g}; per behaviour: "
+        + ", ".join(
+            f"{k} {v['caught_rate'] if v['caught_rate'] is None else round(v['caught_rate'], 3)} "
+            f"({v['habit_fired']}/{v['played']} fired)"
+            for k, v in result["per_behaviour"].items()
+        ),
+        "honest: "
+        + ", ".join(f"{k} FPR {v['false_positive_rate']:.3f} of {v['episodes']}" for k, v in result["honest"].items()),
+        f"measured on {platform.node() or 'this machine'} (shared machine: timings are noisy, rates are not)",
+    ]
+    write_json(BENCH_DIR / "validator.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["validator"]))
+
+
+@bench_app.command("forgetting")
+def forgetting(
+    params: Path = PARAMS_OPTION,
+    steps: int | None = typer.Option(
+        None, "--steps", min=1024, help="PPO steps of the champion and of each retrain [default: train.total_steps]."
+    ),
+    shift: str = typer.Option("catalogue", "--shift", help="catalogue (dimensions + balances) or family (SQL only)."),
+) -> None:
+    """Cycle A, a shifted catalogue B, retrains on B without and with EWC; forgetting on A's test variants."""
+    from tasks.bench.forgetting_bench import run_forgetting_bench
+
+    cfg = phase_config_or_exit(params)
+    from tasks.bench.forgetting_bench import SHIFTS
+
+    if shift not in SHIFTS:
+        raise typer.BadParameter(f"--shift must be one of {sorted(SHIFTS)}")
+    result = run_forgetting_bench(cfg, steps, progress=typer.echo, shift=shift)
+    result["notes"] = [
+        f"shift {result['shift_name']}: {result['shift']}",
+        f"EWC lam {result['ewc_lam']:g} over {result['ewc_samples']} states of A's trajectories "
+        f"(Fisher {result['fisher_s']:.1f} s); same retrain seed for both sides; {result['test_episodes']} test episodes",
+        "shared machine: timings are noisy",
+    ]
+    name = "forgetting" if shift == "catalogue" else f"forgetting_{shift}"
+    write_json(BENCH_DIR / f"{name}.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES[name]))

@@ -207,6 +207,10 @@ def run_stress(
         real = run_sim_to_real(cfg, policy, sample)
         summary["sim_to_real"] = real.to_dict()
         summary["metrics"].update(real.metrics())
+    summary["reward_validator"] = validator_flags(cfg, rollout)
+    if summary["reward_validator"] is not None:
+        summary["metrics"]["validator_flagged"] = summary["reward_validator"]["flagged"]
+        summary["metrics"]["validator_flagged_rate"] = summary["reward_validator"]["rate"]
     verdict = evaluate_gate(stress_gate(cfg), summary["metrics"])
     summary["passed"] = summary["passed"] and verdict.passed
     summary["gate"] = verdict.message
@@ -221,6 +225,20 @@ def run_stress(
         | {"passed": summary["passed"]}
         | summary["breakdown_metrics"]
         | {k: v for k, v in summary["metrics"].items() if k.startswith("sim_to_real_")}
-        | summary["budget"],
+        | summary["budget"]
+        | {
+            k: summary["metrics"][k] for k in ("validator_flagged", "validator_flagged_rate") if k in summary["metrics"]
+        },
     )
     return summary
+
+
+def validator_flags(cfg: AgentFlowConfig, rollout: StressRollout) -> dict[str, Any] | None:
+    """The discriminator reward validator's verdict on the stress episodes (None when off or not trained)."""
+    from agentflow_core.evaluation.validator import validate_episodes
+    from tasks.steps.validator import load_validator
+
+    model = load_validator(cfg)
+    if model is None:
+        return None
+    return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold).to_dict()

@@ -51,6 +51,7 @@ from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo
 from agentflow_core.rl.convergence import ConvergenceTracker
 from agentflow_core.rl.cql import OfflinePrior, load_actor
+from agentflow_core.rl.ewc import EWCPenalty
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
 from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward
@@ -60,6 +61,7 @@ from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, build_rollouts, recovery_summary, reward_function
+from tasks.steps.validator import training_validator
 
 EXPLORATION_EPSILON = 0.95
 EVAL_NUM_ENVS = 16
@@ -155,6 +157,7 @@ def run_train(
     warm_start: Path | None = None,
     rollout_factory: Callable[..., SlicedRollouts] = build_rollouts,
     offline_dir: Path | None = None,
+    ewc: Path | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
 
@@ -166,7 +169,10 @@ def run_train(
     pool and PPO's minibatches; ``base.seed`` keeps choosing the validation and test episodes, so
     every cycle is evaluated on the same held-out episodes. ``warm_start`` weights replace the
     fresh initialisation and the behaviour-cloning warm start (its at least 500 gradient steps
-    would overwrite what the champion learnt): PPO continues from the champion.
+    would overwrite what the champion learnt): PPO continues from the champion. ``ewc`` (the
+    champion's Fisher and weights, ``agentflow_core.rl.ewc``) adds the EWC penalty toward it to
+    PPO's loss when ``train.ewc.enabled``. The discriminator reward validator, when trained
+    (``tasks.steps.validator``), down-weights the rewards of suspicious training episodes.
     """
     tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)
@@ -193,7 +199,19 @@ def run_train(
     )
     resources.callback(eval_pool.close)
     reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
-    ppo = PPO(policy, pool, tc, seed=seed, sink=sink, reward_transform=reward, device=device)
+    penalty = EWCPenalty.load(Path(ewc), tc.ewc.lam) if ewc is not None and tc.ewc.enabled else None
+    validator = training_validator(cfg)
+    ppo = PPO(
+        policy,
+        pool,
+        tc,
+        seed=seed,
+        sink=sink,
+        reward_transform=reward,
+        device=device,
+        regularizer=penalty,
+        reward_validator=validator,
+    )
     offline = offline_start(cfg, offline_dir, warm_start)
     if offline is not None:
         ppo.policy_penalty = offline.prior
@@ -328,6 +346,8 @@ def run_train(
         else {"checkpoint": str(warm_start), "policy_hash": policy_hash(untrained)},
         "wall_s": time.perf_counter() - t_start,
         "update_sps": update_sps,
+        "ewc": {"used": False} if penalty is None else {"used": True, "file": str(ewc), **penalty.summary()},
+        "reward_validator": validator is not None,
     }
     gate = train_gate(cfg)
     verdict = evaluate_gate(gate, {k: v for k, v in summary.items() if isinstance(v, int | float)})
