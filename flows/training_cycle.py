@@ -37,6 +37,7 @@ from tasks.prefect_tasks import (
     stress_task,
     track_phase,
     train_task,
+    tune_task,
     variants_task,
 )
 from tasks.provenance import git_tags
@@ -139,6 +140,11 @@ def training_cycle(
         results["explore"] = explore
         if not explore["passed"]:
             raise GateFailed(explore["gate"])
+
+        # the auto-tuner's probe; train reads its choice (a resumed run keeps the choice its checkpoints were made with)
+        if cfg.tune.enabled and not (resume and (paths.tuning / "choice.json").exists()):
+            results["tune"] = tune_task(params_path, parent, uri, experiment)
+            record_phase(tracker, parent, paths, "tune", paths.tuning)
 
         train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train

@@ -25,6 +25,7 @@ from flows.cli.explore import explore_command
 from flows.cli.pool import profile_envs_cmd
 from flows.cli.stress import report_command, stress_command
 from flows.cli.train import train_command
+from flows.cli.tune import tune_command
 from flows.cli.variants import variants
 from flows.reproduce import reproduce_command
 
@@ -241,6 +242,7 @@ def serve(
 app.command("calibrate")(calibrate_command)
 app.command("variants")(variants)
 app.command("explore")(explore_command)
+app.command("tune")(tune_command)
 app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)

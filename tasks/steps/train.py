@@ -56,6 +56,7 @@ from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
+from agentflow_core.tuning import ImpedanceMeter, time_forward
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, build_rollouts, recovery_summary, reward_function
 
@@ -120,6 +121,7 @@ def run_train(
     seed: int | None = None,
     warm_start: Path | None = None,
     rollout_factory: Callable[..., SlicedRollouts] = build_rollouts,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
 
@@ -132,6 +134,9 @@ def run_train(
     every cycle is evaluated on the same held-out episodes. ``warm_start`` weights replace the
     fresh initialisation and the behaviour-cloning warm start (its at least 500 gradient steps
     would overwrite what the champion learnt): PPO continues from the champion.
+
+    ``tuning`` records whether ``cfg`` carries the auto-tuner's choice (``tasks.steps.tune.tuned_config``);
+    every update's impedance metrics (``impedance/*``, seed 003 §7.1) go to the sink and the summary.
     """
     tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)
@@ -159,6 +164,7 @@ def run_train(
     resources.callback(eval_pool.close)
     reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
     ppo = PPO(policy, pool, tc, seed=seed, sink=sink, reward_transform=reward, device=device)
+    impedance = impedance_meter(pool, tc, policy)
     manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes)
     tracker = ConvergenceTracker()
     curve: list[dict[str, float]] = []
@@ -199,6 +205,7 @@ def run_train(
         while ppo.update < num_updates and stop_reason is None:
             metrics = ppo.train_iteration()
             update_sps.append(metrics["time/sps"])
+            sink.record(ppo.global_step, impedance.observe(metrics))
             curve.append(
                 {
                     k: metrics[k]
@@ -286,6 +293,8 @@ def run_train(
         else {"checkpoint": str(warm_start), "policy_hash": policy_hash(untrained)},
         "wall_s": time.perf_counter() - t_start,
         "update_sps": update_sps,
+        "impedance": impedance.summary(),
+        "tuning": tuning or {"applied": False, "reason": "run without the auto-tuner"},
     }
     gate = train_gate(cfg)
     verdict = evaluate_gate(gate, {k: v for k, v in summary.items() if isinstance(v, int | float)})
@@ -358,7 +367,15 @@ def train_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """``data/metrics/train.json`` (and the MLflow run's summary): headline numbers, then the test split's
     payment and process success per family and dimension value with their 95% Wilson bounds."""
     budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
-    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"] | budget
+    impedance = {k: float(v) for k, v in summary.get("impedance", {}).items()}
+    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"] | budget | impedance
+
+
+def impedance_meter(pool: EnvPool | SlicedRollouts, tc: TrainConfig, policy: ActorCritic) -> ImpedanceMeter:
+    """The cycle's impedance meter: the training pool's layout and one forward at its per-worker batch, timed."""
+    workers = len(pool.slots) if isinstance(pool, SlicedRollouts) else 1
+    k = max(pool.num_envs // workers, 1)
+    return ImpedanceMeter(pool.num_envs, tc.n_steps, workers, time_forward(policy, k))
 
 
 def _stop_reason(
