@@ -40,6 +40,7 @@ COMMANDS = {
     "learning": "agentflow bench learning",
     "sql": "agentflow bench sql",
     "soak": "agentflow bench soak",
+    "tune": "agentflow bench tune",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -49,6 +50,7 @@ TITLES = {
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
+    "tune": "Auto-tuner (impedance matching): `agentflow train` with its choice vs the static settings",
 }
 
 
@@ -130,7 +132,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "tune"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -142,6 +144,11 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --steps {result['config']['train']['total_steps']}"
         if name == "sql":
             command += f" --episodes {result['episodes']}"
+        if name == "tune":
+            command += (
+                f" --total-steps {result['total_steps']} --cluster-cpus {result['cluster_cpus']}"
+                f" --cluster-workers {result['cluster_static_workers']}"
+            )
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
             result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
@@ -286,6 +293,24 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
+
+
+@bench_app.command("tune")
+def tune(
+    params: Path = PARAMS_OPTION,
+    total_steps: int | None = typer.Option(
+        None, "--total-steps", min=1024, help="PPO steps per side [default: the params' train.total_steps]."
+    ),
+    cluster_cpus: int = typer.Option(8, "--cluster-cpus", min=1, help="Logical CPUs the simulated cluster's Ray advertises."),
+    cluster_workers: int = typer.Option(8, "--cluster-workers", min=1, help="Env workers of the cluster's static side."),
+) -> None:
+    """`agentflow train` with the auto-tuner's choice vs the static settings: here, and on a simulated larger cluster."""
+    from flows.cli.tune import bench_tune, print_bench
+
+    steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
+    result = bench_tune(params, BENCH_DIR, steps, cluster_cpus, cluster_workers)
+    write_benchmarks_md()
+    print_bench(result, BENCH_DIR)
 
 
 @bench_app.command("soak")

@@ -63,10 +63,12 @@ def bench_tune(
     params: Path, out_dir: Path, total_steps: int, cluster_cpus: int, cluster_workers: int
 ) -> dict[str, Any]:
     """Run the tune benchmark; write ``tune.json`` under ``out_dir``."""
+    import tempfile
+
     from tasks.bench.tune_bench import run_tune_bench
 
-    work = out_dir / "tune-work"
-    result = run_tune_bench(params, work, total_steps, cluster_cpus, cluster_workers, log=console.print)
+    with tempfile.TemporaryDirectory(prefix="agentflow-bench-tune-") as work:
+        result = run_tune_bench(params, Path(work), total_steps, cluster_cpus, cluster_workers, log=console.print)
     write_json(out_dir / "tune.json", result)
     return result
 
