@@ -439,7 +439,8 @@ class TuneConfig(_Section):
     """`tune`: the impedance-matching auto-tuner before train (seed 003 §7.1; agentflow_core.tuning)."""
 
     enabled: bool = Field(
-        False, description="Run the probe and train with its choice (data/tuning/choice.json); off: the static settings."
+        False,
+        description="Run the probe and train with its choice (data/tuning/choice.json); off: the static settings.",
     )
     env_inference_ratio: Annotated[float, Field(gt=0.0, le=100.0)] = 1.2
     production_consumption_ratio: Annotated[float, Field(gt=0.0, le=100.0)] = 1.5
@@ -447,7 +448,9 @@ class TuneConfig(_Section):
         list[Annotated[int, Field(gt=0, le=MAX_ENVS)]],
         Field(min_length=1, max_length=8, description="Envs-per-worker candidates the probe times."),
     ] = [16, 32, 64, 128]
-    probe_steps: Annotated[int, Field(gt=0, le=1000, description="Pool steps timed per candidate (fastest of 3 rollouts).")] = 8
+    probe_steps: Annotated[
+        int, Field(gt=0, le=1000, description="Pool steps timed per candidate (fastest of 3 interleaved rollouts).")
+    ] = 16
     max_workers: Annotated[int, Field(gt=0, le=1024)] = 64
     max_num_envs: EnvCount = 256
     goals_per_update: Annotated[int, Field(gt=0, le=1000, description="Goal events per slot between updates.")] = 4

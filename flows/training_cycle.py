@@ -90,6 +90,7 @@ def training_cycle(
     use_cache: bool = True,
     overrides: dict[str, Any] | None = None,
     retrain: bool = False,
+    tuning_choice: str | None = None,
 ) -> dict[str, Any]:
     """Run one training cycle.
 
@@ -102,6 +103,7 @@ def training_cycle(
             like the file (``tasks.overrides``).
         retrain: warm-start from the champion with a fresh cycle seed, explore what it fails first, append to
             the dataset, promote only on a paired held-out win (``tasks.retrain``).
+        tuning_choice: a recorded ``choice.json`` the tune phase replays instead of probing (``agentflow reproduce``).
     """
     if resume and retrain:
         raise ValueError(
@@ -141,10 +143,13 @@ def training_cycle(
         if not explore["passed"]:
             raise GateFailed(explore["gate"])
 
-        # the auto-tuner's probe; train reads its choice (a resumed run keeps the choice its checkpoints were made with)
-        if cfg.tune.enabled and not (resume and (paths.tuning / "choice.json").exists()):
-            results["tune"] = tune_task(params_path, parent, uri, experiment)
-            record_phase(tracker, parent, paths, "tune", paths.tuning)
+        # the auto-tuner; train reads its choice. A resumed run keeps the choice its checkpoints were made
+        # with, a reproduction replays the recorded one (the probe would measure today's machine load)
+        kept = paths.tuning / "choice.json"
+        replay = tuning_choice or (str(kept) if resume and cfg.tune.enabled and kept.exists() else None)
+        results["tune"] = tune_task(params_path, parent, uri, experiment, replay=replay)
+        record_phase(tracker, parent, paths, "tune", paths.tuning)
+        tracker.log_artifacts(parent, paths.tuning / "choice.json", "tuning")
 
         train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train

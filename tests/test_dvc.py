@@ -140,7 +140,7 @@ def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) ->
     assert [m.step for m in kl] == [512 * (u + 1) for u in range(UPDATES)]  # every update once, none lost
 
     by_flow, flow_checkpoints = metrics(clone), checkpoint_hashes(clone)
-    assert set(by_flow) == {"calibrate", "variants", "explore", "train", "stress"}
+    assert set(by_flow) == {"calibrate", "variants", "explore", "tune", "train", "stress"}
     tags = client.get_run(run_id).data.tags
     assert tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], clone).stdout.strip()
     assert tags["agentflow.git.dirty"] == "false"
@@ -151,7 +151,7 @@ def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) ->
     assert checkpoint_hashes(clone) == flow_checkpoints
 
     first = run([DVC, "repro", "--force"], clone)
-    assert stages_run(first.stdout) == {"calibrate", "variants", "explore", "train", "stress", "report"}
+    assert stages_run(first.stdout) == {"calibrate", "variants", "explore", "tune", "train", "stress", "report"}
     by_dvc = metrics(clone)
     assert by_dvc == by_flow
     assert checkpoint_hashes(clone) == flow_checkpoints

@@ -21,6 +21,7 @@ ENTRIES = {
     "calibrate": ("flows.cli.calibrate", "calibrate_command"),
     "variants": ("flows.cli.variants", "variants"),
     "explore": ("flows.cli.explore", "explore_command"),
+    "tune": ("flows.cli.tune", "tune_command"),
     "train": ("flows.cli.train", "train_command"),
     "stress": ("flows.cli.stress", "stress_command"),
     "report": ("flows.cli.stress", "report_command"),

@@ -147,7 +147,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         if name == "tune":
             command += (
                 f" --total-steps {result['total_steps']} --cluster-cpus {result['cluster_cpus']}"
-                f" --cluster-workers {result['cluster_static_workers']}"
+                f" --cluster-workers {result['cluster_static_workers']} --rounds {result['rounds']}"
             )
         if name == "soak":  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
             command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
@@ -301,14 +301,21 @@ def tune(
     total_steps: int | None = typer.Option(
         None, "--total-steps", min=1024, help="PPO steps per side [default: the params' train.total_steps]."
     ),
-    cluster_cpus: int = typer.Option(8, "--cluster-cpus", min=1, help="Logical CPUs the simulated cluster's Ray advertises."),
-    cluster_workers: int = typer.Option(8, "--cluster-workers", min=1, help="Env workers of the cluster's static side."),
+    cluster_cpus: int = typer.Option(
+        8, "--cluster-cpus", min=1, help="Logical CPUs the simulated cluster's Ray advertises."
+    ),
+    cluster_workers: int = typer.Option(
+        8, "--cluster-workers", min=1, help="Env workers of the cluster's static side."
+    ),
+    rounds: int = typer.Option(
+        1, "--rounds", min=1, help="Run every side this many times, static and tuned alternating."
+    ),
 ) -> None:
     """`agentflow train` with the auto-tuner's choice vs the static settings: here, and on a simulated larger cluster."""
     from flows.cli.tune import bench_tune, print_bench
 
     steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
-    result = bench_tune(params, BENCH_DIR, steps, cluster_cpus, cluster_workers)
+    result = bench_tune(params, BENCH_DIR, steps, cluster_cpus, cluster_workers, rounds)
     write_benchmarks_md()
     print_bench(result, BENCH_DIR)
 

@@ -36,7 +36,7 @@ def tune_command(
     """Probe env-step, inference and update rates and reward sparsity; choose workers, envs and cadence.
 
     Writes choice.json (settings, each decision's reason, the measurements); `agentflow train` runs with
-    it while tune.enabled is true. With tune.enabled false it still measures and writes, and train ignores it.
+    it while tune.enabled is true. With tune.enabled false it only records that, and train keeps the static settings.
     """
     from tasks.steps.tune import run_tune
 
@@ -55,12 +55,12 @@ def tune_command(
         raise typer.Exit(code=1) from None
     for line in summary["decisions"]:
         console.print(escape(line))
-    state = "train uses it" if cfg.tune.enabled else "tune.enabled is false: train keeps the static settings"
-    console.print(f"probe {summary['tune/probe_s']:.1f} s -> {(out or paths.tuning) / 'choice.json'} ({state})")
+    state = "train uses it" if cfg.tune.enabled else "tune.enabled is false: no probe, train keeps the static settings"
+    console.print(f"{summary['budget/tune/wall_s']:.1f} s -> {(out or paths.tuning) / 'choice.json'} ({state})")
 
 
 def bench_tune(
-    params: Path, out_dir: Path, total_steps: int, cluster_cpus: int, cluster_workers: int
+    params: Path, out_dir: Path, total_steps: int, cluster_cpus: int, cluster_workers: int, rounds: int = 1
 ) -> dict[str, Any]:
     """Run the tune benchmark; write ``tune.json`` under ``out_dir``."""
     import tempfile
@@ -68,13 +68,15 @@ def bench_tune(
     from tasks.bench.tune_bench import run_tune_bench
 
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-tune-") as work:
-        result = run_tune_bench(params, Path(work), total_steps, cluster_cpus, cluster_workers, log=console.print)
+        result = run_tune_bench(
+            params, Path(work), total_steps, cluster_cpus, cluster_workers, rounds, log=console.print
+        )
     write_json(out_dir / "tune.json", result)
     return result
 
 
 def print_bench(result: dict[str, Any], out_dir: Path) -> None:
     """The headline figures of ``tune.json``."""
-    keys = [k for k in result if k.endswith("_ratio") or k.endswith("env_steps_per_s") or k.endswith("_passed")]
+    keys = [k for k in result if k.startswith("sps_ratio") or k.endswith(("env_steps_per_s", "_passed", "_success"))]
     console.print(json.dumps({k: result[k] for k in keys}, indent=1, default=str))
     console.print(f"-> {out_dir / 'tune.json'}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -51,7 +52,9 @@ def _run(args: list[str]) -> float:
     proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
-        raise RuntimeError(f"agentflow {' '.join(args)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise RuntimeError(
+            f"agentflow {' '.join(args)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
     return wall
 
 
@@ -94,43 +97,61 @@ def run_tune_bench(
     total_steps: int,
     cluster_cpus: int,
     cluster_workers: int,
+    rounds: int = 1,
     catalogue: Path = Path("data/variants"),
     trajectories: Path = Path("data/trajectories"),
     log: Callable[[str], object] = print,
 ) -> dict[str, Any]:
-    """Static vs tuned on the params' own cluster, then on a local Ray advertising ``cluster_cpus`` CPUs."""
+    """Static vs tuned on the params' own cluster, then on a local Ray advertising ``cluster_cpus`` CPUs.
+
+    ``rounds`` > 1 runs every side again, static and tuned alternating, so a drift in the machine's load
+    reaches both sides; a setup's ratio is the mean tuned env-steps/s over the mean static one, and
+    each round's own ratio is listed.
+    """
     for needed in (catalogue, trajectories):
         if not needed.exists():
             raise FileNotFoundError(f"{needed} is missing: run `agentflow variants` and `agentflow explore` first")
     work.mkdir(parents=True, exist_ok=True)
-    setups = {
-        "2_workers": (None, None),
-        "cluster": (cluster_cpus, cluster_workers),
-    }
+    setups = {"2_workers": (None, None), "cluster": (cluster_cpus, cluster_workers)}
     out: dict[str, Any] = {
         "total_steps": total_steps,
+        "rounds": rounds,
         "machine_cores": len(os.sched_getaffinity(0)),
         "cluster_cpus": cluster_cpus,
         "cluster_static_workers": cluster_workers,
     }
-    for setup, (cpus, workers) in setups.items():
-        for name, tune in (("static", False), ("tuned", True)):
-            log(f"bench tune: {setup} {name}")
-            p = _params(params, work, f"{setup}-{name}", tune, cpus, workers)
-            side = run_side(p, catalogue, trajectories, total_steps, tune, work)
-            out[f"{setup}_{name}"] = side
-            out[f"{setup}_{name}_env_steps_per_s"] = side["env_steps_per_s"]
-            out[f"{setup}_{name}_gate_passed"] = side["gate_passed"]
-        static, tuned = out[f"{setup}_static"], out[f"{setup}_tuned"]
-        out[f"sps_ratio_{setup}"] = tuned["env_steps_per_s"] / static["env_steps_per_s"]
-        out[f"sps_ratio_{setup}_with_probe"] = tuned["env_steps_per_s_with_probe"] / static["env_steps_per_s"]
+    sides: dict[str, list[dict[str, Any]]] = {}
+    for r in range(rounds):
+        for setup, (cpus, workers) in setups.items():
+            for name, tune in (("static", False), ("tuned", True)):
+                log(f"bench tune: round {r + 1}/{rounds}, {setup} {name}")
+                p = _params(params, work / f"round{r}", f"{setup}-{name}", tune, cpus, workers)
+                sides.setdefault(f"{setup}_{name}", []).append(
+                    run_side(p, catalogue, trajectories, total_steps, tune, work)
+                )
+    for setup in setups:
+        static, tuned = sides[f"{setup}_static"], sides[f"{setup}_tuned"]
+        for name, runs in (("static", static), ("tuned", tuned)):
+            out[f"{setup}_{name}"] = runs[-1]
+            out[f"{setup}_{name}_env_steps_per_s"] = statistics.mean(s["env_steps_per_s"] for s in runs)
+            out[f"{setup}_{name}_gate_passed"] = all(s["gate_passed"] for s in runs)
+            out[f"{setup}_{name}_test_process_success"] = min(s["test_process_success"] for s in runs)
+        out[f"sps_ratio_{setup}"] = out[f"{setup}_tuned_env_steps_per_s"] / out[f"{setup}_static_env_steps_per_s"]
+        with_probe = statistics.mean(s["env_steps_per_s_with_probe"] for s in tuned)
+        out[f"sps_ratio_{setup}_with_probe"] = with_probe / out[f"{setup}_static_env_steps_per_s"]
+        out[f"sps_ratio_{setup}_per_round"] = [
+            t["env_steps_per_s"] / s["env_steps_per_s"] for s, t in zip(static, tuned, strict=True)
+        ]
     out["targets"] = TARGETS
     out["targets_met"] = {key: bool(out[key] >= bound) for key, bound in TARGETS.items()}
     out["notes"] = [
-        "env-steps/s: train's global_step over the `agentflow train` command's wall time; *_with_probe adds the "
-        "`agentflow tune` command's wall time (its process start-up included) to the tuned side.",
+        "env-steps/s: train's global_step over the `agentflow train` command's wall time (mean over rounds); "
+        "*_with_probe adds the `agentflow tune` command's wall time (its process start-up included) to the tuned side.",
         f"cluster: a local Ray advertising {cluster_cpus} logical CPUs on {out['machine_cores']} cores; its static "
         f"side runs {cluster_workers} env workers, one per advertised CPU.",
+        "test_process_success: the lowest over the rounds (the cadence the tuner picks changes learning).",
         "measured on a shared machine (other sessions' load): noisy, re-measure on a quiet one.",
     ]
+    for setup in setups:
+        out["notes"] += [f"{setup} tuned: {line}" for line in sides[f"{setup}_tuned"][-1].get("decisions", [])]
     return out

@@ -5,7 +5,7 @@ machine and the train split of the catalogue:
 
 - per envs-per-worker candidate ``k``: one env worker (the same :class:`EnvWorker` and pool driver
   a Ray actor hosts) stepping ``k`` envs with a fresh policy for ``tune.probe_steps`` pool steps,
-  the batched forwards timed apart from the pool steps;
+  the batched forwards timed apart from the pool steps, the candidates taking turns (fastest of 3);
 - one PPO gradient step at the shipped minibatch size (forward, backward, clip, Adam);
 - reward sparsity in the exploration dataset (steps between non-zero env rewards and goal events);
 - the cores: Ray's logical CPUs, and per host the cores that host schedules.
@@ -18,6 +18,7 @@ the same static settings; otherwise with the static ones, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -39,6 +40,7 @@ from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM
 from agentflow_core.splits import read_splits
 from agentflow_core.tuning import (
+    CHOICE_VERSION,
     Cores,
     Sparsity,
     TuneChoice,
@@ -76,36 +78,46 @@ class TimedPolicy(ActorCritic):
         return out
 
 
-def time_worker(
-    cfg: AgentFlowConfig, variants: Sequence[VariantSpec], k: int, steps: int, seed: int, repeats: int = PROBE_REPEATS
-) -> WorkerTiming:
-    """One in-process env worker stepping ``k`` envs: pool-step time and forward time over ``steps`` steps.
+def time_workers(
+    cfg: AgentFlowConfig,
+    variants: Sequence[VariantSpec],
+    ks: Sequence[int],
+    steps: int,
+    seed: int,
+    repeats: int = PROBE_REPEATS,
+) -> list[WorkerTiming]:
+    """Per ``k``: one in-process env worker stepping ``k`` envs, pool-step time and forward time over ``steps`` steps.
 
-    One torch thread, as in a Ray env worker. The fastest of ``repeats`` rollouts counts: on a shared
-    machine the others mostly measure someone else's load.
+    The same :class:`EnvWorker` and pool driver a Ray actor hosts, one torch thread as there. The
+    candidates take turns, ``repeats`` rounds, and each keeps its fastest rollout: on a shared machine a
+    load burst then slows one round of every candidate instead of all of one, and the slower rounds
+    mostly measure someone else's load. The rollout's opening reset is left out (a real rollout
+    amortises it over ``n_steps``).
     """
     one_worker = cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"backend": "inprocess", "num_workers": 1})})
     threads = torch.get_num_threads()
-    pool = build_pool(one_worker, variants, k, seed=seed, standby=False)
-    best: tuple[float, float] | None = None
+    pools = {k: build_pool(one_worker, variants, k, seed=seed, standby=False) for k in ks}
+    best: dict[int, tuple[float, float]] = {}
     try:
         torch.set_num_threads(1)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             policy = TimedPolicy(hidden_sizes=cfg.train.hidden_sizes)
-        rollouts = CentralRollouts(pool)
-        rollouts.collect(policy, WARMUP_STEPS, seed, 0)  # envs created and reset once before timing
+        rollouts = {k: CentralRollouts(pool) for k, pool in pools.items()}
+        for source in rollouts.values():
+            source.collect(policy, WARMUP_STEPS, seed, 0)  # envs created and reset once before timing
         for rep in range(repeats):
-            policy.inference_s, policy.first_call = 0.0, None
-            rollouts.collect(policy, steps, seed, rep + 1)
-            stepping = time.perf_counter() - (policy.first_call or 0.0)  # the rollout's opening reset left out
-            if best is None or stepping < sum(best):
-                best = (stepping - policy.inference_s, policy.inference_s)
+            for k, source in rollouts.items():
+                policy.inference_s, policy.first_call = 0.0, None
+                source.collect(policy, steps, seed, rep + 1)
+                stepping = time.perf_counter() - (policy.first_call or 0.0)
+                if k not in best or stepping < sum(best[k]):
+                    best[k] = (stepping - policy.inference_s, policy.inference_s)
     finally:
         torch.set_num_threads(threads)
-        pool.close()
-    assert best is not None
-    return WorkerTiming(envs=k, steps=steps, env_s=best[0], inference_s=best[1])
+        for pool in pools.values():
+            pool.close()
+    return [WorkerTiming(envs=k, steps=steps, env_s=best[k][0], inference_s=best[k][1]) for k in ks]
 
 
 def time_update_step(cfg: AgentFlowConfig, seed: int, repeats: int = 8) -> UpdateTiming:
@@ -150,10 +162,8 @@ def measure_sparsity(cfg: AgentFlowConfig, trajectories: Path, variants: Sequenc
 
 def _local_addresses() -> set[str]:
     names = {"127.0.0.1", "localhost", socket.gethostname()}
-    try:
-        names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        names |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
     return {str(n) for n in names}
 
 
@@ -192,37 +202,64 @@ def measure_cores(cfg: AgentFlowConfig) -> Cores:
 
 
 def run_tune(
-    cfg: AgentFlowConfig, catalogue: Path, trajectories: Path, out_dir: Path, metrics_path: Path | None = None
+    cfg: AgentFlowConfig,
+    catalogue: Path,
+    trajectories: Path,
+    out_dir: Path,
+    metrics_path: Path | None = None,
+    replay: Path | None = None,
 ) -> dict[str, Any]:
-    """Probe, choose, write ``<out_dir>/choice.json`` (and the phase metrics); returns the summary."""
+    """Probe, choose, write ``<out_dir>/choice.json`` (and the phase metrics); returns the summary.
+
+    ``tune.enabled`` false: no probe; the record says so and train keeps the static settings.
+    ``replay``: a recorded choice.json (``agentflow reproduce`` replays the run's own choice rather
+    than probing a machine whose load has changed since); it must have been made from these static settings.
+    """
     started = time.perf_counter()
     tc = cfg.tune
-    train_variants = read_splits(catalogue)["train"]
-    cores = measure_cores(cfg)
-    timings = [
-        time_worker(cfg, train_variants, k, tc.probe_steps, cfg.base.seed) for k in sorted(set(tc.envs_per_worker))
-    ]
-    update = time_update_step(cfg, cfg.base.seed)
-    sparsity = measure_sparsity(cfg, trajectories, train_variants)
-    choice = choose(cfg, cores, timings, sparsity, update)
-    wall = time.perf_counter() - started
-    record = {**choice.to_json(), "probe_s": wall}
-    write_json(Path(out_dir) / CHOICE_FILE, record)
-    summary = {
-        "enabled": tc.enabled,
-        **{f"tune/{k}": v for k, v in choice.settings.items()},
-        **{f"tune/{k}": v for k, v in choice.measured["predicted"].items()},
-        "tune/steps_between_goals": sparsity.steps_between_goals,
-        "tune/steps_between_rewards": sparsity.steps_between_rewards,
-        "tune/usable_cores": cores.usable,
-        "tune/probe_s": wall,
-        "decisions": [f"{d.knob} {d.shipped} -> {d.value}: {d.reason}" for d in choice.decisions],
-        "message": ", ".join(f"{d.knob} {d.shipped} -> {d.value}" for d in choice.decisions),
-        **budget_metrics("tune", wall, tc.budget_s),
-    }
+    out = Path(out_dir) / CHOICE_FILE
+    if not tc.enabled:
+        write_json(out, {"version": CHOICE_VERSION, "enabled": False, "reason": "tune.enabled is false"})
+        summary: dict[str, Any] = {"tune/enabled": 0, "decisions": [], "message": "tune.enabled is false: no probe"}
+    else:
+        if replay is not None:
+            choice = TuneChoice.from_json(json.loads(Path(replay).read_text(encoding="utf-8")))
+            if choice.shipped != shipped_settings(cfg):
+                raise ValueError(f"{replay} was chosen for other static settings than these params")
+        else:
+            choice = probe_and_choose(cfg, catalogue, trajectories)
+        write_json(out, {**choice.to_json(), "replayed_from": None if replay is None else str(replay)})
+        summary = choice_summary(choice)
+    summary.update(budget_metrics("tune", time.perf_counter() - started, tc.budget_s))
     if metrics_path is not None:
         write_json(metrics_path, {k: v for k, v in summary.items() if isinstance(v, int | float)})
     return summary
+
+
+def probe_and_choose(cfg: AgentFlowConfig, catalogue: Path, trajectories: Path) -> TuneChoice:
+    """The probe's measurements on this machine, and the choice they lead to."""
+    tc = cfg.tune
+    train_variants = read_splits(catalogue)["train"]
+    cores = measure_cores(cfg)
+    timings = time_workers(cfg, train_variants, sorted(set(tc.envs_per_worker)), tc.probe_steps, cfg.base.seed)
+    update = time_update_step(cfg, cfg.base.seed)
+    sparsity = measure_sparsity(cfg, trajectories, train_variants)
+    return choose(cfg, cores, timings, sparsity, update)
+
+
+def choice_summary(choice: TuneChoice) -> dict[str, Any]:
+    """The phase's metrics (``tune/*``: settings, predicted rates, sparsity) and its decisions as lines."""
+    measured = choice.measured
+    return {
+        "tune/enabled": 1,
+        **{f"tune/{k}": v for k, v in choice.settings.items()},
+        **{f"tune/{k}": v for k, v in measured["predicted"].items()},
+        "tune/steps_between_goals": measured["sparsity"]["steps_between_goals"],
+        "tune/steps_between_rewards": measured["sparsity"]["steps_between_rewards"],
+        "tune/usable_cores": measured["cores"]["usable"],
+        "decisions": [f"{d.knob} {d.shipped} -> {d.value}: {d.reason}" for d in choice.decisions],
+        "message": ", ".join(f"{d.knob} {d.shipped} -> {d.value}" for d in choice.decisions),
+    }
 
 
 def tuned_config(cfg: AgentFlowConfig, tuning_dir: Path) -> tuple[AgentFlowConfig, dict[str, Any]]:
