@@ -176,3 +176,18 @@ def test_tiny_cycle_trains_with_a_changed_choice_and_still_learns(tmp_path: Path
     assert trained["test_process_success"] >= 0.6
     impedance = trained["impedance"]
     assert impedance["impedance/production_sps"] > 0 and impedance["impedance/consumption_sps"] > 0
+
+
+def test_report_shows_the_choice_and_the_measured_impedance() -> None:
+    from agentflow_core.evaluation.report import _tuning_tables
+
+    train = {
+        "tuning": {"applied": True},
+        "tuning_decisions": [{"knob": "train.num_envs", "shipped": 32, "value": 128, "reason": "2 worker(s) x 64"}],
+        "impedance": {"impedance/production_sps": 1456.6},
+    }
+    (choice_title, _, rows), (impedance_title, _, measured) = _tuning_tables(train)
+    assert rows == [["train.num_envs", 32, 128, "2 worker(s) x 64"]] and "Auto-tuner" in choice_title
+    assert measured == [["production_sps", "1457"]] and "Impedance" in impedance_title
+    (_, _, static_rows), *_ = _tuning_tables({"tuning": {"applied": False, "reason": "tune.enabled is false"}})
+    assert static_rows == [["(all)", "static", "static", "tune.enabled is false"]]
