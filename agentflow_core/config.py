@@ -436,7 +436,7 @@ class ReportConfig(_Section):
 
 
 class TuneConfig(_Section):
-    """`tune`: the impedance-matching auto-tuner before train (seed 003 §7.1; agentflow_core.tuning)."""
+    """`tune`: the impedance-matching auto-tuner before train (docs/design.md §7.1; agentflow_core.tuning)."""
 
     enabled: bool = Field(
         False,

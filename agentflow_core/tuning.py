@@ -1,6 +1,6 @@
-"""Impedance matching between the training loop's components (seed 003 §7.1): measure, then choose.
+"""Impedance matching between the training loop's components (docs/design.md §7.1): measure, then choose.
 
-The seed gives three rules: env-step rate : policy-inference rate about 1.2 : 1, data production
+The design notes give three rules: env-step rate : policy-inference rate about 1.2 : 1, data production
 about 1.5x consumption, and an update interval that matches how sparse the reward is. Here they
 become measured quantities of AgentFlow's synchronous, worker-side-rollout PPO loop:
 
@@ -8,7 +8,7 @@ become measured quantities of AgentFlow's synchronous, worker-side-rollout PPO l
   one batched policy forward, then one pool step, :func:`agentflow_core.pool.slices.collect_slice`):
   ``k / t_env(k)`` and ``k / t_inf(k)``. The forward's fixed cost is paid once per pool step, so the
   inference rate grows with ``k`` while the env rate stays about flat; their ratio falls with ``k``.
-  The tuner takes the smallest ``k`` at which it reaches the seed's 1.2 (envs no longer wait on a
+  The tuner takes the smallest ``k`` at which it reaches the design's 1.2 (envs no longer wait on a
   forward that is too small to amortise its overhead), guarded by measured worker throughput.
 - *production* = rollout samples per second of rollout time (``batch / rollout_s``), *consumption*
   = samples per second of update time (``batch / update_s``). The loop alternates the two, so

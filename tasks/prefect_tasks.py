@@ -199,7 +199,7 @@ def track_phase(
 def tune_task(
     params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, replay: str | None = None
 ) -> dict[str, Any]:
-    """The impedance-matching probe before train (seed 003 §7.1): writes the choice train runs with.
+    """The impedance-matching probe before train (docs/design.md §7.1): writes the choice train runs with.
 
     ``replay``: a recorded choice.json to use instead of probing (a resumed or reproduced run).
     """

@@ -173,7 +173,7 @@ def _tuning_tables(train: Mapping[str, Any]) -> list[tuple[str, list[str], list[
         rows = [[d["knob"], d["shipped"], d["value"], d["reason"]] for d in train.get("tuning_decisions", [])]
     else:
         rows = [["(all)", "static", "static", tuning.get("reason", "")]]
-    out = [("Auto-tuner: settings train ran with (seed 003 §7.1)", ["knob", "static", "chosen", "why"], rows)]
+    out = [("Auto-tuner: settings train ran with (docs/design.md §7.1)", ["knob", "static", "chosen", "why"], rows)]
     impedance = train.get("impedance") or {}
     if impedance:
         measured = [[k.removeprefix("impedance/"), f"{v:.4g}"] for k, v in sorted(impedance.items())]

@@ -136,7 +136,7 @@ def run_train(
     would overwrite what the champion learnt): PPO continues from the champion.
 
     ``tuning`` records whether ``cfg`` carries the auto-tuner's choice (``tasks.steps.tune.tuned_config``);
-    every update's impedance metrics (``impedance/*``, seed 003 §7.1) go to the sink and the summary.
+    every update's impedance metrics (``impedance/*``, docs/design.md §7.1) go to the sink and the summary.
     """
     tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)

@@ -1,4 +1,4 @@
-"""Tune step: the impedance-matching probe before train (seed 003 §7.1), and train's reading of its choice.
+"""Tune step: the impedance-matching probe before train (docs/design.md §7.1), and train's reading of its choice.
 
 The probe (``agentflow tune``, the DVC stage ``tune``, the flow's ``tune`` phase) measures, on this
 machine and the train split of the catalogue:
