@@ -354,7 +354,7 @@ def choose(
         "train.eval_every_updates",
         eval_every,
         train.eval_every_updates,
-        f"a validation evaluation every {eval_every * batch} env steps, as the shipped every {shipped_interval}",
+        f"a validation evaluation every {eval_every * batch} env steps (the static settings: every {shipped_interval})",
     )
     envs = Decision(
         "train.num_envs", num_envs, train.num_envs, f"{n_workers} worker(s) x {per_worker.value} envs per worker"
