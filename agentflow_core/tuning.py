@@ -296,7 +296,7 @@ def choose_cadence(
         minibatch //= 2
     mb_why = f"batch {batch}: minibatches of {minibatch} keep the shipped {shipped_mb} samples per gradient step"
     if minibatch != shipped_mb:
-        mb_why = f"batch {batch}: the largest divisor up to the shipped {shipped_mb} is {minibatch}"
+        mb_why = f"batch {batch}: the shipped {shipped_mb} halved until it divides the batch: {minibatch}"
     epochs = shipped_epochs
 
     def ratio(e: int) -> float:
