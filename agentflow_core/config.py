@@ -556,6 +556,30 @@ class ValidatorConfig(_Section):
     budget_s: BudgetS = 60.0
 
 
+class TuneConfig(_Section):
+    """`tune`: the impedance-matching auto-tuner before train (docs/design.md §7.1; agentflow_core.tuning)."""
+
+    enabled: bool = Field(
+        False,
+        description="Run the probe and train with its choice (data/tuning/choice.json); off: the static settings.",
+    )
+    env_inference_ratio: Annotated[float, Field(gt=0.0, le=100.0)] = 1.2
+    production_consumption_ratio: Annotated[float, Field(gt=0.0, le=100.0)] = 1.5
+    envs_per_worker: Annotated[
+        list[Annotated[int, Field(gt=0, le=MAX_ENVS)]],
+        Field(min_length=1, max_length=8, description="Envs-per-worker candidates the probe times."),
+    ] = [16, 32, 64, 128]
+    probe_steps: Annotated[
+        int, Field(gt=0, le=1000, description="Pool steps timed per candidate (fastest of 3 interleaved rollouts).")
+    ] = 16
+    max_workers: Annotated[int, Field(gt=0, le=1024)] = 64
+    max_num_envs: EnvCount = 256
+    goals_per_update: Annotated[int, Field(gt=0, le=1000, description="Goal events per slot between updates.")] = 4
+    max_n_steps: Annotated[int, Field(gt=0, le=100_000)] = 256
+    min_epochs: Annotated[int, Field(gt=0, le=1000)] = 4
+    budget_s: BudgetS = 20.0
+
+
 class AgentFlowConfig(_Section):
     """The whole of ``params.yaml``."""
 
@@ -569,6 +593,7 @@ class AgentFlowConfig(_Section):
     stress: StressConfig = StressConfig()
     report: ReportConfig = ReportConfig()
     validator: ValidatorConfig = ValidatorConfig()
+    tune: TuneConfig = TuneConfig()
 
     @property
     def phases(self) -> tuple[str, ...]:

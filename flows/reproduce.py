@@ -51,7 +51,10 @@ def comparison(original: dict[str, float | str], rerun: dict[str, float | str]) 
 
 
 def is_timing(key: str) -> bool:
-    """Wall-clock budget use (``budget/<phase>/wall_s``, ``.../wall_fraction``): measured, never reproduced."""
+    """Wall-clock budget use (``budget/<phase>/wall_s``, ``.../wall_fraction``) and the training loop's
+    measured rates (``impedance/*``): measured, never reproduced."""
+    if key.startswith(("impedance/", "train/impedance/")):  # the cycle's measured rates (agentflow_core.tuning)
+        return True
     return key.startswith("budget/") and key.rsplit("/", 1)[-1] in ("wall_s", "wall_fraction")
 
 
@@ -105,7 +108,10 @@ def reproduce_command(run_id: str = RUN_ID_ARGUMENT, params: Path = PARAMS_OPTIO
     from tasks.prefect_tasks import GateFailed
 
     try:
-        results = training_cycle(params_path=str(restored), run_name=f"reproduce-{run_id[:8]}", use_cache=False)
+        choice = restore_choice(tracker, run_id, state_dir(cfg) / "reproduce" / run_id)
+        results = training_cycle(
+            params_path=str(restored), run_name=f"reproduce-{run_id[:8]}", use_cache=False, tuning_choice=choice
+        )
         new_id = results["mlflow_run_id"]
     except GateFailed as exc:
         err_console.print(f"[bold red]gate failed[/] in the rerun: {exc}")
@@ -117,6 +123,19 @@ def reproduce_command(run_id: str = RUN_ID_ARGUMENT, params: Path = PARAMS_OPTIO
         err_console.print(f"[bold red]{differences} of {len(table.rows)} values differ[/] (rerun: {new_id})")
         raise typer.Exit(code=1)
     console.print(f"[green]all {len(table.rows)} values identical[/]: run {new_id} reproduces {run_id}")
+
+
+def restore_choice(tracker: MlflowTracker, run_id: str, dest: Path) -> str | None:
+    """The auto-tuner's choice.json logged with the run (its rerun replays it), or None for a run without one."""
+    from mlflow.exceptions import MlflowException
+
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        local = Path(tracker.client.download_artifacts(run_id, "tuning", str(dest)))
+    except (MlflowException, OSError):
+        return None
+    found = sorted(local.glob("choice.json"))
+    return str(found[0]) if found else None
 
 
 def restore_params(tracker: MlflowTracker, run_id: str, dest: Path) -> Path:

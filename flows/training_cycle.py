@@ -38,6 +38,7 @@ from tasks.prefect_tasks import (
     stress_task,
     track_phase,
     train_task,
+    tune_task,
     variants_task,
 )
 from tasks.provenance import git_tags
@@ -91,6 +92,7 @@ def training_cycle(
     use_cache: bool = True,
     overrides: dict[str, Any] | None = None,
     retrain: bool = False,
+    tuning_choice: str | None = None,
 ) -> dict[str, Any]:
     """Run one training cycle.
 
@@ -103,6 +105,7 @@ def training_cycle(
             like the file (``tasks.overrides``).
         retrain: warm-start from the champion with a fresh cycle seed, explore what it fails first, append to
             the dataset, promote only on a paired held-out win (``tasks.retrain``).
+        tuning_choice: a recorded ``choice.json`` the tune phase replays instead of probing (``agentflow reproduce``).
     """
     if resume and retrain:
         raise ValueError(
@@ -154,6 +157,14 @@ def training_cycle(
         record_phase(tracker, parent, paths, "validator", paths.root / "validator")
         if not validator["passed"]:
             raise GateFailed(validator["gate"])
+
+        # the auto-tuner; train reads its choice. A resumed run keeps the choice its checkpoints were made
+        # with, a reproduction replays the recorded one (the probe would measure today's machine load)
+        kept = paths.tuning / "choice.json"
+        replay = tuning_choice or (str(kept) if resume and cfg.tune.enabled and kept.exists() else None)
+        results["tune"] = tune_task(params_path, parent, uri, experiment, replay=replay)
+        record_phase(tracker, parent, paths, "tune", paths.tuning)
+        tracker.log_artifacts(parent, paths.tuning / "choice.json", "tuning")
 
         train = train_task(params_path, parent, uri, experiment, resume, retrain_plan=plan)
         results["train"] = train

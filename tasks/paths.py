@@ -45,6 +45,11 @@ class DataPaths:
         return self.root / "offline"
 
     @property
+    def tuning(self) -> Path:
+        """Output of ``tune``: ``choice.json``, the settings train runs with and why (``tasks.steps.tune``)."""
+        return self.root / "tuning"
+
+    @property
     def checkpoints(self) -> Path:
         """Output of ``train``: checkpoints, learning curves and the best policy."""
         return self.root / "checkpoints"

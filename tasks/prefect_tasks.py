@@ -214,6 +214,35 @@ def track_phase(
     tracker.end(run_id)
 
 
+@task(name="tune", retries=0, **NOT_PERSISTED)
+def tune_task(
+    params_path: str, parent_run_id: str, tracking_uri: str, experiment: str, replay: str | None = None
+) -> dict[str, Any]:
+    """The impedance-matching probe before train (docs/design.md §7.1): writes the choice train runs with.
+
+    ``replay``: a recorded choice.json to use instead of probing (a resumed or reproduced run).
+    """
+    from tasks.steps.tune import run_tune
+
+    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    run_id = tracker.start_phase(parent_run_id, "tune")
+    summary = run_tune(
+        cfg,
+        paths.variants,
+        paths.trajectories,
+        paths.tuning,
+        paths.metrics_file("tune"),
+        replay=None if replay is None else Path(replay),
+    )
+    tracker.log_metrics(run_id, _numeric(summary))
+    tracker.log_artifacts(run_id, paths.tuning, "tuning")
+    tracker.end(run_id)
+    _publish("tuning", "Auto-tuner: workers, envs per worker, update cadence", summary)
+    for line in summary["decisions"]:
+        get_run_logger().info("tune: %s", line)
+    return summary
+
+
 @task(name="train", retries=0, **NOT_PERSISTED)
 def train_task(
     params_path: str,

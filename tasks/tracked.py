@@ -39,9 +39,11 @@ def tracked_train(
     EWC file (``run_train``).
     """
     from tasks.steps.train import run_train, train_metrics
+    from tasks.steps.tune import tuned_config
 
     paths = DataPaths.of(cfg)
     out = out or paths.checkpoints
+    cfg, tuning = tuned_config(cfg, paths.tuning)  # the auto-tuner's choice when tune.enabled
     try:
         summary = run_train(
             cfg,
@@ -55,12 +57,19 @@ def tracked_train(
             seed=seed,
             warm_start=warm_start,
             ewc=ewc,
+            tuning=tuning,
         )
     except BaseException:
         tracker.end(run_id, "FAILED")
         raise
     tracker.log_metrics(run_id, train_metrics(summary))
-    tracker.set_tags(run_id, {"agentflow.policy_hash": str(summary["policy_hash"])})
+    tracker.set_tags(
+        run_id,
+        {
+            "agentflow.policy_hash": str(summary["policy_hash"]),
+            "agentflow.tuning": "applied" if tuning["applied"] else str(tuning["reason"])[:500],
+        },
+    )
     tracker.log_artifacts(run_id, out / "plots", "plots")
     tracker.log_artifacts(run_id, out / "curve.json", "curves")
     tracker.end(run_id)

@@ -140,7 +140,7 @@ def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) ->
     assert [m.step for m in kl] == [512 * (u + 1) for u in range(UPDATES)]  # every update once, none lost
 
     by_flow, flow_checkpoints = metrics(clone), checkpoint_hashes(clone)
-    assert set(by_flow) == {"calibrate", "variants", "explore", "offline", "validator", "train", "stress"}
+    assert set(by_flow) == {"calibrate", "variants", "explore", "offline", "validator", "tune", "train", "stress"}
     tags = client.get_run(run_id).data.tags
     assert tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], clone).stdout.strip()
     assert tags["agentflow.git.dirty"] == "false"
@@ -158,6 +158,7 @@ def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) ->
         "offline",
         "export-minari",
         "validator",
+        "tune",
         "train",
         "stress",
         "report",

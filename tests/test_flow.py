@@ -20,7 +20,7 @@ from tests.tiny import REPO, write_tiny_params
 
 pytestmark = pytest.mark.slow
 
-PHASES = {"calibrate", "variants", "explore", "offline", "validator", "train", "stress", "report"}
+PHASES = {"calibrate", "variants", "explore", "offline", "validator", "tune", "train", "stress", "report"}
 
 
 def mlflow_client(root: Path) -> MlflowClient:

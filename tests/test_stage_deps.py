@@ -24,6 +24,7 @@ ENTRIES = {
     "offline": ("flows.cli.offline", "offline_command"),
     "export-minari": ("flows.cli.offline", "export_minari_command"),
     "validator": ("flows.cli.validator", "validator_command"),
+    "tune": ("flows.cli.tune", "tune_command"),
     "train": ("flows.cli.train", "train_command"),
     "stress": ("flows.cli.stress", "stress_command"),
     "report": ("flows.cli.stress", "report_command"),

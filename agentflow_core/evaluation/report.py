@@ -141,6 +141,8 @@ def _headline(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
             ],
         ]
         out.append(("Test split: trained vs scripted expert", ["policy", "process success", "payment success"], rows))
+    if train and train.get("tuning"):
+        out += _tuning_tables(train)
     champ = report.get("champion")
     if champ and champ.get("champion_stats"):
         ch, cp = champ["challenger_stats"], champ["champion_stats"]
@@ -165,6 +167,21 @@ def _headline(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
     out.append(
         ("Quarantined by calibration (left out of every later phase)", ["env_id", "family", "reason"], quarantine)
     )
+    return out
+
+
+def _tuning_tables(train: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
+    """The auto-tuner's choice (each knob: static, chosen, why) and the loop's measured impedance."""
+    tuning = train["tuning"]
+    if tuning.get("applied"):
+        rows = [[d["knob"], d["shipped"], d["value"], d["reason"]] for d in train.get("tuning_decisions", [])]
+    else:
+        rows = [["(all)", "static", "static", tuning.get("reason", "")]]
+    out = [("Auto-tuner: settings train ran with (docs/design.md §7.1)", ["knob", "static", "chosen", "why"], rows)]
+    impedance = train.get("impedance") or {}
+    if impedance:
+        measured = [[k.removeprefix("impedance/"), f"{v:.4g}"] for k, v in sorted(impedance.items())]
+        out.append(("Impedance: measured per update (mean over the cycle)", ["measure", "value"], measured))
     return out
 
 

@@ -26,6 +26,7 @@ from flows.cli.offline import export_minari_command, offline_command
 from flows.cli.pool import profile_envs_cmd
 from flows.cli.stress import report_command, stress_command
 from flows.cli.train import train_command
+from flows.cli.tune import tune_command
 from flows.cli.validator import validator_command
 from flows.cli.variants import variants
 from flows.reproduce import reproduce_command
@@ -252,6 +253,7 @@ app.command("explore")(explore_command)
 app.command("offline")(offline_command)
 app.command("export-minari")(export_minari_command)
 app.command("validator")(validator_command)
+app.command("tune")(tune_command)
 app.command("train")(train_command)
 app.command("stress")(stress_command)
 app.command("report")(report_command)

@@ -47,6 +47,7 @@ COMMANDS = {
     "validator": "agentflow bench validator",
     "forgetting": "agentflow bench forgetting",
     "forgetting_family": "agentflow bench forgetting",
+    "tune": "agentflow bench tune",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -62,6 +63,7 @@ TITLES = {
     "validator": "Reward validator: planted reward-hacking episodes caught vs honest episodes flagged",
     "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
     "forgetting_family": "Forgetting: a retrain on the SQL channel alone, with and without EWC, on the previous test split",
+    "tune": "Auto-tuner (impedance matching): `agentflow train` with its choice vs the static settings",
 }
 
 
@@ -156,6 +158,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "soak",
         "soak_ray",
         "browser",
+        "tune",
     ):
         path = bench_dir / f"{name}.json"
         if not path.exists():
@@ -181,6 +184,11 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --episodes {result['episodes_per_policy']} --train-steps {result['train_steps']}"
         if name in FORGETTING:
             command += f" --steps {result['total_steps_cap']} --shift {result.get('shift_name', 'catalogue')}"
+        if name == "tune":
+            command += (
+                f" --total-steps {result['total_steps']} --cluster-cpus {result['cluster_cpus']}"
+                f" --cluster-workers {result['cluster_static_workers']} --rounds {result['rounds']}"
+            )
         if name in (
             "soak",
             "soak_ray",
@@ -392,6 +400,31 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
     browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=None)
+
+
+@bench_app.command("tune")
+def tune(
+    params: Path = PARAMS_OPTION,
+    total_steps: int | None = typer.Option(
+        None, "--total-steps", min=1024, help="PPO steps per side [default: the params' train.total_steps]."
+    ),
+    cluster_cpus: int = typer.Option(
+        8, "--cluster-cpus", min=1, help="Logical CPUs the simulated cluster's Ray advertises."
+    ),
+    cluster_workers: int = typer.Option(
+        8, "--cluster-workers", min=1, help="Env workers of the cluster's static side."
+    ),
+    rounds: int = typer.Option(
+        1, "--rounds", min=1, help="Run every side this many times, static and tuned alternating."
+    ),
+) -> None:
+    """`agentflow train` with the auto-tuner's choice vs the static settings: here, and on a simulated larger cluster."""
+    from flows.cli.tune import bench_tune, print_bench
+
+    steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
+    result = bench_tune(params, BENCH_DIR, steps, cluster_cpus, cluster_workers, rounds)
+    write_benchmarks_md()
+    print_bench(result, BENCH_DIR)
 
 
 @bench_app.command("soak")

@@ -93,7 +93,10 @@ def training_summary(checkpoints: Path) -> dict[str, Any] | None:
         "global_step",
         "updates",
     )
-    return {**{k: t[k] for k in keys}, "stop_reason": t.get("stop_reason", "step_budget")}
+    out = {**{k: t[k] for k in keys}, "stop_reason": t.get("stop_reason", "step_budget")}
+    if "tuning" in t:  # the auto-tuner's record and the loop's measured impedance (tasks.steps.tune)
+        out.update(tuning=t["tuning"], impedance=t.get("impedance", {}))
+    return out
 
 
 def build_cycle(
@@ -105,6 +108,9 @@ def build_cycle(
     training = training_summary(paths.checkpoints)
     if training is not None and (paths.checkpoints / "plots" / TRAIN_CURVE).exists():
         training["plot"] = TRAIN_CURVE
+    choice = paths.tuning / "choice.json"
+    if training is not None and training.get("tuning", {}).get("applied") and choice.exists():
+        training["tuning_decisions"] = json.loads(choice.read_text(encoding="utf-8")).get("decisions", [])
     return cycle_context(
         verdict(bool(stress["passed"]), stress_gate_message, champion),
         _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),

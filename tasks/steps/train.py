@@ -59,6 +59,7 @@ from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
+from agentflow_core.tuning import ImpedanceMeter, time_forward
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, build_rollouts, recovery_summary, reward_function
 from tasks.steps.validator import training_validator
@@ -158,6 +159,7 @@ def run_train(
     rollout_factory: Callable[..., SlicedRollouts] = build_rollouts,
     offline_dir: Path | None = None,
     ewc: Path | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
 
@@ -173,6 +175,10 @@ def run_train(
     champion's Fisher and weights, ``agentflow_core.rl.ewc``) adds the EWC penalty toward it to
     PPO's loss when ``train.ewc.enabled``. The discriminator reward validator, when trained
     (``tasks.steps.validator``), down-weights the rewards of suspicious training episodes.
+    would overwrite what the champion learnt): PPO continues from the champion.
+
+    ``tuning`` records whether ``cfg`` carries the auto-tuner's choice (``tasks.steps.tune.tuned_config``);
+    every update's impedance metrics (``impedance/*``, docs/design.md §7.1) go to the sink and the summary.
     """
     tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)
@@ -215,6 +221,7 @@ def run_train(
     offline = offline_start(cfg, offline_dir, warm_start)
     if offline is not None:
         ppo.policy_penalty = offline.prior
+    impedance = impedance_meter(pool, tc, policy)
     manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes)
     tracker = ConvergenceTracker()
     curve: list[dict[str, float]] = []
@@ -258,6 +265,7 @@ def run_train(
         while ppo.update < num_updates and stop_reason is None:
             metrics = ppo.train_iteration()
             update_sps.append(metrics["time/sps"])
+            sink.record(ppo.global_step, impedance.observe(metrics))
             curve.append(
                 {
                     k: metrics[k]
@@ -348,6 +356,8 @@ def run_train(
         "update_sps": update_sps,
         "ewc": {"used": False} if penalty is None else {"used": True, "file": str(ewc), **penalty.summary()},
         "reward_validator": validator is not None,
+        "impedance": impedance.summary(),
+        "tuning": tuning or {"applied": False, "reason": "run without the auto-tuner"},
     }
     gate = train_gate(cfg)
     verdict = evaluate_gate(gate, {k: v for k, v in summary.items() if isinstance(v, int | float)})
@@ -420,7 +430,15 @@ def train_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """``data/metrics/train.json`` (and the MLflow run's summary): headline numbers, then the test split's
     payment and process success per family and dimension value with their 95% Wilson bounds."""
     budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
-    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"] | budget
+    impedance = {k: float(v) for k, v in summary.get("impedance", {}).items()}
+    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"] | budget | impedance
+
+
+def impedance_meter(pool: EnvPool | SlicedRollouts, tc: TrainConfig, policy: ActorCritic) -> ImpedanceMeter:
+    """The cycle's impedance meter: the training pool's layout and one forward at its per-worker batch, timed."""
+    workers = len(pool.slots) if isinstance(pool, SlicedRollouts) else 1
+    k = max(pool.num_envs // workers, 1)
+    return ImpedanceMeter(pool.num_envs, tc.n_steps, workers, time_forward(policy, k))
 
 
 def _stop_reason(
