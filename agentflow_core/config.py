@@ -366,7 +366,7 @@ class TrainGate(_Section):
 
 
 class EWCConfig(_Section):
-    """`train.ewc`: elastic weight consolidation in retrains (Kirkpatrick et al. 2017, seed 003 §5.2).
+    """`train.ewc`: elastic weight consolidation in retrains (Kirkpatrick et al. 2017, docs/design-003.md §5.2).
 
     A retrain adds ``lam / 2 * sum_i F_i (theta_i - theta*_i)^2`` to PPO's loss: ``theta*`` the
     champion's weights, ``F`` the diagonal Fisher information of the champion's policy on its data
@@ -448,7 +448,7 @@ class SimToRealConfig(_Section):
 
 
 class OfflineReplay(_Section):
-    """Prioritized replay of the offline stage (seed 003 §4.1): ``p = (|td| + eps)^alpha * decay^age``."""
+    """Prioritized replay of the offline stage (docs/design-003.md §4.1): ``p = (|td| + eps)^alpha * decay^age``."""
 
     prioritized: bool = Field(True, description="False: uniform draws (no IS weights).")
     alpha: Annotated[float, Field(ge=0.0, le=1.0, description="Priority exponent (0: uniform in TD error).")] = 0.6
@@ -472,7 +472,7 @@ class OfflineGate(_Section):
 
 
 class OfflineConfig(_Section):
-    """`offline` (Phase 1b): discrete CQL on the trajectory dataset between BC and PPO (seed 003 §5.2).
+    """`offline` (Phase 1b): discrete CQL on the trajectory dataset between BC and PPO (docs/design-003.md §5.2).
 
     BC clones the successful episodes, CQL fits a conservative Q on every train-split transition,
     the actor moves toward ``pi_BC · exp(Q/temperature)``, and PPO starts from that actor with a
@@ -536,7 +536,7 @@ class ReportConfig(_Section):
 
 
 class ValidatorConfig(_Section):
-    """`validator`: the discriminator reward validator (seed 003 §3.2, ``agentflow_core.evaluation.validator``).
+    """`validator`: the discriminator reward validator (docs/design-003.md §3.2, ``agentflow_core.evaluation.validator``).
 
     Trained after exploration to tell the expert's steps from a near-uniform policy's at the same
     states; an episode whose mean authenticity is below ``threshold`` is suspicious. Training pays

@@ -1,4 +1,4 @@
-"""Discriminator reward validator (seed 003 §3.2; GAIL's discriminator, Ho & Ermon 2016): is this the expert's behaviour?
+"""Discriminator reward validator (docs/design-003.md §3.2; GAIL's discriminator, Ho & Ermon 2016): is this the expert's behaviour?
 
 The threshold check of :mod:`agentflow_core.evaluation.hacking` catches reward collected without the
 business outcome once an episode has ended. The validator judges *how* an episode was played: a
@@ -13,7 +13,7 @@ state) are made of steps the expert never takes, and one such step with ``D`` ne
 more in a geometric than in an arithmetic mean, so a short detour is not averaged away.
 
 In training, the positive rewards of suspicious episodes are multiplied by ``suspicious_weight``
-(the seed's ``reward * authenticity``, as a cut: honest episodes keep their whole reward;
+(docs/design-003.md §3.2's ``reward * authenticity``, as a cut: honest episodes keep their whole reward;
 penalties are never reduced). The stress analysis and the report list suspicious episodes.
 
 Input is the token part of the observation only (the multi-hot business state, the same in every

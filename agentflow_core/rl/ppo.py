@@ -114,7 +114,7 @@ class RewardTransform(Protocol):
 
 @runtime_checkable
 class RewardValidatorHook(Protocol):
-    """Scales the training rewards of episodes a reward validator finds suspicious (seed 003 §3.2)."""
+    """Scales the training rewards of episodes a reward validator finds suspicious (docs/design-003.md §3.2)."""
 
     def reweight(self, obs: np.ndarray, actions: np.ndarray, done: np.ndarray, rewards: np.ndarray) -> np.ndarray:
         """Rewards ``[n_steps, num_envs]`` after down-weighting; episodes are cut at ``done`` in each slot's column."""

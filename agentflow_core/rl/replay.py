@@ -2,7 +2,7 @@
 
 Schaul et al. 2016 ("Prioritized Experience Replay", proportional variant): transition ``i`` is drawn
 with probability ``P(i) = p_i / sum_k p_k`` and its gradient is weighted by the importance-sampling
-weight ``w_i = (N * P(i))^-beta / max_k w_k``. Seed 003 §4.1 mixes in freshness: here
+weight ``w_i = (N * P(i))^-beta / max_k w_k``. docs/design-003.md §4.1 mixes in freshness: here
 ``p_i = (|delta_i| + eps)^alpha * freshness_i`` with ``freshness_i = decay^age_i``, ``age_i`` the
 transition's age in cycles (0 for the newest cycle's shards, fractional inside a cycle by
 timestamp), so data a newer retrain collected is replayed more often than old data with the same

@@ -1,4 +1,4 @@
-"""Phase 1b step: conservative Q-learning on the trajectory dataset, between BC and PPO (seed 003 §5.2).
+"""Phase 1b step: conservative Q-learning on the trajectory dataset, between BC and PPO (docs/design-003.md §5.2).
 
 Called by ``agentflow offline`` (and the DVC stage / Prefect task). Reads the catalogue's split and
 the exploration dataset (every cycle's shards); writes under ``out_dir``:

@@ -1,4 +1,4 @@
-"""Validator step: train the discriminator reward validator on the exploration dataset (seed 003 §3.2).
+"""Validator step: train the discriminator reward validator on the exploration dataset (docs/design-003.md §3.2).
 
 Runs after explore (``agentflow validator``, the DVC stage ``validator``, the Prefect task). Reads
 ``data/trajectories``: the rows whose action was the behaviour's own (``explored == False``; with
