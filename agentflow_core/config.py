@@ -438,6 +438,11 @@ class ReportConfig(_Section):
 class AgentFlowConfig(_Section):
     """The whole of ``params.yaml``."""
 
+    process: str = Field(
+        "checkout",
+        pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$",
+        description="The business process: configs/processes/<process>.yaml (agentflow_core/process.py).",
+    )
     base: BaseSection = BaseSection()
     calibrate: CalibrateConfig = CalibrateConfig()
     variants: VariantsConfig = VariantsConfig()

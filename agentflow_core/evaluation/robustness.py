@@ -24,7 +24,9 @@ from typing import Any
 
 from agentflow_core.config import StressConfig
 from agentflow_core.evaluation.consistency import (
+    CANONICAL_STATES,
     DEFAULT_CART_SCALE,
+    CanonicalState,
     ConsistencyResult,
     MatchedConsistency,
     canonical_consistency,
@@ -152,14 +154,18 @@ def analyze_stress(
     sample_order: Sequence[str],
     reachable: Sequence[str] = TOKENS,
     cart_scales: Mapping[str, float] | None = None,
+    probes: Sequence[CanonicalState] = CANONICAL_STATES,
 ) -> StressAnalysis:
-    """Compute every stress measure from the rollout records (plus the canonical probes of ``policy_fn``)."""
+    """Compute every stress measure from the rollout records (plus the canonical probes of ``policy_fn``).
+
+    ``probes`` are the process's consistency-probe states (``ProcessSpec.probes``).
+    """
     episodes, steps = rollout.episodes, rollout.steps
     n = max(len(episodes), 1)
     ids, features, families = consistency_variants(rollout, sample_order, cfg.consistency_variants, dimensions)
     scales = [(cart_scales or {}).get(f, DEFAULT_CART_SCALE) for f in families]
-    consistency = canonical_consistency(policy_fn, ids, features, scales)
-    random_floor = canonical_consistency(random_policy(0), ids, features, scales)
+    consistency = canonical_consistency(policy_fn, ids, features, scales, probes)
+    random_floor = canonical_consistency(random_policy(0), ids, features, scales, probes)
     matched = matched_state_consistency(steps)
     per_variant = per_variant_rows(consistency, episodes, cfg.consistency_target)
     coverage = coverage_table(steps, cfg.coverage_group, reachable, cfg.long_tail_frequency)

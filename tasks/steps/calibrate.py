@@ -23,12 +23,12 @@ from agentflow_core.adapters.audit import audit_entry
 from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.envs.experts import expert_for
 from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.gates import calibrate_gate, evaluate_gate
 from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.budgets import budget_metrics
 from tasks.compose import base_env_infos, map_chunks
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 
 QUARANTINE_FILE = "quarantine.json"
@@ -60,7 +60,7 @@ def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[
     pairs = []
     for spec in variants:
         entry = registry.get(spec.base_env_id)
-        expert = expert_for(entry.family)
+        expert = load_process(cfg).expert(entry.family)
         pairs.append(((lambda e=entry, s=spec: e.make(s.params, s.env_id)), expert.act))
     return pairs
 

@@ -27,7 +27,6 @@ import torch
 
 from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.evaluation.policy_eval import greedy_policy
 from agentflow_core.gates import evaluate_gate, explore_gate
 from agentflow_core.rl.checkpoint import load_checkpoint
@@ -47,6 +46,7 @@ from tasks.compose import (
     reward_function,
     unreachable_tokens,
 )
+from tasks.process_io import load_process
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.registry_io import load_registry
 
@@ -60,7 +60,7 @@ def behaviour_policy(
     ``explore.behaviour: policy`` exploration is ε-greedy around it.
     """
     if cfg.explore.behaviour == "expert":
-        expert = ScriptedExpert()
+        expert = load_process(cfg).expert()
         return expert.act_batch, expert_policy_hash(expert)
     torch.manual_seed(cfg.base.seed)  # the same initialisation run_train starts PPO from
     policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
@@ -101,7 +101,7 @@ def run_explore(
         class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
     tracker = CoverageTracker(reachable_tokens(class_paths))
     unreachable = unreachable_tokens(class_paths)
-    expert = ScriptedExpert()
+    expert = load_process(cfg).expert()
     behaviour, behaviour_hash = behaviour_policy(cfg, warm_start)
     reward_cfg = cfg.train.reward
     scheduler = "round_robin" if priority else None

@@ -24,7 +24,6 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion
 from agentflow_core.evaluation.consistency import (
-    CANONICAL_STATES,
     DEFAULT_CART_SCALE,
     canonical_consistency,
     policy_agreement,
@@ -49,6 +48,7 @@ from tasks.budgets import read_budgets
 from tasks.compose import PoolFactory, build_pool
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
+from tasks.process_io import load_process
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 from tasks.steps.calibrate import read_quarantine
@@ -256,13 +256,17 @@ def run_champion_challenger(
     probes = [
         probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE))
         for feats, fam in zip(features, families, strict=True)
-        for state in CANONICAL_STATES
+        for state in load_process(cfg).probes
     ]
     states = np.concatenate([ch_obs, cp_obs, *([np.stack(probes)] if probes else [])])
     masks = np.ones((len(states), N_ACTIONS), dtype=bool)
     consistency = policy_agreement(challenger.act(states, masks), champion.act(states, masks))
     own = canonical_consistency(
-        challenger.act, ids, features, [scales.get(f, DEFAULT_CART_SCALE) for f in families]
+        challenger.act,
+        ids,
+        features,
+        [scales.get(f, DEFAULT_CART_SCALE) for f in families],
+        load_process(cfg).probes,
     ).score
     decision = decide_promotion(
         ch_stats["mean_evaluated_return"],

@@ -39,6 +39,7 @@ from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
@@ -89,6 +90,7 @@ def evaluate_stress(
         [v.env_id for v in sample],
         reachable if reachable is not None else _reachable(cfg, sample),
         cart_scales(cfg, families),
+        load_process(cfg).probes,
     )
     return rollout, analysis, list(sample)
 
