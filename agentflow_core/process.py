@@ -15,6 +15,7 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
       - {dimension: user_tier, value: blocked, tokens: [ESCALATED]}
     channels:                          # env family -> its base env and mapping file
       web_checkout: {env: web_checkout_v2, mapping: web_checkout_v2.json}
+    escape_action: ESCALATE            # legal whenever a channel maps no other action
     expert:                            # the scripted expert: first rule whose token is present wins
       rules: [{when: USER_BLOCKED, act: ESCALATE}, ...]
       fallback: VIEW_PRODUCT
@@ -58,9 +59,10 @@ TOP_KEYS = frozenset(
         "channels",
         "expert",
         "probes",
+        "escape_action",
     }
 )
-REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert"})
+REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action"})
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,8 @@ class _Parser:
         actions, risks = self.actions(doc["actions"])
         goal = self.member("goal", doc["goal"], tokens, "token")
         outcomes = self.outcomes(doc.get("handled_outcomes"), tokens)
-        vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes)
+        escape = self.member("escape_action", doc["escape_action"], actions, "action")
+        vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes, escape)
         rules, fallback = self.expert(doc["expert"], tokens, actions)
         return ProcessSpec(
             name=name,

@@ -163,6 +163,7 @@ class Vocabulary:
     action_risk: tuple[float, ...]
     goal: str
     handled_outcomes: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict, hash=False)
+    escape_action: str = "ESCALATE"  # legal whenever a channel maps no other action (never no legal move)
 
     @property
     def n_tokens(self) -> int:

@@ -16,6 +16,7 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError, MappingError
 from agentflow_core.process import ProcessSpec
 from agentflow_core.registry import load_mapping, resolve_mapping_path
+from agentflow_core.semantics import Vocabulary
 from tasks.yaml_io import YamlLimitError, load_yaml_file, load_yaml_text
 
 PROCESS_DIR = Path("configs/processes")
@@ -92,3 +93,18 @@ def load_process(cfg: AgentFlowConfig | None = None, *, name: str | None = None)
     chosen = name or (cfg.process if cfg is not None else "checkout")
     env_dir = cfg.base.env_config_dir if cfg is not None else "configs/envs"
     return _cached(str(process_path(chosen, env_dir)), str(env_dir))
+
+
+def known_vocabularies(env_config_dir: Path | str = "configs/envs") -> dict[str, Vocabulary]:
+    """Process name -> vocabulary, for every process file beside ``env_config_dir`` and shipped (env configs name one)."""
+    found: dict[str, Vocabulary] = {}
+    for directory in (SHIPPED_PROCESS_DIR, Path(env_config_dir).parent / "processes"):
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.yaml")):
+                found[path.stem] = _read_cached(str(path.resolve())).vocabulary
+    return found
+
+
+@functools.cache
+def _read_cached(path: str) -> ProcessSpec:
+    return read_process(Path(path))

@@ -129,12 +129,10 @@ class RegistryEnvFactory:
         return SemanticEnv(physical, self._adapter(entry), max_episode_steps=scenario.max_episode_steps)
 
     def _adapter(self, entry: Any) -> Any:
-        from agentflow_core.adapters import adapter_class
-
         with self._lock:
             adapter = self._adapters.get(entry.env_id)
             if adapter is None:
-                adapter = adapter_class(entry.adapter)(entry.mapping, source=entry.mapping_path)
+                adapter = entry.build_adapter()
                 self._adapters[entry.env_id] = adapter
         return adapter
 
