@@ -21,7 +21,8 @@ import httpx
 import numpy as np
 
 from agentflow_core.envs.base import Scenario, StepResult
-from agentflow_refund.case import INAPPLICABLE_REWARD
+from agentflow_refund.case import INAPPLICABLE_REWARD, RefundCase
+from agentflow_refund.service import case_body
 
 FAMILY = "refund_api"
 VERSION = 1
@@ -107,3 +108,30 @@ class RefundAPIEnv:
     def close(self) -> None:
         """Close the HTTP client (the service drops the case when it expires)."""
         self.http.close()
+
+
+def _exchange(case: RefundCase | None, status: int = 200) -> dict[str, Any]:
+    """One exchange as :meth:`RefundAPIEnv.step` records it (labelled audit samples)."""
+    body = {"error": "upstream_timeout"} if case is None else case_body(case)
+    return {"status_code": status, "json": body, "endpoint": "/refunds/status", "client": {"retries": 0}}
+
+
+# Labelled raw states for the mapping audit (agentflow_core/adapters/audit.py): one per meaning.
+RAW_STATES: list[tuple[dict[str, Any], str]] = [
+    (_exchange(RefundCase(), 401), "SIGNED_OUT"),
+    (_exchange(RefundCase(session="expired", order_found=True)), "SESSION_EXPIRED"),
+    (_exchange(RefundCase(session="active")), "SIGNED_IN"),
+    (_exchange(RefundCase(session="active", account="flagged"), 403), "ACCOUNT_FLAGGED"),
+    (_exchange(RefundCase(session="active", order_found=True)), "ORDER_FOUND"),
+    (_exchange(RefundCase(session="active", order_found=True, request="draft")), "REQUEST_DRAFT"),
+    (
+        _exchange(RefundCase(session="active", order_found=True, request="draft", evidence_required=True), 422),
+        "EVIDENCE_REQUIRED",
+    ),
+    (_exchange(RefundCase(session="active", order_found=True, request="draft", evidence=True)), "EVIDENCE_ATTACHED"),
+    (_exchange(RefundCase(session="active", order_found=True, request="submitted")), "UNDER_REVIEW"),
+    (_exchange(RefundCase(session="active", order_found=True, request="issued")), "REFUND_ISSUED"),
+    (_exchange(RefundCase(session="active", order_found=True, request="withdrawn")), "REQUEST_WITHDRAWN"),
+    (_exchange(None, 504), "SERVICE_TIMEOUT"),
+    (_exchange(RefundCase(session="active", account="flagged", ticket=True)), "ESCALATED"),
+]

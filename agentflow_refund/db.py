@@ -137,5 +137,39 @@ class RefundDBEnv:
         self.conn.close()
 
 
+def _rows(case: RefundCase, error: str | None = None) -> dict[str, Any]:
+    """The read-back shape of :meth:`RefundDBEnv._read` for a case (labelled audit samples)."""
+    return {
+        "session": {"status": case.session, "active": int(case.session == "active")},
+        "account": {"status": case.account},
+        "order": {"id": 1 if case.order_found else None, "amount": case.amount},
+        "request": {
+            "status": case.request,
+            "evidence": int(case.evidence),
+            "evidence_required": int(case.evidence_required),
+        },
+        "ticket": {"reason": "support" if case.ticket else None},
+        "error": {"kind": error},
+        "client": {"retries": 0},
+    }
+
+
 # Labelled raw states for the mapping audit (agentflow_core/adapters/audit.py): one per meaning.
-RAW_STATES: list[tuple[dict[str, Any], str]] = []
+RAW_STATES: list[tuple[dict[str, Any], str]] = [
+    (_rows(RefundCase()), "SIGNED_OUT"),
+    (_rows(RefundCase(session="expired", order_found=True)), "SESSION_EXPIRED"),
+    (_rows(RefundCase(session="active")), "SIGNED_IN"),
+    (_rows(RefundCase(session="active", account="flagged")), "ACCOUNT_FLAGGED"),
+    (_rows(RefundCase(session="active", order_found=True)), "ORDER_FOUND"),
+    (_rows(RefundCase(session="active", order_found=True, request="draft")), "REQUEST_DRAFT"),
+    (
+        _rows(RefundCase(session="active", order_found=True, request="draft", evidence_required=True, amount=150.0)),
+        "EVIDENCE_REQUIRED",
+    ),
+    (_rows(RefundCase(session="active", order_found=True, request="draft", evidence=True)), "EVIDENCE_ATTACHED"),
+    (_rows(RefundCase(session="active", order_found=True, request="submitted")), "UNDER_REVIEW"),
+    (_rows(RefundCase(session="active", order_found=True, request="issued")), "REFUND_ISSUED"),
+    (_rows(RefundCase(session="active", order_found=True, request="withdrawn")), "REQUEST_WITHDRAWN"),
+    (_rows(RefundCase(session="active", order_found=True), "network_timeout"), "SERVICE_TIMEOUT"),
+    (_rows(RefundCase(session="active", account="flagged", ticket=True)), "ESCALATED"),
+]
