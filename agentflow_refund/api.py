@@ -110,9 +110,9 @@ class RefundAPIEnv:
         self.http.close()
 
 
-def _exchange(case: RefundCase | None, status: int = 200) -> dict[str, Any]:
+def _exchange(case: RefundCase, status: int = 200) -> dict[str, Any]:
     """One exchange as :meth:`RefundAPIEnv.step` records it (labelled audit samples)."""
-    body = {"error": "upstream_timeout"} if case is None else case_body(case)
+    body = {**case_body(case), **({"error": "upstream_timeout"} if status == 504 else {})}
     return {"status_code": status, "json": body, "endpoint": "/refunds/status", "client": {"retries": 0}}
 
 
@@ -132,6 +132,6 @@ RAW_STATES: list[tuple[dict[str, Any], str]] = [
     (_exchange(RefundCase(session="active", order_found=True, request="submitted")), "UNDER_REVIEW"),
     (_exchange(RefundCase(session="active", order_found=True, request="issued")), "REFUND_ISSUED"),
     (_exchange(RefundCase(session="active", order_found=True, request="withdrawn")), "REQUEST_WITHDRAWN"),
-    (_exchange(None, 504), "SERVICE_TIMEOUT"),
+    (_exchange(RefundCase(session="active", order_found=True), 504), "SERVICE_TIMEOUT"),
     (_exchange(RefundCase(session="active", account="flagged", ticket=True)), "ESCALATED"),
 ]

@@ -81,7 +81,8 @@ class RefundDBEnv:
         """Roll the previous episode back, insert this one's rows, return the read-back."""
         if self._in_episode:
             self.conn.execute("ROLLBACK")
-        self.np_random = np.random.default_rng(seed)
+        # The case's generator is seeded like the refund service seeds an episode's: same seed, same case.
+        self.np_random = np.random.default_rng(int(np.random.default_rng(seed).integers(0, 2**62)))
         self.case = start_case(self.scenario)
         self.step_id, self.retries, self._last_op = 0, 0, None
         self.conn.execute("BEGIN")

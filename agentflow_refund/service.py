@@ -14,7 +14,7 @@ episode's own seeded generator, so a seed fixes an episode. Every reply carries 
      "refund": {"status": "draft", "evidence": false, "evidence_required": true},
      "ticket": {"open": false}, "error": null, "done": false, "reward": -0.01, "failure_reason": null}
 
-A simulated network drop is answered 504 ``{"error": "upstream_timeout"}`` with the case unchanged.
+A simulated network drop is answered 504 with ``"error": "upstream_timeout"`` and the case unchanged.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class RefundState:
                 raise BadRequest(HTTPStatus.CONFLICT, "the case is closed")
             reward, reason = apply(case, action, episode.scenario, episode.rng)
             if case.timed_out:
-                return HTTPStatus.GATEWAY_TIMEOUT, {"error": "upstream_timeout", "reward": reward}
+                return HTTPStatus.GATEWAY_TIMEOUT, {**case_body(case), "error": "upstream_timeout", "reward": reward}
             status = (
                 HTTPStatus.OK if reason in (None, "escalated", "withdrawn", "review_pending") else HTTPStatus.CONFLICT
             )
