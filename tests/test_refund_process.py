@@ -75,17 +75,18 @@ def test_each_channel_passes_check_env_the_audit_and_the_expert_finishes(cfg, en
     for network, tier, stage, price in GRID:
         env = entry.make({"network": network, "user_tier": tier, "start_stage": stage, "price_factor": price}, env_id)
         obs, info = env.reset(seed=7)
-        for step in range(1, 31):
+        step = 0
+        terminated = truncated = False
+        while not (terminated or truncated):
+            step += 1
             obs, _, terminated, truncated, info = env.step(expert.act(obs, info["action_mask"]))
-            if terminated or truncated:
-                break
         outcomes.append(process.vocabulary.process_success({"user_tier": tier}, info["tokens"], terminated))
         lengths.append(step)
         if tier == "blocked":
             assert "ESCALATED" in info["tokens"]
         env.close()
     assert np.mean(outcomes) == 1.0
-    assert 1 <= min(lengths) and max(lengths) < 30
+    assert min(lengths) >= 1 and max(lengths) < 30
 
 
 def test_both_channels_tell_the_same_story(cfg) -> None:  # type: ignore[no-untyped-def]
