@@ -84,15 +84,20 @@ class RefundAPIEnv:
         elif native_action.get("type") == "retry" and self._last_timed_out:
             request, self.retries = self._last, self.retries + 1
         if request is None:
-            raw = {"status_code": None, "json": {}, "endpoint": None, "client": {"retries": self.retries}}
-            return self._result(raw, INAPPLICABLE_REWARD, False, "not_applicable", applied=False)
+            idle: dict[str, Any] = {
+                "status_code": None,
+                "json": {},
+                "endpoint": None,
+                "client": {"retries": self.retries},
+            }
+            return self._result(idle, INAPPLICABLE_REWARD, False, "not_applicable", applied=False)
         method, path = request
         response = self.http.request(method, path, headers=self._headers)
         self._last, self._last_timed_out = request, response.status_code == 504
         raw = self._raw(response, path)
-        body = raw["json"]
+        body: dict[str, Any] = raw["json"]
         reward = float(body.get("reward", INAPPLICABLE_REWARD))
-        reason = "network_timeout" if response.status_code == 504 else body.get("failure_reason")
+        reason: str | None = "network_timeout" if response.status_code == 504 else body.get("failure_reason")
         if response.status_code >= 400 and reason is None:
             reason = str(body.get("error", "client_error"))[:80]
         applied = response.status_code == 200 and reason in (None, "escalated", "withdrawn")

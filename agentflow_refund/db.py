@@ -102,7 +102,8 @@ class RefundDBEnv:
         op: str | None = native_action.get("op") if native_action.get("type") == "sql" else None
         if native_action.get("type") == "retry" and self.case.timed_out:
             op, self.retries = self._last_op, self.retries + 1
-        if op not in ACTIONS:
+        reason: str | None
+        if op is None or op not in ACTIONS:
             reward, reason, applied = INAPPLICABLE_REWARD, "not_applicable", False
             self.case.steps += 1
         else:

@@ -123,3 +123,19 @@ def test_a_channel_mapping_outside_the_vocabulary_is_refused(document: dict[str,
     process = ProcessSpec.from_document(doc, "short.yaml")
     with pytest.raises(MappingError, match=r"web_checkout_v2\.json: at \$\.token_rules: 'FUNDS_TOPPED_UP' is not in"):
         check_channels(process, REPO / "configs" / "envs")
+
+
+def test_every_command_refuses_a_process_the_cycle_cannot_train_yet(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli.app import app
+
+    params = tmp_path / "params.yaml"
+    text = (REPO / "params.yaml").read_text().replace("process: checkout", "process: refund", 1)
+    params.write_text(text.replace("env_config_dir: configs/envs", "env_config_dir: configs/refund/envs", 1))
+    refused = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
+    assert refused.exit_code == 2
+    assert f"{params}: process: got 'refund', expected checkout" in " ".join(refused.output.split())
+    params.write_text((REPO / "params.yaml").read_text().replace("process: checkout", "process: nosuch", 1))
+    missing = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
+    assert missing.exit_code == 2 and "nosuch.yaml: <file>" in missing.output

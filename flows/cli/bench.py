@@ -40,6 +40,7 @@ COMMANDS = {
     "learning": "agentflow bench learning",
     "sql": "agentflow bench sql",
     "soak": "agentflow bench soak",
+    "onboarding": "agentflow bench onboarding",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -49,6 +50,7 @@ TITLES = {
     "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
+    "onboarding": "Onboarding: OpenAPI spec to a trainable env for the refund service; the refund process's expert",
 }
 
 
@@ -130,7 +132,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
     ]
-    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak"):
+    for name in ("learning", "train", "pool", "ppo", "scheduler", "sql", "soak", "onboarding"):
         path = bench_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -277,6 +279,19 @@ def sql(
     typer.echo(bench_section(TITLES["sql"]))
 
 
+@bench_app.command("onboarding")
+def onboarding(
+    repeats: int = typer.Option(5, "--repeat", min=1, help="Spec-to-env runs (the p50 is reported)."),
+    seeds: int = typer.Option(2, "--seeds", min=1, help="Expert episodes per scenario and channel."),
+) -> None:
+    """OpenAPI spec -> trainable env for the refund service (timed), and the refund expert on every refund channel."""
+    from tasks.bench.onboarding_bench import run_onboarding_bench
+
+    write_json(BENCH_DIR / "onboarding.json", run_onboarding_bench(repeats, seeds))
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["onboarding"]))
+
+
 @bench_app.command("all")
 def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
@@ -286,6 +301,7 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
+    onboarding(repeats=5, seeds=2)
 
 
 @bench_app.command("soak")
