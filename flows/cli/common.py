@@ -35,7 +35,7 @@ def config_or_exit(params: Path) -> AgentFlowConfig:
                 str(params),
                 "process",
                 cfg.process,
-                "checkout: the training cycle trains the checkout vocabulary only so far (see issue 13); "
+                "checkout: the training cycle trains the checkout vocabulary only so far; "
                 "other processes are envs (agentflow envs check --config-dir ...)",
             )
         return cfg
