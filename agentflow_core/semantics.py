@@ -214,6 +214,10 @@ class Vocabulary:
         """Inverse of the token block of :meth:`encode`."""
         return frozenset(self.tokens[i] for i in np.flatnonzero(vec[: self.n_tokens] > 0.5))
 
+    def decode_features(self, vec: np.ndarray) -> dict[str, float]:
+        """Inverse of the feature block of :meth:`encode`."""
+        return {name: float(vec[self.n_tokens + i]) for i, name in enumerate(self.features)}
+
     def accepted_outcomes(self, params: Mapping[str, object]) -> frozenset[str]:
         """Terminal tokens that count as process success for a variant with scenario ``params``."""
         accepted = {self.goal}

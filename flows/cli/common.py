@@ -11,7 +11,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError, MappingError
-from agentflow_core.semantics import CHECKOUT
 from tasks.config_io import load_config
 from tasks.determinism import make_deterministic
 from tasks.process_io import load_process
@@ -29,15 +28,7 @@ def config_or_exit(params: Path) -> AgentFlowConfig:
     """Load params.yaml, or exit 2 with one message naming the file, key, value and expectation."""
     try:
         cfg = load_config(params)
-        process = load_process(cfg)  # the selected process and its channels' mappings, checked before anything runs
-        if process.vocabulary != CHECKOUT:
-            raise ConfigError(
-                str(params),
-                "process",
-                cfg.process,
-                "checkout: the training cycle trains the checkout vocabulary only so far; "
-                "other processes are envs (agentflow envs check --config-dir ...)",
-            )
+        load_process(cfg)  # the selected process and its channels' mappings, checked before anything runs
         return cfg
     except (ConfigError, MappingError) as exc:
         err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")

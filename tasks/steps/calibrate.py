@@ -76,10 +76,12 @@ def run_calibrate(
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
     c = cfg.calibrate
+    goal = load_process(cfg).vocabulary.goal
 
     def calibrate_chunk(pairs: list[tuple[Callable[..., Any], Any]]) -> list[VariantCalibration]:
         thresholds = (c.max_reward_variance, c.max_failed_fraction, c.min_expert_success)
-        return calibrate(pairs, c.resets, cfg.base.seed, *thresholds, frozenset(c.handled_outcomes)).variants
+        outcomes = frozenset(c.handled_outcomes)
+        return calibrate(pairs, c.resets, cfg.base.seed, *thresholds, outcomes, goal=goal).variants
 
     # one chunk of variants per env worker: Ray tasks on the Ray backend, in this process otherwise
     results = map_chunks(cfg, calibrate_chunk, calibration_envs(cfg, variants), progress)
