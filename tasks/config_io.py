@@ -42,7 +42,8 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
 def _process_context(data: dict[str, Any]) -> dict[str, Any] | None:
     """Validation context naming the selected process's vocabulary (token and feature names in rewards).
 
-    None for checkout (its names are the core's defaults) and for a value the ``process`` field refuses anyway.
+    None for checkout (its names are the core's defaults), for a value the ``process`` field refuses anyway and
+    for a missing process file (``load_process`` reports it).
     """
     from tasks.process_io import process_path, read_process
 
@@ -50,7 +51,8 @@ def _process_context(data: dict[str, Any]) -> dict[str, Any] | None:
     env_dir = base.get("env_config_dir", "configs/envs") if isinstance(base, dict) else "configs/envs"
     if name == "checkout" or not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name):
         return None
-    return {"vocabulary": read_process(process_path(name, str(env_dir))).vocabulary}
+    path = process_path(name, str(env_dir))
+    return {"vocabulary": read_process(path).vocabulary} if path.is_file() else None  # load_process names it
 
 
 def parse_config(data: Any, source: str = "<params>") -> AgentFlowConfig:

@@ -125,17 +125,21 @@ def test_a_channel_mapping_outside_the_vocabulary_is_refused(document: dict[str,
         check_channels(process, REPO / "configs" / "envs")
 
 
-def test_every_command_refuses_a_process_the_cycle_cannot_train_yet(tmp_path: Path) -> None:
+def test_commands_check_the_config_against_the_selected_process(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from flows.cli.app import app
 
     params = tmp_path / "params.yaml"
+    accepted = CliRunner().invoke(app, ["validate", "--params", str(REPO / "params-refund.yaml")])
+    assert accepted.exit_code == 0, accepted.output
+    # checkout's reward names are not refund's: refused at load, naming the key and the process's tokens
     text = (REPO / "params.yaml").read_text().replace("process: checkout", "process: refund", 1)
     params.write_text(text.replace("env_config_dir: configs/envs", "env_config_dir: configs/refund/envs", 1))
     refused = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
     assert refused.exit_code == 2
-    assert f"{params}: process: got 'refund', expected checkout" in " ".join(refused.output.split())
+    assert f"{params}: train.reward.token_rewards: got {{'PAYMENT_SUCCESS': 10.0}}" in " ".join(refused.output.split())
+    assert "REFUND_ISSUED" in refused.output
     params.write_text((REPO / "params.yaml").read_text().replace("process: checkout", "process: nosuch", 1))
     missing = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
     assert missing.exit_code == 2 and "nosuch.yaml: <file>" in missing.output

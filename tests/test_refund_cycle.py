@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentflow_core.rl.checkpoint import load_checkpoint
-from tasks.process_io import load_process
+from tasks.process_io import process_path, read_process
 from tests.tiny import write_tiny_refund_params
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def test_refund_cycle_learns_at_least_its_expert(tmp_path: Path, prefect_harness
     assert set(summary["test_process_success_by_family"]) == {"refund_db", "refund_api"}
 
     # the checkpoint is over the refund vocabulary: 13 tokens + 5 features in, 9 actions out
-    refund = load_process(name="refund").vocabulary
+    refund = read_process(process_path("refund")).vocabulary
     best = load_checkpoint(
         tmp_path / "data" / "checkpoints" / "checkpoints" / summary["best_checkpoint"], vocabulary=refund
     )
