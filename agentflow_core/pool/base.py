@@ -140,7 +140,7 @@ class RegistryEnvFactory:
     @property
     def vocabulary(self) -> Vocabulary:
         """The one vocabulary its entries' mappings speak (the pool's widths); mixing processes is an error."""
-        found = {entry.vocabulary for entry in self.entries.values()}
+        found = {getattr(entry, "vocabulary", CHECKOUT) for entry in self.entries.values()}  # registry EnvEntry
         if len(found) > 1:
             raise PoolError(f"base envs of more than one process in one pool: {sorted(v.version for v in found)}")
         return found.pop() if found else CHECKOUT
