@@ -28,6 +28,7 @@ import numpy as np
 
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvError
+from agentflow_core.semantics import GOAL_TOKEN
 
 GOAL_REWARD = 10.0
 
@@ -57,16 +58,21 @@ class VariantCalibration:
 
 
 def run_episode(
-    env: SemanticEnv, policy: Policy, seed: int, handled_outcomes: frozenset[str] = frozenset(), max_steps: int = 1000
+    env: SemanticEnv,
+    policy: Policy,
+    seed: int,
+    handled_outcomes: frozenset[str] = frozenset(),
+    max_steps: int = 1000,
+    goal: str = GOAL_TOKEN,
 ) -> tuple[list[float], bool]:
-    """One episode of ``policy``; returns (per-step rewards, reached the goal or a handled outcome)."""
+    """One episode of ``policy``; returns (per-step rewards, reached the process's ``goal`` or a handled outcome)."""
     obs, info = env.reset(seed=seed)
     rewards: list[float] = []
     success = False
     for _ in range(max_steps):
         obs, reward, terminated, truncated, info = env.step(policy(obs, info["action_mask"]))
         rewards.append(reward)
-        success = success or "PAYMENT_SUCCESS" in info["tokens"] or info.get("failure_reason") in handled_outcomes
+        success = success or goal in info["tokens"] or info.get("failure_reason") in handled_outcomes
         if terminated or truncated:
             break
     return rewards, success
@@ -80,6 +86,7 @@ def calibrate_variant(
     max_variance: float,
     min_success: float = 0.0,
     handled_outcomes: frozenset[str] = frozenset(),
+    goal: str = GOAL_TOKEN,
 ) -> VariantCalibration:
     """Run the stability check on one env (which the caller owns and closes)."""
     returns: list[float] = []
@@ -87,11 +94,11 @@ def calibrate_variant(
     successes = 0
     try:
         for i in range(resets):
-            rewards, ok = run_episode(env, policy, seed + i, handled_outcomes)
+            rewards, ok = run_episode(env, policy, seed + i, handled_outcomes, goal=goal)
             returns.append(sum(rewards))
             step_rewards.extend(rewards)
             successes += ok
-        replay = sum(run_episode(env, policy, seed, handled_outcomes)[0])
+        replay = sum(run_episode(env, policy, seed, handled_outcomes, goal=goal)[0])
     except EnvError as exc:
         return VariantCalibration(
             env.env_id,
@@ -178,13 +185,16 @@ def calibrate(
     min_success: float = 0.0,
     handled_outcomes: frozenset[str] = frozenset(),
     progress: Callable[[int, int], None] | None = None,
+    goal: str = GOAL_TOKEN,
 ) -> CalibrationReport:
     """Calibrate each (env factory, reference policy) pair; envs are built and closed here."""
     results = []
     for i, (make, policy) in enumerate(envs):
         env = make()
         try:
-            results.append(calibrate_variant(env, policy, resets, seed, max_variance, min_success, handled_outcomes))
+            results.append(
+                calibrate_variant(env, policy, resets, seed, max_variance, min_success, handled_outcomes, goal)
+            )
         finally:
             env.close()
         if progress:

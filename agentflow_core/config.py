@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -297,6 +297,13 @@ class ExploreConfig(_Section):
         return self
 
 
+def _vocabulary(info: ValidationInfo) -> Any:
+    """The selected process's vocabulary (``context={"vocabulary": ...}`` at load), else checkout's."""
+    from agentflow_core.semantics import CHECKOUT
+
+    return (info.context or {}).get("vocabulary", CHECKOUT)
+
+
 class ShapingTerm(_Section):
     """One auxiliary reward: ``weight * reward`` paid the first time ``condition`` holds in an episode."""
 
@@ -306,13 +313,13 @@ class ShapingTerm(_Section):
 
     @field_validator("condition")
     @classmethod
-    def _compiles(cls, value: str) -> str:
+    def _compiles(cls, value: str, info: ValidationInfo) -> str:
         # Imported here: the rl package may pull in torch, and a bad condition must fail at config load.
         from agentflow_core.rl.safe_expr import UnsafeExpressionError, compile_condition
-        from agentflow_core.semantics import FEATURES, TOKENS
 
+        vocabulary = _vocabulary(info)
         try:
-            compile_condition(value, (*TOKENS, *FEATURES))
+            compile_condition(value, (*vocabulary.tokens, *vocabulary.features))
         except UnsafeExpressionError as exc:
             raise ValueError(f"shaping condition {value!r} rejected: {exc.reason}") from None
         return value
@@ -335,12 +342,12 @@ class RewardConfig(_Section):
 
     @field_validator("token_rewards")
     @classmethod
-    def _known_tokens(cls, value: dict[str, float]) -> dict[str, float]:
-        from agentflow_core.semantics import TOKENS
-
-        unknown = sorted(set(value) - set(TOKENS))
+    def _known_tokens(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        vocabulary = _vocabulary(info)
+        unknown = sorted(set(value) - set(vocabulary.tokens))
         if unknown:
-            raise ValueError(f"token_rewards: unknown token(s) {unknown}; expected names from semantics.TOKENS")
+            where = "semantics.TOKENS" if info.context is None else f"the process's tokens {list(vocabulary.tokens)}"
+            raise ValueError(f"token_rewards: unknown token(s) {unknown}; expected names from {where}")
         return value
 
     @model_validator(mode="after")
@@ -583,6 +590,11 @@ class TuneConfig(_Section):
 class AgentFlowConfig(_Section):
     """The whole of ``params.yaml``."""
 
+    process: str = Field(
+        "checkout",
+        pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$",
+        description="The business process: configs/processes/<process>.yaml (agentflow_core/process.py).",
+    )
     base: BaseSection = BaseSection()
     calibrate: CalibrateConfig = CalibrateConfig()
     variants: VariantsConfig = VariantsConfig()
@@ -594,6 +606,21 @@ class AgentFlowConfig(_Section):
     report: ReportConfig = ReportConfig()
     validator: ValidatorConfig = ValidatorConfig()
     tune: TuneConfig = TuneConfig()
+
+    @model_validator(mode="after")
+    def _checkout_only_phases(self) -> AgentFlowConfig:
+        # the offline stage, the reward validator, the auto-tuner and sim-to-real read the checkout
+        # vocabulary's widths (agentflow_core/rl/cql.py, evaluation/validator.py, tasks/steps/tune.py)
+        if self.process != "checkout":
+            for key, on in (
+                ("offline.enabled", self.offline.enabled),
+                ("validator.enabled", self.validator.enabled),
+                ("tune.enabled", self.tune.enabled),
+                ("stress.sim_to_real.enabled", self.stress.sim_to_real.enabled),
+            ):
+                if on:
+                    raise ValueError(f"{key}: supported for process 'checkout' only (set it to false)")
+        return self
 
     @property
     def phases(self) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ from agentflow_core.adapters import adapter_class, load_object
 from agentflow_core.envs.base import Scenario, make_env_id
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import MappingError, RegistryError
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 PACKAGED_MAPPINGS_DIR = Path(__file__).resolve().parent / "mappings"
 TRUSTED_PACKAGE = "agentflow_core"
@@ -40,7 +41,8 @@ ENV_ENTRY_POINTS = "agentflow.envs"
 ADAPTER_ENTRY_POINTS = "agentflow.adapters"
 MAX_CONFIG_BYTES = 1 << 20
 REQUIRED_KEYS = frozenset({"env_id", "class_path", "adapter", "mapping"})
-OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version"})
+OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version", "process"})
+DEFAULT_PROCESS = "checkout"
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 Loader = Callable[[str], Any]
@@ -61,6 +63,15 @@ class EnvEntry:
     source_file: str
     kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     description: str = ""
+    process: str = DEFAULT_PROCESS
+    vocabulary: Vocabulary = field(default=CHECKOUT, hash=False, repr=False)
+
+    def build_adapter(self) -> Any:
+        """This entry's semantic adapter over its mapping, in its process's vocabulary."""
+        cls = adapter_class(self.adapter)
+        if self.vocabulary == CHECKOUT:  # adapters written before processes were data take (mapping, source)
+            return cls(self.mapping, source=self.mapping_path)
+        return cls(self.mapping, source=self.mapping_path, vocabulary=self.vocabulary)
 
     def scenario(self, overrides: Mapping[str, Any] | None = None) -> Scenario:
         """The entry's Scenario defaults with ``overrides`` (a variant's params) on top."""
@@ -81,7 +92,7 @@ class EnvEntry:
         scenario = self.scenario(overrides)
         physical_cls = load_object(self.class_path)
         physical = physical_cls(scenario, env_id or self.instance_id(suffix), **self.kwargs)
-        adapter = adapter_class(self.adapter)(self.mapping, source=self.mapping_path)
+        adapter = self.build_adapter()
         return SemanticEnv(physical, adapter, max_episode_steps=scenario.max_episode_steps)
 
 
@@ -169,10 +180,24 @@ def _checked_sections(config: Any, src: str) -> tuple[Mapping[str, Any], Mapping
     return params, kwargs
 
 
-def entry_from_config(config: Any, source_file: Path, load: Loader | None = None) -> EnvEntry:
-    """Validate one env config document and return its entry; every error names ``source_file``."""
+def entry_from_config(
+    config: Any,
+    source_file: Path,
+    load: Loader | None = None,
+    vocabularies: Mapping[str, Vocabulary] | None = None,
+) -> EnvEntry:
+    """Validate one env config document and return its entry; every error names ``source_file``.
+
+    ``process`` (optional, default checkout) names the business process whose vocabulary the
+    mapping speaks; ``vocabularies`` holds the loaded processes by name.
+    """
     src = str(source_file)
     params, kwargs = _checked_sections(config, src)
+    known = {DEFAULT_PROCESS: CHECKOUT, **dict(vocabularies or {})}
+    process = config.get("process", DEFAULT_PROCESS)
+    if process not in known:
+        raise RegistryError(src, f"process: got {str(process)[:80]!r}, expected one of {sorted(known)}")
+    vocabulary = known[process]
     try:
         Scenario.from_dict(params)
     except (TypeError, ValueError) as exc:
@@ -197,7 +222,10 @@ def entry_from_config(config: Any, source_file: Path, load: Loader | None = None
             "(absolute paths and '..' are refused)",
         )
     mapping = load_mapping(mapping_path, load)
-    adapter_cls(mapping, source=str(mapping_path))  # schema + template + per-rule condition checks
+    if vocabulary == CHECKOUT:  # schema + template + per-rule condition checks
+        adapter_cls(mapping, source=str(mapping_path))
+    else:
+        adapter_cls(mapping, source=str(mapping_path), vocabulary=vocabulary)  # type: ignore[call-arg]
     family, version = mapping["family"], int(mapping["version"])
     for key, expected in (("family", family), ("version", version)):
         if key in config and config[key] != expected:
@@ -216,6 +244,8 @@ def entry_from_config(config: Any, source_file: Path, load: Loader | None = None
         source_file=src,
         kwargs=dict(kwargs),
         description=str(config.get("description", "")),
+        process=process,
+        vocabulary=vocabulary,
     )
 
 
@@ -247,9 +277,12 @@ def config_files(config_dir: Path) -> list[Path]:
 class EnvRegistry:
     """Base envs declared in a config directory; ``refresh()`` picks up files added at run time."""
 
-    def __init__(self, config_dir: Path | str, load: Loader | None = None) -> None:
+    def __init__(
+        self, config_dir: Path | str, load: Loader | None = None, vocabularies: Mapping[str, Vocabulary] | None = None
+    ) -> None:
         self.config_dir = Path(config_dir)
         self.load = load
+        self.vocabularies = dict(vocabularies or {})
         self._entries: dict[str, EnvEntry] = {}
         self._lock = threading.Lock()
         self.refresh()
@@ -263,7 +296,7 @@ class EnvRegistry:
             document = read_config(path, self.load)
             if path.suffix == ".json" and is_mapping_document(document):
                 continue
-            entry = entry_from_config(document, path, self.load)
+            entry = entry_from_config(document, path, self.load, self.vocabularies)
             if entry.env_id in entries:
                 raise RegistryError(
                     str(path), f"env_id {entry.env_id!r} is already declared in {entries[entry.env_id].source_file}"

@@ -145,3 +145,99 @@ def decode_tokens(vec: np.ndarray) -> frozenset[str]:
 def decode_features(vec: np.ndarray) -> dict[str, float]:
     """Inverse of the feature block of :func:`encode`."""
     return {name: float(vec[N_TOKENS + i]) for i, name in enumerate(FEATURES)}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """One business process's vocabulary as a value: tokens, actions (with declared risk), features, outcomes.
+
+    The module-level names above are the checkout process's vocabulary (:data:`CHECKOUT`); a process
+    loaded from data (:mod:`agentflow_core.process`) carries its own instance, and code that serves
+    more than one process reads widths, indices and outcomes from it instead of from the module.
+    """
+
+    version: str
+    tokens: tuple[str, ...]
+    actions: tuple[str, ...]
+    features: tuple[str, ...]
+    action_risk: tuple[float, ...]
+    goal: str
+    handled_outcomes: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict, hash=False)
+    escape_action: str = "ESCALATE"  # legal whenever a channel maps no other action (never no legal move)
+
+    @property
+    def n_tokens(self) -> int:
+        """Width of the multi-hot token block."""
+        return len(self.tokens)
+
+    @property
+    def n_actions(self) -> int:
+        """Size of the discrete action space."""
+        return len(self.actions)
+
+    @property
+    def n_features(self) -> int:
+        """Width of the feature block."""
+        return len(self.features)
+
+    @property
+    def obs_dim(self) -> int:
+        """Width of an encoded observation."""
+        return len(self.tokens) + len(self.features)
+
+    def token_index(self) -> dict[str, int]:
+        """Token name -> position in the token block."""
+        return {t: i for i, t in enumerate(self.tokens)}
+
+    def feature_index(self) -> dict[str, int]:
+        """Feature name -> position in the feature block (after the tokens)."""
+        return {f: i for i, f in enumerate(self.features)}
+
+    def action_id(self, name: str) -> int:
+        """The index of a semantic action by name (a KeyError names an unknown one)."""
+        try:
+            return self.actions.index(name)
+        except ValueError:
+            raise KeyError(f"unknown action {name!r}, expected one of {list(self.actions)}") from None
+
+    def encode(self, tokens: Iterable[str], features: Mapping[str, float]) -> np.ndarray:
+        """Multi-hot tokens followed by features, in this vocabulary's order."""
+        token_index, feature_index = self.token_index(), self.feature_index()
+        vec = np.zeros(self.obs_dim, dtype=np.float32)
+        for token in tokens:
+            vec[token_index[token]] = 1.0
+        for name, value in features.items():
+            vec[self.n_tokens + feature_index[name]] = value
+        return vec
+
+    def decode_tokens(self, vec: np.ndarray) -> frozenset[str]:
+        """Inverse of the token block of :meth:`encode`."""
+        return frozenset(self.tokens[i] for i in np.flatnonzero(vec[: self.n_tokens] > 0.5))
+
+    def decode_features(self, vec: np.ndarray) -> dict[str, float]:
+        """Inverse of the feature block of :meth:`encode`."""
+        return {name: float(vec[self.n_tokens + i]) for i, name in enumerate(self.features)}
+
+    def accepted_outcomes(self, params: Mapping[str, object]) -> frozenset[str]:
+        """Terminal tokens that count as process success for a variant with scenario ``params``."""
+        accepted = {self.goal}
+        for (dimension, value), tokens in self.handled_outcomes.items():
+            if str(params.get(dimension)) == value:
+                accepted |= tokens
+        return frozenset(accepted)
+
+    def process_success(self, params: Mapping[str, object], final_tokens: Iterable[str], terminated: bool) -> bool:
+        """The episode ended (not truncated) in the goal or in a handled outcome accepted for its variant."""
+        return terminated and not self.accepted_outcomes(params).isdisjoint(final_tokens)
+
+
+# The checkout process's vocabulary as a value (configs/processes/checkout.yaml must load to exactly this).
+CHECKOUT = Vocabulary(
+    version=VOCAB_VERSION,
+    tokens=TOKENS,
+    actions=ACTIONS,
+    features=FEATURES,
+    action_risk=tuple(ACTION_RISK.get(a, 0.0) for a in SemanticAction),
+    goal=GOAL_TOKEN,
+    handled_outcomes=HANDLED_OUTCOMES,
+)

@@ -38,8 +38,9 @@ from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
-from agentflow_core.semantics import TOKENS
+from agentflow_core.semantics import TOKENS, Vocabulary
 from agentflow_core.variants import BaseEnvInfo, VariantSpec
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 
 T = TypeVar("T")
@@ -251,7 +252,7 @@ def reward_function(cfg: AgentFlowConfig, num_envs: int) -> Iterator[RewardFunct
     rc = cfg.train.reward
     client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
     try:
-        yield RewardFunction(rc, num_envs, client)
+        yield RewardFunction(rc, num_envs, client, vocabulary(cfg))
     finally:
         if client is not None:
             client.close()
@@ -269,7 +270,12 @@ def expert_policy_hash(expert: ScriptedExpert) -> str:
     return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def reachable_tokens(class_paths: Collection[str]) -> list[str]:
+def vocabulary(cfg: AgentFlowConfig) -> Vocabulary:
+    """The vocabulary of the process ``params.yaml`` selects: the widths and names every phase builds over."""
+    return load_process(cfg).vocabulary
+
+
+def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKENS) -> list[str]:
     """Tokens some env family of the catalogue can reach: its ``RAW_STATES`` tokens less its ``UNREACHABLE_TOKENS``.
 
     ``RAW_STATES`` lists every token the family's mapping can emit; ``UNREACHABLE_TOKENS`` declares
@@ -280,14 +286,14 @@ def reachable_tokens(class_paths: Collection[str]) -> list[str]:
         module = importlib.import_module(class_path.split(":")[0])
         unreachable = set(getattr(module, "UNREACHABLE_TOKENS", {}))
         for _raw, token in getattr(module, "RAW_STATES", ()):
-            if token in TOKENS and token not in unreachable:
+            if token in tokens and token not in unreachable:
                 found.add(token)
-    return sorted(found) or list(TOKENS)
+    return sorted(found) or list(tokens)
 
 
-def unreachable_tokens(class_paths: Collection[str]) -> dict[str, str]:
+def unreachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKENS) -> dict[str, str]:
     """Declared unreachable tokens (with reasons) that no family of the catalogue reaches."""
-    reachable = set(reachable_tokens(class_paths))
+    reachable = set(reachable_tokens(class_paths, tokens))
     out: dict[str, str] = {}
     for class_path in sorted(class_paths):
         module = importlib.import_module(class_path.split(":")[0])

@@ -6,6 +6,7 @@ what was expected; the CLI turns it into exit code 2 before anything is written.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,22 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
+def _process_context(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Validation context naming the selected process's vocabulary (token and feature names in rewards).
+
+    None for checkout (its names are the core's defaults), for a value the ``process`` field refuses anyway and
+    for a missing process file (``load_process`` reports it).
+    """
+    from tasks.process_io import process_path, read_process
+
+    name, base = data.get("process", "checkout"), data.get("base")
+    env_dir = base.get("env_config_dir", "configs/envs") if isinstance(base, dict) else "configs/envs"
+    if name == "checkout" or not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name):
+        return None
+    path = process_path(name, str(env_dir))
+    return {"vocabulary": read_process(path).vocabulary} if path.is_file() else None  # load_process names it
+
+
 def parse_config(data: Any, source: str = "<params>") -> AgentFlowConfig:
     """Validate an already-parsed mapping; the first problem becomes a :class:`ConfigError`."""
     if data is None:
@@ -50,7 +67,7 @@ def parse_config(data: Any, source: str = "<params>") -> AgentFlowConfig:
             "a mapping with sections base, calibrate, variants, pool, explore, train, stress, report",
         )
     try:
-        return AgentFlowConfig.model_validate(data)
+        return AgentFlowConfig.model_validate(data, context=_process_context(data))
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])

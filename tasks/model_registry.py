@@ -17,6 +17,7 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.rl.checkpoint import BEST, load_intact
 from tasks.paths import DataPaths
 from tasks.policy_model import log_policy_model, tracking_uri_set
+from tasks.process_io import load_process
 from tasks.tracking import MlflowTracker
 
 CHAMPION = "champion"
@@ -25,7 +26,7 @@ CHAMPION = "champion"
 def candidate_checkpoint(cfg: AgentFlowConfig) -> Path:
     """The best checkpoint of the last training run (the latest if none was ranked)."""
     root = DataPaths.of(cfg).checkpoints / "checkpoints"
-    found = load_intact(root, BEST) if root.is_dir() else None
+    found = load_intact(root, BEST, vocabulary=load_process(cfg).vocabulary) if root.is_dir() else None
     if found is None:
         raise FileNotFoundError(f"no checkpoint under {root}: run `agentflow train` first")
     return found.path
@@ -78,7 +79,7 @@ def promote_if_better(
             "promote": False,
             "reason": f"not promoted: the candidate failed stress validation ({decision['reason']})",
         }
-    info = log_policy_model(train_run_id, challenger, tracker.tracking_uri)
+    info = log_policy_model(train_run_id, challenger, tracker.tracking_uri, load_process(cfg).vocabulary)
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:

@@ -12,7 +12,9 @@ example travel with the model.
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,40 +26,66 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema, TensorSpec
 
 import agentflow_core
-from agentflow_core.semantics import ACTIONS, FEATURES, TOKENS
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 CHECKPOINT_ARTIFACT = "checkpoint"
 MODEL_CODE = Path(__file__).with_name("policy_model_code.py")
-OBS_COLUMNS = [f"token.{t}" for t in TOKENS] + [f"feature.{f}" for f in FEATURES]
-MASK_COLUMNS = [f"mask.{a}" for a in ACTIONS]
+VOCABULARY_ARTIFACT = "vocabulary"  # the process's names and widths (policy_model_code.py reads it)
 
 
-def policy_frame(obs: np.ndarray, mask: np.ndarray | None = None) -> pd.DataFrame:
-    """The model's input for encoded observations ``(n, OBS_DIM)`` and optional masks ``(n, N_ACTIONS)``."""
-    frame = pd.DataFrame(np.asarray(obs, dtype=np.float32).reshape(-1, len(OBS_COLUMNS)), columns=OBS_COLUMNS)
+def columns(vocabulary: Vocabulary = CHECKOUT) -> tuple[list[str], list[str]]:
+    """(observation columns, mask columns) of a policy over ``vocabulary``."""
+    obs = [f"token.{t}" for t in vocabulary.tokens] + [f"feature.{f}" for f in vocabulary.features]
+    return obs, [f"mask.{a}" for a in vocabulary.actions]
+
+
+OBS_COLUMNS, MASK_COLUMNS = columns(CHECKOUT)
+
+
+def policy_frame(obs: np.ndarray, mask: np.ndarray | None = None, vocabulary: Vocabulary = CHECKOUT) -> pd.DataFrame:
+    """The model's input for encoded observations ``(n, obs_dim)`` and optional masks ``(n, n_actions)``."""
+    obs_columns, mask_columns = columns(vocabulary)
+    frame = pd.DataFrame(np.asarray(obs, dtype=np.float32).reshape(-1, len(obs_columns)), columns=obs_columns)
     if mask is not None:
-        masks = np.asarray(mask, dtype=np.float32).reshape(-1, len(MASK_COLUMNS))
-        frame = pd.concat([frame, pd.DataFrame(masks, columns=MASK_COLUMNS)], axis=1)
+        masks = np.asarray(mask, dtype=np.float32).reshape(-1, len(mask_columns))
+        frame = pd.concat([frame, pd.DataFrame(masks, columns=mask_columns)], axis=1)
     return frame
 
 
-def policy_signature() -> ModelSignature:
+def policy_signature(vocabulary: Vocabulary = CHECKOUT) -> ModelSignature:
     """Observation columns required, mask columns optional; one action id out."""
-    inputs: list[ColSpec | TensorSpec] = [ColSpec("float", c) for c in OBS_COLUMNS]
-    inputs += [ColSpec("float", c, required=False) for c in MASK_COLUMNS]
+    obs_columns, mask_columns = columns(vocabulary)
+    inputs: list[ColSpec | TensorSpec] = [ColSpec("float", c) for c in obs_columns]
+    inputs += [ColSpec("float", c, required=False) for c in mask_columns]
     return ModelSignature(inputs=Schema(inputs), outputs=Schema([ColSpec("long", "action")]))
 
 
-def log_policy_model(run_id: str, checkpoint: Path, tracking_uri: str) -> mlflow.models.model.ModelInfo:
-    """Log ``checkpoint`` as a models-from-code pyfunc model in ``run_id``."""
-    example = policy_frame(np.zeros((1, len(OBS_COLUMNS))), np.ones((1, len(MASK_COLUMNS))))
-    with tracking_uri_set(tracking_uri), mlflow.start_run(run_id=run_id):
+def log_policy_model(
+    run_id: str, checkpoint: Path, tracking_uri: str, vocabulary: Vocabulary = CHECKOUT
+) -> mlflow.models.model.ModelInfo:
+    """Log ``checkpoint`` (a policy over ``vocabulary``) as a models-from-code pyfunc model in ``run_id``."""
+    example = policy_frame(np.zeros((1, vocabulary.obs_dim)), np.ones((1, vocabulary.n_actions)), vocabulary=vocabulary)
+    names = {
+        "version": vocabulary.version,
+        "tokens": list(vocabulary.tokens),
+        "actions": list(vocabulary.actions),
+        "features": list(vocabulary.features),
+        "action_risk": list(vocabulary.action_risk),
+        "goal": vocabulary.goal,
+    }
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        tracking_uri_set(tracking_uri),
+        mlflow.start_run(run_id=run_id),
+    ):
+        names_file = Path(tmp) / "vocabulary.json"
+        names_file.write_text(json.dumps(names), encoding="utf-8")
         return mlflow.pyfunc.log_model(
             name="policy",
             python_model=str(MODEL_CODE),
-            artifacts={CHECKPOINT_ARTIFACT: str(checkpoint)},
+            artifacts={CHECKPOINT_ARTIFACT: str(checkpoint), VOCABULARY_ARTIFACT: str(names_file)},
             code_paths=[str(Path(agentflow_core.__file__).parent)],
-            signature=policy_signature(),
+            signature=policy_signature(vocabulary),
             input_example=example,
             pip_requirements=["torch==2.13.0", "safetensors", "numpy", "pandas"],
         )

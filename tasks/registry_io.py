@@ -17,9 +17,11 @@ def yaml_load(text: str) -> object:
 
 
 def load_registry(cfg: AgentFlowConfig | None = None, config_dir: Path | None = None) -> EnvRegistry:
-    """The registry of ``base.env_config_dir`` (or ``config_dir``)."""
+    """The registry of ``base.env_config_dir`` (or ``config_dir``), knowing every shipped process's vocabulary."""
+    from tasks.process_io import known_vocabularies
+
     directory = config_dir or Path(cfg.base.env_config_dir if cfg else "configs/envs")
-    return EnvRegistry(directory, load=yaml_load)
+    return EnvRegistry(directory, load=yaml_load, vocabularies=known_vocabularies(directory))
 
 
 def configure_adapter_debug() -> None:

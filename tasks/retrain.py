@@ -51,6 +51,7 @@ from agentflow_core.variants import VariantSpec
 from tasks.compose import PoolFactory, build_pool, reward_function
 from tasks.dataset import append_cycle, dataset_seeds, visit_counts
 from tasks.paths import DataPaths
+from tasks.process_io import load_process
 from tasks.rollout import load_policy, resolve_checkpoint, stress_rollout
 from tasks.runtime import state_dir
 from tasks.tracking import MlflowTracker
@@ -142,7 +143,7 @@ def plan_retrain(
             shutil.rmtree(checkpoint)
         shutil.copytree(downloaded, checkpoint)
         sample = stratified_eval_variants(train, PRIORITY_SAMPLE, sorted(cfg.variants.dimensions), seed)
-        champion = load_policy(resolve_checkpoint(cfg, checkpoint))
+        champion = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
         rollout = stress_rollout(cfg, champion, sample, len(sample), pool_factory=pool_factory, seed=seed)
         failures = _outcomes(rollout.episodes)
     ewc = None
@@ -256,7 +257,7 @@ def heldout_outcomes(
 
     variants = _heldout(cfg)
     n = max(cfg.train.eval_episodes, HELDOUT_EPISODES)
-    policy = load_policy(resolve_checkpoint(cfg, checkpoint))
+    policy = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
     pool = pool_factory(cfg, variants, 1, seed=cfg.base.seed + 13, scheduler="round_robin", standby=False)
     try:
         with reward_function(cfg, pool.num_envs) as reward_fn:

@@ -17,10 +17,13 @@ from agentflow_core.contracts import PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.stress import RiskRule, StressRollout, run_stress_episodes
+from agentflow_core.process import ProcessSpec
+from agentflow_core.semantics import CHECKOUT
 from agentflow_core.splits import assign_splits, read_splits
 from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.compose import PoolFactory, base_env_infos, build_pool, expert_policy_hash, reward_function
 from tasks.paths import DataPaths
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 
 EXPERT = "expert"
@@ -45,7 +48,9 @@ def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> s
     for root in (path, path / "checkpoints"):  # a checkpoint, a checkpoint root, or a training output dir
         if (root / STATE_FILE).is_file():
             return str(root)
-        found = load_intact(root, BEST) if root.is_dir() else None  # a damaged best falls back to the newest intact
+        found = (
+            load_intact(root, BEST, vocabulary=load_process(cfg).vocabulary) if root.is_dir() else None
+        )  # a damaged best falls back to the newest intact
         if found is not None:
             return str(found.path)
     raise AgentFlowError(
@@ -54,16 +59,20 @@ def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> s
     )
 
 
-def load_policy(ref: str) -> LoadedPolicy:
-    """The greedy policy of a resolved checkpoint (``resolve_checkpoint``) or the scripted expert."""
+def load_policy(ref: str, process: ProcessSpec | None = None) -> LoadedPolicy:
+    """The greedy policy of a resolved checkpoint (``resolve_checkpoint``) or the scripted expert.
+
+    ``process`` is the business process the policy acts in (default checkout): its expert and widths.
+    """
     if ref == EXPERT:
-        expert = ScriptedExpert()
+        expert = ScriptedExpert() if process is None else process.expert()
         return LoadedPolicy(expert_policy_hash(expert), EXPERT, expert.act_batch)
     from agentflow_core.rl.checkpoint import load_checkpoint
     from agentflow_core.rl.policy import ActorCritic, policy_hash
 
-    ckpt = load_checkpoint(Path(ref))
-    model = ActorCritic(hidden_sizes=ckpt.state.get("hidden_sizes", [64, 64]))
+    vocab = CHECKOUT if process is None else process.vocabulary
+    ckpt = load_checkpoint(Path(ref), vocabulary=vocab)
+    model = ActorCritic(vocab.obs_dim, vocab.n_actions, ckpt.state.get("hidden_sizes", [64, 64]))
     model.load_state_dict(ckpt.model)
     model.eval()
     return LoadedPolicy(f"{Path(ref).name}@{policy_hash(model)}", ref, model.act)

@@ -22,9 +22,9 @@ import numpy as np
 from pool_fixtures import registry_catalogue
 
 from agentflow_core.envs.base import StepResult
-from agentflow_core.envs.experts import expert_for
 from agentflow_core.semantics import SemanticAction
 from agentflow_core.variants import VariantSpec, content_hash
+from tasks.process_io import load_process
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "env_golden.json"
 STEPS_PER_RUN = 36
@@ -90,7 +90,7 @@ def _digest(*parts: Any) -> str:
 
 def _run(env: Any, recorder: _Recorder, family: str, policy: str, seed: int) -> list[list[Any]]:
     rng = np.random.default_rng(seed)
-    expert = expert_for(family)
+    expert = load_process(name="checkout").expert(family)  # the expert as data (configs/processes/checkout.yaml)
     episode = 0
     obs, info = env.reset(seed=seed)
     rows: list[list[Any]] = [["reset", _digest(recorder.last, obs, info)]]

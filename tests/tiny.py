@@ -80,3 +80,34 @@ def write_tiny_params(root: Path, **section_overrides: dict[str, Any]) -> Path:
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(tiny_params(root, **section_overrides), sort_keys=False))
     return path
+
+
+def tiny_refund_params(root: Path, **section_overrides: dict[str, Any]) -> dict[str, Any]:
+    """The tiny cycle on the refund process (configs/processes/refund.yaml) over its two channels."""
+    params = tiny_params(root)
+    params["process"] = "refund"
+    params["base"]["env_config_dir"] = str(REPO / "configs" / "refund" / "envs")
+    params["calibrate"]["handled_outcomes"] = ["escalated"]
+    params["variants"] = {
+        "base_envs": ["refund_db_v1", "refund_api_v1"],
+        "dimensions": {
+            "start_stage": ["login", "checkout"],
+            "user_tier": ["standard", "blocked"],
+            "network": ["normal", "packet_loss_5%"],
+        },
+        "perturbations": {"price_factor": {"kind": "uniform", "low": 0.5, "high": 1.5}},
+        "samples_per_combination": 2,
+        "split": {"validation": 0.2, "test": 0.2},
+    }
+    params["train"]["reward"] = {"token_rewards": {"REFUND_ISSUED": 10.0}, "env_reward_weight": 1.0}
+    params["offline"] = {"enabled": False}  # checkout-only phases (AgentFlowConfig refuses them for refund)
+    params["validator"] = {"enabled": False}
+    for section, values in section_overrides.items():
+        params.setdefault(section, {}).update(values)
+    return params
+
+
+def write_tiny_refund_params(root: Path, **section_overrides: dict[str, Any]) -> Path:
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(tiny_refund_params(root, **section_overrides), sort_keys=False))
+    return path

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 _PATH_PATTERN = r"^[$@](\.[A-Za-z0-9_\-]+)+$"
 _MISSING = object()
@@ -96,9 +97,11 @@ class APISchemaAdapter(BaseSemanticAdapter):
         ]
     }
 
-    def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>") -> None:
+    def __init__(
+        self, mapping: Mapping[str, Any], source: str = "<mapping>", vocabulary: Vocabulary = CHECKOUT
+    ) -> None:
         self._paths: dict[str, ParsedPath] = {}
-        super().__init__(mapping, source)
+        super().__init__(mapping, source, vocabulary)
 
     def _path(self, path: str) -> ParsedPath:
         parsed = self._paths.get(path)

@@ -19,11 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentflow_core.adapters import adapter_class
 from agentflow_core.adapters.base import BaseSemanticAdapter
 from agentflow_core.errors import RegistryError
 from agentflow_core.registry import EnvEntry
-from agentflow_core.semantics import TOKENS
 
 FindingKind = Literal["unmapped_raw_state", "unproducible_token", "collapsed_meaning", "wrong_token"]
 Severity = Literal["error", "info"]
@@ -124,7 +122,7 @@ def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, 
     findings.extend(_collapses(readings, file))
     findings.extend(
         AuditFinding("unproducible_token", file, NO_RULE, f"no rule emits {token}", severity="info")
-        for token in TOKENS
+        for token in adapter.vocabulary.tokens
         if token not in adapter.producible_tokens()
     )
     return findings
@@ -184,7 +182,7 @@ def raw_states_of(entry: EnvEntry) -> list[tuple[Any, str]]:
 
 def audit_entry(entry: EnvEntry) -> list[AuditFinding]:
     """Audit a registered env's mapping against its family's raw states."""
-    adapter = adapter_class(entry.adapter)(entry.mapping, source=entry.mapping_path)
+    adapter = entry.build_adapter()
     return audit_mapping(adapter, raw_states_of(entry), entry.mapping_path)
 
 

@@ -26,18 +26,7 @@ import numpy as np
 
 from agentflow_core.adapters.schema import _json_path, validate_mapping
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import (
-    ACTIONS,
-    FEATURE_INDEX,
-    N_ACTIONS,
-    N_FEATURES,
-    N_TOKENS,
-    OBS_DIM,
-    TOKEN_INDEX,
-    TOKENS,
-    SemanticAction,
-    SemanticObs,
-)
+from agentflow_core.semantics import CHECKOUT, SemanticObs, Vocabulary
 
 logger = logging.getLogger("agentflow.adapter")
 
@@ -131,15 +120,21 @@ class BaseSemanticAdapter:
     template: ClassVar[str] = ""
     WHEN_SCHEMA: ClassVar[dict[str, Any]] = {"type": "object"}
 
-    def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>") -> None:
+    def __init__(
+        self, mapping: Mapping[str, Any], source: str = "<mapping>", vocabulary: Vocabulary = CHECKOUT
+    ) -> None:
         self.source = source
-        self.mapping = validate_mapping(mapping, source, expected_template=self.template or None)
+        self.vocabulary = vocabulary  # the process's tokens, actions and features (checkout by default)
+        self._token_index, self._feature_index = vocabulary.token_index(), vocabulary.feature_index()
+        self._n_tokens, self._n_features = vocabulary.n_tokens, vocabulary.n_features
+        self._n_actions, self._escape = vocabulary.n_actions, vocabulary.action_id(vocabulary.escape_action)
+        self.mapping = validate_mapping(mapping, source, expected_template=self.template or None, vocabulary=vocabulary)
         for i, rule in enumerate(self.mapping["token_rules"]):
             self._check_when(rule["when"], ["token_rules", i, "when"])
         self.token_rules: list[dict[str, Any]] = list(self.mapping["token_rules"])
         self.feature_rules: list[dict[str, Any]] = list(self.mapping.get("feature_rules", []))
         self.native_actions: dict[int, dict[str, Any]] = {
-            int(SemanticAction[name]): dict(native) for name, native in self.mapping["actions"].items()
+            vocabulary.action_id(name): dict(native) for name, native in self.mapping["actions"].items()
         }
         self.reward_scale = float(self.mapping.get("reward", {}).get("scale", 1.0))
         self.check_mapping()
@@ -269,11 +264,11 @@ class BaseSemanticAdapter:
 
     def reference_action_mask(self, raw: Any) -> np.ndarray:
         """The mask rule interpreted per action: mapped and ``available``, ESCALATE if nothing is."""
-        mask = np.zeros(N_ACTIONS, dtype=bool)
+        mask = np.zeros(self._n_actions, dtype=bool)
         for action, native in self.native_actions.items():
             mask[action] = self.available(native, raw)
         if not mask.any():  # never leave the policy without a legal move
-            mask[int(SemanticAction.ESCALATE)] = True
+            mask[self._escape] = True
         return mask
 
     # ------------------------------------------------------------------ compiled engine
@@ -288,7 +283,7 @@ class BaseSemanticAdapter:
                     self._compile_holds(rule["when"])
                     if own_holds
                     else self._compile_tree(rule["when"], ["token_rules", i, "when"]),
-                    sum(1 << TOKEN_INDEX[t] for t in set(rule["emit"])),
+                    sum(1 << self._token_index[t] for t in set(rule["emit"])),
                 )
                 for i, rule in enumerate(self.token_rules)
             ]
@@ -296,7 +291,7 @@ class BaseSemanticAdapter:
         self._feature_names: tuple[str, ...] = tuple(r["feature"] for r in self.feature_rules)
         self._feature_plan: tuple[tuple[int, Reader, float, float, Any, Any], ...] = tuple(
             (
-                FEATURE_INDEX[r["feature"]],
+                self._feature_index[r["feature"]],
                 self.compile_feature(r["source"]),
                 float(r.get("scale", 1.0)),
                 float(r.get("default", 0.0)),
@@ -310,7 +305,7 @@ class BaseSemanticAdapter:
         )
         always, plan = 0, []
         for action, native in sorted(self.native_actions.items()):
-            predicate = self.compile_available(native, ["actions", SemanticAction(action).name])
+            predicate = self.compile_available(native, ["actions", self.vocabulary.actions[action]])
             if predicate is None:
                 always |= 1 << action
             else:
@@ -365,9 +360,9 @@ class BaseSemanticAdapter:
     def _token_entry(self, bits: int) -> tuple[frozenset[str], tuple[str, ...], np.ndarray]:
         entry = self._token_cache.get(bits)
         if entry is None:
-            tokens = frozenset(t for i, t in enumerate(TOKENS) if bits >> i & 1)
-            block = np.zeros(OBS_DIM, dtype=np.float32)
-            block[[TOKEN_INDEX[t] for t in tokens]] = 1.0
+            tokens = frozenset(t for i, t in enumerate(self.vocabulary.tokens) if bits >> i & 1)
+            block = np.zeros(self.vocabulary.obs_dim, dtype=np.float32)
+            block[[self._token_index[t] for t in tokens]] = 1.0
             block.flags.writeable = False
             if len(self._token_cache) >= _CACHE_LIMIT:
                 self._token_cache.clear()
@@ -378,10 +373,10 @@ class BaseSemanticAdapter:
         bits = _rule_bits(self._mask_always, self._mask_tables, self._mask_plan, values)
         mask = self._mask_cache.get(bits)
         if mask is None:
-            mask = np.zeros(N_ACTIONS, dtype=bool)
-            mask[[a for a in range(N_ACTIONS) if bits >> a & 1]] = True
+            mask = np.zeros(self._n_actions, dtype=bool)
+            mask[[a for a in range(self._n_actions) if bits >> a & 1]] = True
             if not bits:  # never leave the policy without a legal move
-                mask[int(SemanticAction.ESCALATE)] = True
+                mask[self._escape] = True
             mask.flags.writeable = False
             if len(self._mask_cache) >= _CACHE_LIMIT:
                 self._mask_cache.clear()
@@ -392,11 +387,11 @@ class BaseSemanticAdapter:
         values = [read(raw) for read in self._readers]
         bits = _rule_bits(0, self._token_tables, self._token_plan, values)
         tokens, ordered, block = self._token_entry(bits)
-        block_features = [0.0] * N_FEATURES
+        block_features = [0.0] * self._n_features
         finite = not self._wide_clip
         if context:
             for name, value in context.items():
-                block_features[FEATURE_INDEX[name]] = value
+                block_features[self._feature_index[name]] = value
                 if not -_FLOAT32_SAFE <= value <= _FLOAT32_SAFE:
                     finite = False
         rule_values: list[float] = []
@@ -413,7 +408,7 @@ class BaseSemanticAdapter:
             rule_values.append(value)
             block_features[index] = value
         vec = block.copy()
-        vec[N_TOKENS:] = block_features
+        vec[self._n_tokens :] = block_features
         if not finite:
             finite = bool(np.isfinite(vec).all())
         return AdaptedStep(vec, self._mask(values), tokens, ordered, finite, context, self._feature_names, rule_values)
@@ -428,7 +423,7 @@ class BaseSemanticAdapter:
         if self._compiled_step_ok and not logger.isEnabledFor(logging.DEBUG):
             return self._compiled_step(raw, context)
         obs = self.adapt_observation(raw, context)
-        vec = obs.encode()
+        vec = self.vocabulary.encode(obs.tokens, obs.features)
         mask = self.action_mask(raw)
         return AdaptedStep(
             vec, mask, obs.tokens, tuple(sorted(obs.tokens)), bool(np.isfinite(vec).all()), None, (), [], obs
@@ -448,7 +443,7 @@ class BaseSemanticAdapter:
         """Translate a semantic action into the channel-native action of the mapping file."""
         native = self.native_actions.get(int(action))
         if native is None:
-            return {"type": "noop", "semantic": ACTIONS[int(action)]}
+            return {"type": "noop", "semantic": self.vocabulary.actions[int(action)]}
         return dict(native)
 
     def adapt_reward(self, raw_reward: float, obs: SemanticObs, info: Mapping[str, Any]) -> float:

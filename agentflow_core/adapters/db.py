@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
 from agentflow_core.adapters.schema import COMPARISONS
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import SemanticAction
 
 _COLUMN_PATTERN = r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$"
 _MISSING = object()
@@ -102,7 +101,7 @@ class DBAdapter(BaseSemanticAdapter):
             requires = native.get("requires")
             if requires is None:
                 continue
-            path = ["actions", SemanticAction(action).name, "requires"]
+            path = ["actions", self.vocabulary.actions[action], "requires"]
             if not isinstance(requires, Mapping):
                 raise MappingError(self.source, "$." + ".".join(path), "'requires' must be a condition object")
             self._check_when(requires, path)

@@ -31,7 +31,7 @@ from typing import Any
 from agentflow_core.adapters.schema import validate_mapping
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import ACTIONS, FEATURES
+from agentflow_core.semantics import ACTIONS, CHECKOUT, FEATURES, Vocabulary
 
 DEFAULT_CLASS_PATH = "agentflow_core.envs.payment_api:PaymentAPIEnv"
 HTTP_METHODS = ("get", "post", "put", "patch", "delete")
@@ -323,6 +323,100 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
     return [rules[f] for f in FEATURES if f in rules]
 
 
+def _declared_status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``x-agentflow-tokens: [TOKENS]`` on a documented response code -> one status rule per code."""
+    codes: dict[int, list[str]] = {}
+    for _, _, operation in _operations(spec):
+        for code, response in (operation.get("responses") or {}).items():
+            resolved, _ = _resolve(spec, response)
+            tokens = resolved.get("x-agentflow-tokens")
+            if str(code).isdigit() and isinstance(tokens, list):
+                codes.setdefault(int(code), [str(t) for t in tokens])
+    return [{"id": f"status_{code}", "when": {"status": code}, "emit": codes[code]} for code in sorted(codes)]
+
+
+def _declared_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list[dict[str, Any]]:
+    """``x-agentflow-tokens: {value: [TOKENS]}`` on enum or boolean properties (``"true"``/``"false"`` keys)."""
+    rules: list[dict[str, Any]] = []
+    for path, prop in properties.items():
+        overrides = prop.get("x-agentflow-tokens")
+        if not isinstance(overrides, Mapping):
+            continue
+        for value, tokens in overrides.items():
+            match: Any = value
+            if prop.get("type") == "boolean":
+                match = str(value).lower() == "true"
+            rules.append(
+                {
+                    "id": _rule_id("enum", *path, str(value)),
+                    "when": {"json_path": "$." + ".".join(path), "equals": match},
+                    "emit": [str(t) for t in tokens],
+                }
+            )
+    return rules
+
+
+def _declared_actions(spec: Mapping[str, Any], vocabulary: Vocabulary) -> dict[str, dict[str, Any]]:
+    actions: dict[str, dict[str, Any]] = {}
+    for path, method, operation in _operations(spec):
+        action = operation.get("x-agentflow-action")
+        if action not in vocabulary.actions or action in actions:
+            continue
+        native: dict[str, Any] = {"type": "http", "method": method, "path": path}
+        body = _example_body(spec, operation)
+        if body:
+            native["body"] = body
+        actions[str(action)] = native
+    if "RETRY" in vocabulary.actions:
+        actions["RETRY"] = {"type": "retry"}
+    return {name: actions[name] for name in vocabulary.actions if name in actions}
+
+
+def _declared_features(
+    properties: Mapping[tuple[str, ...], dict[str, Any]], vocabulary: Vocabulary
+) -> list[dict[str, Any]]:
+    rules: dict[str, dict[str, Any]] = {}
+    for path, prop in properties.items():
+        feature = prop.get("x-agentflow-feature")
+        if feature not in vocabulary.features or feature in rules:
+            continue
+        rule: dict[str, Any] = {"id": _rule_id("f", feature), "feature": feature, "source": "$." + ".".join(path)}
+        maximum = prop.get("maximum")
+        if prop.get("type") != "boolean" and isinstance(maximum, (int, float)) and maximum > 0 and maximum != 1:
+            rule["scale"] = 1.0 / float(maximum)
+        rules[feature] = rule
+    if "retries_used" in vocabulary.features:
+        rules["retries_used"] = {
+            "id": "f_retries_used",
+            "feature": "retries_used",
+            "source": "@.client.retries",
+            "scale": 0.2,
+        }
+    return [rules[f] for f in vocabulary.features if f in rules]
+
+
+def generate_process_mapping(
+    spec: Mapping[str, Any], family: str, vocabulary: Vocabulary, version: int = 1
+) -> dict[str, Any]:
+    """The ``api`` mapping of a spec for a process other than checkout: only what the spec declares.
+
+    The keyword tables above are checkout's words; for another process every action, token and
+    feature comes from the spec's ``x-agentflow-*`` annotations, checked against its vocabulary.
+    """
+    properties = _body_properties(spec)
+    title = str((spec.get("info") or {}).get("title", family))
+    mapping = {
+        "family": family,
+        "template": "api",
+        "version": version,
+        "description": f"generated from the OpenAPI spec {title!r} by agentflow_core.adapters.openapi",
+        "token_rules": [*_declared_status_rules(spec), *_declared_rules(properties)],
+        "feature_rules": _declared_features(properties, vocabulary),
+        "actions": _declared_actions(spec, vocabulary),
+    }
+    return validate_mapping(mapping, f"<openapi:{title}>", expected_template="api", vocabulary=vocabulary)
+
+
 def generate_mapping(spec: Mapping[str, Any], family: str, version: int = 1) -> dict[str, Any]:
     """The ``api`` mapping document proposed for a spec (validated before it is returned)."""
     properties = _body_properties(spec)
@@ -341,9 +435,21 @@ def generate_mapping(spec: Mapping[str, Any], family: str, version: int = 1) -> 
 
 
 def generate_from_openapi(
-    spec: Mapping[str, Any], family: str, version: int = 1
+    spec: Mapping[str, Any],
+    family: str,
+    version: int = 1,
+    *,
+    process: str = "checkout",
+    vocabulary: Vocabulary = CHECKOUT,
+    class_path: str = DEFAULT_CLASS_PATH,
+    base_url: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(env config in the ``configs/envs/*.yaml`` shape, ``api`` mapping) for an OpenAPI 3 spec."""
+    """(env config in the ``configs/envs/*.yaml`` shape, ``api`` mapping) for an OpenAPI 3 spec.
+
+    ``process``/``vocabulary`` choose the business process the mapping speaks; ``class_path`` (the
+    caller's choice -- an installed env, never the spec's) and ``base_url`` (the running service)
+    go into the env config.
+    """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", family):
         raise MappingError("<openapi>", "$", f"family: got {family!r}, expected ^[a-z][a-z0-9_]*$")
     if not str(spec.get("openapi", "")).startswith("3"):
@@ -357,14 +463,21 @@ def generate_from_openapi(
             "$.x-agentflow-class-path",
             f"got {str(declared)[:120]!r}; a spec never chooses code (generated envs use {DEFAULT_CLASS_PATH})",
         )
-    mapping = generate_mapping(spec, family, version)
+    if vocabulary == CHECKOUT:
+        mapping = generate_mapping(spec, family, version)
+    else:
+        mapping = generate_process_mapping(spec, family, vocabulary, version)
     info = spec.get("info") or {}
-    config = {
+    config: dict[str, Any] = {
         "env_id": f"{family}_v{version}",
         "description": str(info.get("description") or info.get("title") or family).strip().splitlines()[0],
-        "class_path": DEFAULT_CLASS_PATH,
+        "class_path": class_path,
         "adapter": "api",
         "mapping": f"{family}_v{version}.json",
         "params": Scenario().to_dict(),
     }
+    if process != "checkout":
+        config["process"] = process
+    if base_url is not None:
+        config["kwargs"] = {"server_url" if class_path == DEFAULT_CLASS_PATH else "base_url": base_url}
     return config, mapping

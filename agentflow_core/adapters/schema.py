@@ -3,6 +3,8 @@ of leaf rules, and validation with errors that carry the JSON path."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import jsonschema
 
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import ACTIONS, FEATURES, TOKENS
+from agentflow_core.semantics import ACTIONS, CHECKOUT, FEATURES, TOKENS, Vocabulary
 
 # The comparison operators mapping rules may use ("op" in web and db conditions).
 COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
@@ -83,9 +85,25 @@ def _json_path(path: Sequence[Any]) -> str:
     return out
 
 
-def validate_mapping(mapping: Any, source: str, expected_template: str | None = None) -> dict[str, Any]:
-    """Validate a mapping document against :data:`MAPPING_SCHEMA`; errors carry the JSON path."""
-    errors = sorted(jsonschema.Draft202012Validator(MAPPING_SCHEMA).iter_errors(mapping), key=lambda e: list(e.path))
+@functools.cache
+def mapping_schema(vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]:
+    """:data:`MAPPING_SCHEMA` with a process's own tokens, features and actions in place of checkout's."""
+    if vocabulary == CHECKOUT:
+        return MAPPING_SCHEMA
+    schema = copy.deepcopy(MAPPING_SCHEMA)
+    props = schema["properties"]
+    props["token_rules"]["items"]["properties"]["emit"]["items"] = {"enum": list(vocabulary.tokens)}
+    props["feature_rules"]["items"]["properties"]["feature"] = {"enum": list(vocabulary.features)}
+    props["actions"]["propertyNames"] = {"enum": list(vocabulary.actions)}
+    return schema
+
+
+def validate_mapping(
+    mapping: Any, source: str, expected_template: str | None = None, vocabulary: Vocabulary = CHECKOUT
+) -> dict[str, Any]:
+    """Validate a mapping document against :data:`MAPPING_SCHEMA` (for ``vocabulary``); errors carry the JSON path."""
+    validator = jsonschema.Draft202012Validator(mapping_schema(vocabulary))
+    errors = sorted(validator.iter_errors(mapping), key=lambda e: list(e.path))
     if errors:
         err = errors[0]
         raise MappingError(source, _json_path(list(err.path)), err.message)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentflow_core.semantics import SemanticAction, decode_tokens
+from agentflow_core.semantics import CHECKOUT, SemanticAction, Vocabulary
 
 A = SemanticAction
 
@@ -40,19 +40,25 @@ DEFAULT_RULES: tuple[tuple[str, SemanticAction], ...] = (
 
 @dataclass(frozen=True)
 class ScriptedExpert:
-    """Priority rules over tokens; falls back to VIEW_PRODUCT, then to any legal action."""
+    """Priority rules over tokens; falls back to ``fallback`` (VIEW_PRODUCT), then to any legal action.
+
+    A process loaded from data (:mod:`agentflow_core.process`) builds its expert with its own rules,
+    fallback and vocabulary; the defaults are the checkout process's.
+    """
 
     family: str = "any"
-    rules: Sequence[tuple[str, SemanticAction]] = field(default=DEFAULT_RULES)
+    rules: Sequence[tuple[str, int]] = field(default=DEFAULT_RULES)
+    fallback: int = int(A.VIEW_PRODUCT)
+    vocabulary: Vocabulary = field(default=CHECKOUT, repr=False)
 
     def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> int:
         """Choose the semantic action for one encoded observation."""
-        tokens = decode_tokens(obs)
+        tokens = self.vocabulary.decode_tokens(obs)
         for token, action in self.rules:
             if token in tokens and (mask is None or mask[action]):
                 return int(action)
-        if mask is None or mask[A.VIEW_PRODUCT]:
-            return int(A.VIEW_PRODUCT)
+        if mask is None or mask[self.fallback]:
+            return int(self.fallback)
         return int(np.flatnonzero(mask)[0])
 
     def act_batch(self, obs: np.ndarray, masks: np.ndarray | None = None) -> np.ndarray:

@@ -24,16 +24,16 @@ import numpy as np
 from agentflow_core.adapters.base import AdaptedStep, BaseSemanticAdapter
 from agentflow_core.envs.base import PhysicalEnv, StepResult
 from agentflow_core.errors import EnvCrashError, EnvError, EnvInvalidError
-from agentflow_core.semantics import ACTION_RISK, N_ACTIONS, OBS_DIM, SemanticAction, SemanticObs
+from agentflow_core.semantics import ACTION_RISK, CHECKOUT, N_ACTIONS, OBS_DIM, SemanticAction, SemanticObs
 
 # Declared risk by action index (an IntEnum lookup per step is measurable at pool scale).
 _ACTION_RISK: tuple[float, ...] = tuple(ACTION_RISK.get(a, 0.0) for a in SemanticAction)
 
 
 @functools.cache
-def _space_prototypes() -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
-    """The shared spaces, validated once; a pool re-creates SemanticEnvs at every env re-use."""
-    return gym.spaces.Box(-1.0, 1.0, shape=(OBS_DIM,), dtype=np.float32), gym.spaces.Discrete(N_ACTIONS)
+def _space_prototypes(obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
+    """The shared spaces (of one process's vocabulary), validated once; a pool re-creates SemanticEnvs at every re-use."""
+    return gym.spaces.Box(-1.0, 1.0, shape=(obs_dim,), dtype=np.float32), gym.spaces.Discrete(n_actions)
 
 
 class SemanticEnv(gym.Env[np.ndarray, np.int64]):
@@ -50,11 +50,13 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         self.max_episode_steps = max_episode_steps or int(
             getattr(getattr(physical, "scenario", None), "max_episode_steps", 200)
         )
-        observation_space, action_space = _space_prototypes()
+        vocabulary = getattr(adapter, "vocabulary", CHECKOUT)  # the process the adapter's mapping speaks
+        observation_space, action_space = _space_prototypes(vocabulary.obs_dim, vocabulary.n_actions)
+        self._action_risk = _ACTION_RISK if vocabulary == CHECKOUT else vocabulary.action_risk
         self.observation_space = copy.copy(observation_space)  # own instances (own sampling RNG), no re-validation
         self.action_space = copy.copy(action_space)
         self._raw: Any = None
-        self._mask = np.ones(N_ACTIONS, dtype=bool)
+        self._mask = np.ones(vocabulary.n_actions, dtype=bool)
         self.step_id = 0
         self._step: AdaptedStep | None = None
 
@@ -108,13 +110,13 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         info["raw_reward"] = float(result.reward)
         return step.vec, float(reward), bool(result.terminated), bool(result.truncated), info
 
-    @staticmethod
-    def _risk(action: int, channel_info: dict[str, Any]) -> float:
+    def _risk(self, action: int, channel_info: dict[str, Any]) -> float:
         """The channel's own risk figure, else the action's declared risk if the channel applied it."""
         if "risk" in channel_info:
             return float(channel_info["risk"])
         if channel_info.get("applied"):
-            return _ACTION_RISK[action] if 0 <= action < N_ACTIONS else ACTION_RISK.get(SemanticAction(action), 0.0)
+            risks = self._action_risk
+            return risks[action] if 0 <= action < len(risks) else ACTION_RISK.get(SemanticAction(action), 0.0)
         return 0.0
 
     def _info(self, channel_info: dict[str, Any], step: AdaptedStep, risk: float) -> dict[str, Any]:

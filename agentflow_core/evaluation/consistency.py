@@ -26,6 +26,7 @@ puts each variant's agreement next to its success rate.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -197,8 +198,12 @@ def canonical_consistency(
 
     Probe state ``(state, d)`` of variant ``i`` carries the ``d``-th seeded draw of the free
     features for that variant, so the free features differ between variants on the same state.
+    A process that declares no probe states has no canonical consistency: the score is NaN.
     """
     k = len(variant_ids)
+    if not states:
+        actions = np.zeros((k, 0), np.int64)
+        return ConsistencyResult(list(variant_ids), [], actions, np.full((k, k), np.nan), math.nan)
     scales = list(cart_scales) if cart_scales is not None else [DEFAULT_CART_SCALE] * k
     free = np.random.default_rng(seed).uniform(0.0, FREE_FEATURE_HIGH, size=(k, draws, len(FREE_FEATURES)))
     names = [f"{state.name}#{d}" for state in states for d in range(draws)]

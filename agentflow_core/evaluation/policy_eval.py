@@ -14,19 +14,19 @@ policy) and the scripted experts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn
-from agentflow_core.envs.experts import expert_for
+from agentflow_core.envs.experts import ScriptedExpert, expert_for
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.stress import VariantRow, stratified_sample
 from agentflow_core.rl.exploration import epsilon_greedy
 from agentflow_core.rl.policy import ActorCritic
-from agentflow_core.semantics import decode_tokens, process_success
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 V = TypeVar("V", bound=VariantRow)
 
@@ -125,6 +125,7 @@ def _evaluate(
     paid: list[bool] = []
     processed: list[bool] = []
     played: list[VariantRow] = []
+    vocabulary: Vocabulary = getattr(pool, "vocabulary", CHECKOUT)  # the process the pool's envs speak
     batch = pool.reset(seed=seed)
     for _ in range(max_pool_steps):
         if (counts >= per_variant).all():
@@ -146,7 +147,9 @@ def _evaluate(
             paid.append(bool(info["success"]))
             processed.append(
                 paid[-1]
-                or process_success(variant.params, decode_tokens(batch.final_obs[i]), bool(batch.terminated[i]))
+                or vocabulary.process_success(
+                    variant.params, vocabulary.decode_tokens(batch.final_obs[i]), bool(batch.terminated[i])
+                )
             )
             played.append(variant)
     families = [v.family for v in played]
@@ -176,14 +179,17 @@ def exploration_policy(policy: ActorCritic, epsilon: float, rng: np.random.Gener
     return lambda obs, mask: epsilon_greedy(policy.act(obs, mask), mask, epsilon, rng)[0]
 
 
-def expert_policy(pool: EnvPool) -> PolicyFn:
-    """Each slot's family's scripted expert (the pool says which variant a slot is playing)."""
+def expert_policy(pool: EnvPool, experts: Callable[[str], ScriptedExpert] = expert_for) -> PolicyFn:
+    """Each slot's family's scripted expert (the pool says which variant a slot is playing).
+
+    ``experts`` maps a family to its expert: checkout's by default, ``ProcessSpec.expert`` for a process from data.
+    """
     variants = pool.variants
 
     def act(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         slots = pool.slot_variants()
         return np.array(
-            [expert_for(variants[v].family).act(o, m) for v, o, m in zip(slots.tolist(), obs, mask, strict=True)],
+            [experts(variants[v].family).act(o, m) for v, o, m in zip(slots.tolist(), obs, mask, strict=True)],
             dtype=np.int64,
         )
 

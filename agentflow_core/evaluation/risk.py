@@ -61,13 +61,17 @@ def _table(risky: Counter[str], total: Counter[str]) -> dict[str, dict[str, floa
     }
 
 
-def action_name(action: int) -> str:
-    """The semantic action's name for a report, or the raw number when it is out of range."""
-    return ACTIONS[action] if 0 <= action < len(ACTIONS) else str(action)
+def action_name(action: int, actions: Sequence[str] = ACTIONS) -> str:
+    """The semantic action's name (in the process's ``actions``) for a report, or the raw number when out of range."""
+    return actions[action] if 0 <= action < len(actions) else str(action)
 
 
 def risk_report(
-    steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], threshold: float, penalty: float
+    steps: Sequence[StepRecord],
+    episodes: Sequence[EpisodeRecord],
+    threshold: float,
+    penalty: float,
+    actions: Sequence[str] = ACTIONS,
 ) -> RiskReport:
     """Count steps with ``risk > threshold``; rates are per action taken and per family's steps."""
     by_action: Counter[str] = Counter()
@@ -75,7 +79,7 @@ def risk_report(
     by_family: Counter[str] = Counter()
     family_total: Counter[str] = Counter()
     for step in steps:
-        name = action_name(step.action)
+        name = action_name(step.action, actions)
         action_total[name] += 1
         family_total[step.family] += 1
         if step.risk > threshold:

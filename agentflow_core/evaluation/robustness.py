@@ -24,7 +24,9 @@ from typing import Any
 
 from agentflow_core.config import StressConfig
 from agentflow_core.evaluation.consistency import (
+    CANONICAL_STATES,
     DEFAULT_CART_SCALE,
+    CanonicalState,
     ConsistencyResult,
     MatchedConsistency,
     canonical_consistency,
@@ -40,7 +42,7 @@ from agentflow_core.evaluation.root_causes import RECOMMENDATIONS, RootCause, ro
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.evaluation.token_frequency import CoverageTable, coverage_table
 from agentflow_core.gates import stress_checks
-from agentflow_core.semantics import TOKENS
+from agentflow_core.semantics import CHECKOUT, TOKENS, Vocabulary
 
 
 def robustness_score(success_rate: float, consistency: float, crash_rate: float) -> float:
@@ -152,20 +154,29 @@ def analyze_stress(
     sample_order: Sequence[str],
     reachable: Sequence[str] = TOKENS,
     cart_scales: Mapping[str, float] | None = None,
+    probes: Sequence[CanonicalState] = CANONICAL_STATES,
+    vocabulary: Vocabulary = CHECKOUT,
 ) -> StressAnalysis:
-    """Compute every stress measure from the rollout records (plus the canonical probes of ``policy_fn``)."""
+    """Compute every stress measure from the rollout records (plus the canonical probes of ``policy_fn``).
+
+    ``probes`` are the process's consistency-probe states (``ProcessSpec.probes``). A process that
+    declares none (refund: the probes fix checkout's stage features) is judged on the matched-state
+    consistency of the rollout itself -- agreement of the variants' modal actions on the token states
+    they share -- and ``consistency_probes`` is 0 in the metrics to say so.
+    """
     episodes, steps = rollout.episodes, rollout.steps
     n = max(len(episodes), 1)
     ids, features, families = consistency_variants(rollout, sample_order, cfg.consistency_variants, dimensions)
     scales = [(cart_scales or {}).get(f, DEFAULT_CART_SCALE) for f in families]
-    consistency = canonical_consistency(policy_fn, ids, features, scales)
-    random_floor = canonical_consistency(random_policy(0), ids, features, scales)
+    consistency = canonical_consistency(policy_fn, ids, features, scales, probes)
+    random_floor = canonical_consistency(random_policy(0), ids, features, scales, probes)
     matched = matched_state_consistency(steps)
+    consistency_score = consistency.score if probes else matched.score
     per_variant = per_variant_rows(consistency, episodes, cfg.consistency_target)
-    coverage = coverage_table(steps, cfg.coverage_group, reachable, cfg.long_tail_frequency)
+    coverage = coverage_table(steps, cfg.coverage_group, reachable, cfg.long_tail_frequency, vocabulary.tokens)
     causes, failures = root_causes(episodes, dimensions, cfg.failure_reward_threshold)
     hacking = reward_hacking(episodes, cfg.hacking_reward_threshold)
-    risk = risk_report(steps, episodes, cfg.risk_threshold, cfg.risk_penalty)
+    risk = risk_report(steps, episodes, cfg.risk_threshold, cfg.risk_penalty, vocabulary.actions)
     success_rate = sum(e.success for e in episodes) / n
     crash_episodes = sum(e.crashed for e in episodes)
     metrics: dict[str, Any] = {
@@ -176,11 +187,12 @@ def analyze_stress(
         "payment_success_rate": sum(e.reached_goal for e in episodes) / n,
         "crash_episodes": crash_episodes,
         "crash_rate": crash_episodes / n,
-        "consistency": consistency.score,
+        "consistency": consistency_score,
+        "consistency_probes": len(probes),
         "consistency_random": random_floor.score,
         "consistency_variants": len(ids),
         "matched_state_consistency": matched.score,
-        "robustness_score": robustness_score(success_rate, consistency.score, crash_episodes / n),
+        "robustness_score": robustness_score(success_rate, consistency_score, crash_episodes / n),
         "mean_env_return": fmean(e.env_return for e in episodes) if episodes else 0.0,
         "mean_evaluated_return": fmean(e.evaluated_return for e in episodes) if episodes else 0.0,
         "mean_shaped_return": fmean(e.shaped_return for e in episodes) if episodes else 0.0,

@@ -21,7 +21,7 @@ import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn, PoolBatch
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
-from agentflow_core.semantics import GOAL_TOKEN, decode_features, decode_tokens, process_success
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 
 class VariantRow(Protocol):
@@ -149,6 +149,8 @@ def run_stress_episodes(
     record is a complete episode. ``reward_fn`` (optional) supplies the shaped reward per step.
     """
     by_id = {v.env_id: v for v in variants}
+    vocabulary: Vocabulary = getattr(pool, "vocabulary", CHECKOUT)  # the process the pool's envs speak
+    decode_features, decode_tokens = vocabulary.decode_features, vocabulary.decode_tokens
     batch = pool.reset(seed)
     if reward_fn is not None:
         reward_fn.reset(batch.obs)
@@ -196,7 +198,7 @@ def run_stress_episodes(
             if not done[i]:
                 continue
             if len(finished) < episodes:
-                finished.append(_close(slot, info, risk))
+                finished.append(_close(slot, info, risk, vocabulary))
                 steps.extend(slot.steps)
             counters[i] += 1
             slots[i] = _Slot(
@@ -211,15 +213,15 @@ def run_stress_episodes(
     return StressRollout(steps, finished, pool_steps, sorted({e.env_id for e in finished}))
 
 
-def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule) -> EpisodeRecord:
+def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule, vocabulary: Vocabulary = CHECKOUT) -> EpisodeRecord:
     records = slot.steps
     env_return = float(info.get("episode_return", sum(s.reward for s in records)))
     risky = sum(s.risk > risk.threshold for s in records)
     reason = info.get("failure_reason")
     path = [s.tokens for s in records]
-    reached = any(GOAL_TOKEN in t for t in path)
+    reached = any(vocabulary.goal in t for t in path)
     paid = bool(info.get("success", reached and records[-1].terminated))
-    success = paid or process_success(slot.variant.params, path[-1] if path else (), records[-1].terminated)
+    success = paid or vocabulary.process_success(slot.variant.params, path[-1] if path else (), records[-1].terminated)
     return EpisodeRecord(
         episode_id=slot.episode_id,
         env_id=slot.variant.env_id,

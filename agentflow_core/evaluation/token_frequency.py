@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.evaluation.records import StepRecord
-from agentflow_core.semantics import TOKEN_INDEX, TOKENS
+from agentflow_core.semantics import TOKENS
 
 
 @dataclass(frozen=True)
@@ -60,25 +60,27 @@ def coverage_table(
     group_dimension: str = "network",
     reachable: Sequence[str] = TOKENS,
     long_tail: float = 0.01,
+    tokens: Sequence[str] = TOKENS,
 ) -> CoverageTable:
-    """Token frequencies per ``family · <group value>`` row, with long-tail and unseen tokens."""
+    """Token frequencies per ``family · <group value>`` row, with long-tail and unseen tokens (of ``tokens``)."""
+    names, index = tuple(tokens), {t: i for i, t in enumerate(tokens)}
     counts: dict[str, np.ndarray] = {}
     states: dict[str, int] = {}
-    for step, tokens in _visited(steps):
+    for step, visited in _visited(steps):
         row = f"{step.family} · {step.params.get(group_dimension, '-')}"
         if row not in counts:
-            counts[row], states[row] = np.zeros(len(TOKENS), np.int64), 0
+            counts[row], states[row] = np.zeros(len(names), np.int64), 0
         states[row] += 1
-        for token in tokens:
-            counts[row][TOKEN_INDEX[token]] += 1
+        for token in visited:
+            counts[row][index[token]] += 1
     rows = sorted(counts)
-    matrix = np.stack([counts[r] for r in rows]) if rows else np.zeros((0, len(TOKENS)), np.int64)
+    matrix = np.stack([counts[r] for r in rows]) if rows else np.zeros((0, len(names)), np.int64)
     per_row = np.array([states[r] for r in rows], np.int64)
-    frequency = matrix / np.maximum(per_row, 1)[:, None] if rows else np.zeros((0, len(TOKENS)))
+    frequency = matrix / np.maximum(per_row, 1)[:, None] if rows else np.zeros((0, len(names)))
     overall = matrix.sum(0) / max(int(per_row.sum()), 1)
-    seen = {t for t, c in zip(TOKENS, matrix.sum(0), strict=True) if c > 0}
-    tail = [t for t, f in zip(TOKENS, overall, strict=True) if t in seen and f < long_tail]
-    reachable_set = [t for t in reachable if t in TOKEN_INDEX]
+    seen = {t for t, c in zip(names, matrix.sum(0), strict=True) if c > 0}
+    tail = [t for t, f in zip(names, overall, strict=True) if t in seen and f < long_tail]
+    reachable_set = [t for t in reachable if t in index]
     unseen = [t for t in reachable_set if t not in seen]
     coverage = (len(reachable_set) - len(unseen)) / len(reachable_set) if reachable_set else 1.0
-    return CoverageTable(rows, list(TOKENS), frequency, per_row, overall, tail, unseen, coverage, group_dimension)
+    return CoverageTable(rows, list(names), frequency, per_row, overall, tail, unseen, coverage, group_dimension)

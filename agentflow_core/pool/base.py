@@ -27,6 +27,7 @@ from agentflow_core.contracts import (
     VariantLike,
 )
 from agentflow_core.errors import AgentFlowError
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 __all__ = [
     "ENV_CRASH",
@@ -131,14 +132,20 @@ class RegistryEnvFactory:
         return SemanticEnv(physical, self._adapter(entry), max_episode_steps=scenario.max_episode_steps)
 
     def _adapter(self, entry: Any) -> Any:
-        from agentflow_core.adapters import adapter_class
-
         with self._lock:
             adapter = self._adapters.get(entry.env_id)
             if adapter is None:
-                adapter = adapter_class(entry.adapter)(entry.mapping, source=entry.mapping_path)
+                adapter = entry.build_adapter()
                 self._adapters[entry.env_id] = adapter
         return adapter
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The one vocabulary its entries' mappings speak (the pool's widths); mixing processes is an error."""
+        found = {getattr(entry, "vocabulary", CHECKOUT) for entry in self.entries.values()}  # registry EnvEntry
+        if len(found) > 1:
+            raise PoolError(f"base envs of more than one process in one pool: {sorted(v.version for v in found)}")
+        return found.pop() if found else CHECKOUT
 
     def __getstate__(self) -> dict[str, Any]:
         return {"entries": dict(self.entries)}
@@ -147,6 +154,12 @@ class RegistryEnvFactory:
         object.__setattr__(self, "entries", state["entries"])
         object.__setattr__(self, "_adapters", {})
         object.__setattr__(self, "_lock", threading.Lock())
+
+
+def factory_vocabulary(factory: Any) -> Vocabulary:
+    """The vocabulary of the envs ``factory`` builds: its ``vocabulary`` when it declares one, else checkout's."""
+    vocabulary = getattr(factory, "vocabulary", CHECKOUT)
+    return vocabulary if isinstance(vocabulary, Vocabulary) else CHECKOUT
 
 
 def as_variant_list(variants: Sequence[VariantLike]) -> list[VariantLike]:

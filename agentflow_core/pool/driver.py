@@ -30,7 +30,7 @@ from agentflow_core.pool.base import (
 )
 from agentflow_core.pool.scheduler import EpisodeStats
 from agentflow_core.pool.worker import WorkerBatch
-from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, N_TOKENS, OBS_DIM, TOKEN_INDEX, TOKENS
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 from agentflow_core.variants import stable_worker
 
 logger = logging.getLogger("agentflow.pool")
@@ -39,8 +39,6 @@ logger = logging.getLogger("agentflow.pool")
 MAX_RESET_ROUNDS = 16
 # How often a pool step whose every slot is pending asks again whether one of them returned.
 PENDING_POLL_S = 0.005
-_GOAL = TOKEN_INDEX[GOAL_TOKEN]
-_TOKEN_NAMES = np.array(TOKENS, dtype=object)
 
 
 def _all_pending(results: dict[int, WorkerBatch | None]) -> bool:
@@ -58,6 +56,7 @@ class PoolDriver(ABC):
         scheduler: Any,
         n_workers: int,
         seed: int = 0,
+        vocabulary: Vocabulary = CHECKOUT,
     ) -> None:
         if num_envs < 1:
             raise PoolError(f"num_envs must be >= 1, got {num_envs}")
@@ -66,6 +65,11 @@ class PoolDriver(ABC):
         self.config = config
         self.scheduler = scheduler
         self.n_workers = max(int(n_workers), 1)
+        # the widths, goal and token names of the process the envs speak
+        self.vocabulary = vocabulary
+        self._n_tokens = vocabulary.n_tokens
+        self._goal = vocabulary.token_index()[vocabulary.goal]
+        self._token_names = np.array(vocabulary.tokens, dtype=object)
         self.env_ids = [v.env_id for v in self.variants]
         self.variant_hashes = [v.content_hash for v in self.variants]
         self.worker_of = np.fromiter(
@@ -75,13 +79,13 @@ class PoolDriver(ABC):
         n = self.num_envs
         self._slot_variant = np.full(n, -1, np.int64)
         self._slot_live = np.zeros(n, bool)
-        self._obs = np.zeros((n, OBS_DIM), np.float32)
-        self._mask = np.ones((n, N_ACTIONS), bool)
+        self._obs = np.zeros((n, vocabulary.obs_dim), np.float32)
+        self._mask = np.ones((n, vocabulary.n_actions), bool)
         self._ep_return = np.zeros(n, np.float64)
         self._ep_length = np.zeros(n, np.int64)
         self._step_id = np.zeros(n, np.int64)
         self._ep_seed = np.zeros(n, np.int64)
-        self._ep_tokens = np.zeros((n, N_TOKENS), bool)
+        self._ep_tokens = np.zeros((n, vocabulary.n_tokens), bool)
         # Slots whose step has not returned (and the action it was given): left out of the pool steps
         # until it does. ``detach_after_s`` None waits for every step (deterministic, e.g. training slices).
         self.detach_after_s: float | None = config.step_patience_s
@@ -149,7 +153,7 @@ class PoolDriver(ABC):
                 self._worker_call(w, "release", slots)
         self._slot_live[:] = False
         self._pending[:] = False  # release() ended the workers' pending steps too
-        rows = WorkerBatch.empty(np.arange(self.num_envs))
+        rows = WorkerBatch.empty(np.arange(self.num_envs), self.vocabulary)
         rows.truncated[:] = True  # no episode is running: a worker lost here closes none
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._autoreset(list(range(self.num_envs)), rows, infos, rows.obs.copy())
@@ -184,7 +188,7 @@ class PoolDriver(ABC):
         if not self._slot_live.all():
             raise PoolError("step() before reset(): every slot needs a live episode")
         stepping = np.arange(self.num_envs)
-        rows = WorkerBatch.empty(stepping)
+        rows = WorkerBatch.empty(stepping, self.vocabulary)
         if active is not None:
             active = np.asarray(active, dtype=bool).reshape(self.num_envs)
             stepping = np.flatnonzero(active)
@@ -220,7 +224,7 @@ class PoolDriver(ABC):
         rows.obs[failed] = self._obs[failed]
         rows.step_id[failed] = self._step_id[failed] + 1
         self._ep_return += rows.reward
-        self._ep_tokens |= rows.obs[:, :N_TOKENS] > 0.5
+        self._ep_tokens |= rows.obs[:, : self._n_tokens] > 0.5
         stepped = ~lost & ~pending if active is None else active & ~lost & ~pending
         self._ep_length += stepped
         self._step_id = rows.step_id.copy()
@@ -320,14 +324,13 @@ class PoolDriver(ABC):
         bounds = np.flatnonzero(np.diff(hosts)) + 1
         return {int(h[0]): s for s, h in zip(np.split(slots, bounds), np.split(hosts, bounds), strict=True) if len(s)}
 
-    @staticmethod
-    def _tokens(obs_row: np.ndarray) -> list[str]:
-        return _TOKEN_NAMES[obs_row[:N_TOKENS] > 0.5].tolist()
+    def _tokens(self, obs_row: np.ndarray) -> list[str]:
+        return self._token_names[obs_row[: self._n_tokens] > 0.5].tolist()
 
     def _infos(self, rows: WorkerBatch) -> list[dict[str, Any]]:
         v = self._slot_variant.tolist()
         step_id, risk = rows.step_id.tolist(), rows.risk.tolist()
-        hot = rows.obs[:, :N_TOKENS] > 0.5
+        hot = rows.obs[:, : self._n_tokens] > 0.5
         return [
             {
                 "env_id": self.env_ids[v[i]],
@@ -335,7 +338,7 @@ class PoolDriver(ABC):
                 "variant_hash": self.variant_hashes[v[i]],
                 "step_id": step_id[i],
                 "failure_reason": rows.failure_reason[i],
-                "tokens": _TOKEN_NAMES[hot[i]].tolist(),
+                "tokens": self._token_names[hot[i]].tolist(),
                 "risk": risk[i],
             }
             for i in range(self.num_envs)
@@ -353,7 +356,7 @@ class PoolDriver(ABC):
         for s in slots:
             v = int(self._slot_variant[s])
             reason = rows.failure_reason[s]
-            success = bool(rows.terminated[s] and rows.obs[s, _GOAL] > 0.5)
+            success = bool(rows.terminated[s] and rows.obs[s, self._goal] > 0.5)
             ret, length = float(self._ep_return[s]), int(self._ep_length[s])
             infos[s].update(episode_return=ret, episode_length=length, success=success)
             self._slot_live[s] = False
@@ -372,7 +375,7 @@ class PoolDriver(ABC):
                     success=success,
                     length=length,
                     failure_reason=reason,
-                    tokens=frozenset(_TOKEN_NAMES[self._ep_tokens[s]].tolist()),
+                    tokens=frozenset(self._token_names[self._ep_tokens[s]].tolist()),
                     value_loss=None if np.isnan(loss) else float(loss),
                 ),
             )
@@ -437,7 +440,7 @@ class PoolDriver(ABC):
                     self._slot_variant[s], self._slot_live[s] = v, True
                     self._ep_return[s], self._ep_length[s], self._step_id[s] = 0.0, 0, 0
                     self._ep_seed[s] = w_seeds[row]
-                    self._ep_tokens[s] = res.obs[row, :N_TOKENS] > 0.5
+                    self._ep_tokens[s] = res.obs[row, : self._n_tokens] > 0.5
                     rows.obs[s], rows.action_mask[s] = res.obs[row], res.action_mask[row]
                     infos[s].update(
                         next_env_id=self.env_ids[v],

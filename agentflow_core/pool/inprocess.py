@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.pool.base import EnvFactory, VariantLike
+from agentflow_core.pool.base import EnvFactory, VariantLike, factory_vocabulary
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.process_host import ProcessWorker
 from agentflow_core.pool.strategies import make_scheduler
@@ -58,6 +58,7 @@ class InProcessPool(PoolDriver):
             scheduler if scheduler is not None else default_scheduler(config, len(variants), seed),
             n_workers,
             seed,
+            factory_vocabulary(factory),
         )
         host = ProcessWorker if config.step_isolation == "process" else EnvWorker
         if config.step_isolation == "process":  # a child's hung step is handled by killing the child

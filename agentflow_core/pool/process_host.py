@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.pool.base import WORKER_LOST, EnvFactory, PoolError, VariantLike
+from agentflow_core.pool.base import WORKER_LOST, EnvFactory, PoolError, VariantLike, factory_vocabulary
 from agentflow_core.pool.worker import EnvWorker, WorkerBatch
 
 logger = logging.getLogger("agentflow.pool")
@@ -168,6 +168,7 @@ class ProcessWorker:
         max_abandoned_alive: int = 8,
     ) -> None:
         self._args = (factory, dict(variants), int(max_live), float(step_timeout_s), int(worker_index))
+        self.vocabulary = factory_vocabulary(factory)
         self.worker_index = int(worker_index)
         self.step_timeout_s = float(step_timeout_s)
         # A hung child's own watchdog answers after one step timeout; its heartbeat is stale only when the
@@ -402,7 +403,7 @@ class ProcessWorker:
             out: WorkerBatch = self._recv(child)
         except ChildLost:
             self._replace_lost(child)
-            out = WorkerBatch.empty(slots)
+            out = WorkerBatch.empty(slots, self.vocabulary)
             out.truncated[:] = True
             out.failure_reason = [WORKER_LOST] * len(slots)
             return out
@@ -428,7 +429,7 @@ class ProcessWorker:
         return lambda: self._step_finish(slots, sent)
 
     def _step_finish(self, slots: np.ndarray, sent: list[tuple[_Child, np.ndarray]]) -> WorkerBatch:
-        out = WorkerBatch.empty(slots)
+        out = WorkerBatch.empty(slots, self.vocabulary)
         out.truncated[:] = True
         out.failure_reason = [WORKER_LOST] * len(slots)
         for child, rows in sent:

@@ -40,7 +40,7 @@ import psutil
 from threadpoolctl import threadpool_limits
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike
+from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike, factory_vocabulary
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
 from agentflow_core.pool.worker import EnvWorker
@@ -210,6 +210,7 @@ class RayPool(PoolDriver):
             scheduler if scheduler is not None else default_scheduler(config, len(variants), seed),
             max(config.num_workers, 1),
             seed,
+            factory_vocabulary(factory),
         )
         # A batch can hold a few hung envs, each costing one step timeout inside the worker.
         self.call_timeout_s = call_timeout_s if call_timeout_s is not None else 4 * config.step_timeout_s + 10.0

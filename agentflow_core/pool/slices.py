@@ -218,7 +218,7 @@ class SlicePool(PoolDriver):
     ) -> None:
         self.worker, self.global_index = worker, np.asarray(global_index, np.int64)
         variants = [worker.variants[g] for g in self.global_index.tolist()]
-        super().__init__(variants, num_slots, config, scheduler, n_workers=1)
+        super().__init__(variants, num_slots, config, scheduler, n_workers=1, vocabulary=worker.vocabulary)
         self.detach_after_s = None  # a slice waits for every step: its rollout is a function of its seeds
 
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:
@@ -273,7 +273,8 @@ class SliceRunner:
             # generator, which an in-process run checkpoints (a resumed run builds it later than an
             # uninterrupted one, and their checkpoints would differ)
             with torch.random.fork_rng(devices=[]):
-                self._policy = ActorCritic(hidden_sizes=request.hidden_sizes)
+                vocabulary = pool.vocabulary
+                self._policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, request.hidden_sizes)
         self._policy.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         generator = torch.Generator().manual_seed(request.sample_seed)
         rollout = collect_slice(pool, self._policy, request.n_steps, request.reset_seed, generator, pool.global_index)

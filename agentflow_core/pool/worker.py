@@ -40,8 +40,9 @@ from agentflow_core.pool.base import (
     EnvFactory,
     PoolEnv,
     VariantLike,
+    factory_vocabulary,
 )
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 logger = logging.getLogger("agentflow.pool")
 
@@ -256,13 +257,13 @@ class WorkerBatch:
     failure_reason: list[str | None]
 
     @classmethod
-    def empty(cls, slots: np.ndarray) -> WorkerBatch:
+    def empty(cls, slots: np.ndarray, vocabulary: Vocabulary = CHECKOUT) -> WorkerBatch:
         """Rows for ``slots`` before anything ran: zero observations and rewards, every action legal."""
         k = len(slots)
         return cls(
             slots=np.asarray(slots, dtype=np.int64),
-            obs=np.zeros((k, OBS_DIM), dtype=np.float32),
-            action_mask=np.ones((k, N_ACTIONS), dtype=bool),
+            obs=np.zeros((k, vocabulary.obs_dim), dtype=np.float32),
+            action_mask=np.ones((k, vocabulary.n_actions), dtype=bool),
             reward=np.zeros(k, dtype=np.float32),
             terminated=np.zeros(k, dtype=bool),
             truncated=np.zeros(k, dtype=bool),
@@ -318,6 +319,7 @@ class EnvWorker:
         worker_index: int = 0,
     ) -> None:
         self.factory = factory
+        self.vocabulary = factory_vocabulary(factory)
         self.variants = dict(variants)
         self.max_live = int(max_live)
         self.worker_index = worker_index
@@ -465,7 +467,7 @@ class EnvWorker:
             donor = None if donor_variant is None else self._take_idle(donor_variant)
             items.append(_ResetItem(v, seed, cached, donor, -1 if donor_variant is None else donor_variant))
         results = self.watchdog.run(self._reset_one, items)
-        out = WorkerBatch.empty(slots)
+        out = WorkerBatch.empty(slots, self.vocabulary)
         for row, (slot, item, res) in enumerate(zip(slots.tolist(), items, results, strict=True)):
             if item.declined and item.donor is not None:
                 self._park(item.donor_variant, item.donor, self.variants[item.variant_index].base_env_id)
@@ -510,7 +512,7 @@ class EnvWorker:
         """
         slots = np.asarray(slots, dtype=np.int64)
         actions = np.asarray(actions)
-        out = WorkerBatch.empty(slots)
+        out = WorkerBatch.empty(slots, self.vocabulary)
         items: list[tuple[PoolEnv, int] | None] = []
         fresh: list[int] = []  # rows stepped now; the others are steps still pending from an earlier call
         results: list[Any] = [None] * len(slots)

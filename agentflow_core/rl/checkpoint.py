@@ -40,7 +40,7 @@ from agentflow_core.config import MAX_LAYERS, MAX_WIDTH
 from agentflow_core.errors import AgentFlowError, NonFiniteError
 from agentflow_core.rl.policy import policy_hash
 from agentflow_core.rl.ppo import PPO
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM, VOCAB_VERSION
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 logger = logging.getLogger("agentflow.checkpoint")
 
@@ -95,18 +95,18 @@ def save_checkpoint(
     return root / name
 
 
-def model_shapes(hidden_sizes: Sequence[int]) -> dict[str, tuple[int, ...]]:
-    """The state-dict shapes of ``ActorCritic(hidden_sizes=...)``, computed without building it."""
+def model_shapes(hidden_sizes: Sequence[int], vocabulary: Vocabulary = CHECKOUT) -> dict[str, tuple[int, ...]]:
+    """The state-dict shapes of ``ActorCritic(hidden_sizes=...)`` over ``vocabulary``, computed without building it."""
     shapes: dict[str, tuple[int, ...]] = {}
-    for tower, out in (("critic", 1), ("actor", N_ACTIONS)):
-        dims = [OBS_DIM, *hidden_sizes, out]
+    for tower, out in (("critic", 1), ("actor", vocabulary.n_actions)):
+        dims = [vocabulary.obs_dim, *hidden_sizes, out]
         for i in range(len(dims) - 1):
             shapes[f"{tower}.{2 * i}.weight"] = (dims[i + 1], dims[i])
             shapes[f"{tower}.{2 * i}.bias"] = (dims[i + 1],)
     return shapes
 
 
-def _read_state(path: Path) -> dict[str, Any]:
+def _read_state(path: Path, vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]:
     file = path / STATE_FILE
     try:
         too_large = file.stat().st_size > MAX_STATE_BYTES
@@ -117,9 +117,10 @@ def _read_state(path: Path) -> dict[str, Any]:
         raise CheckpointError(path, f"{STATE_FILE} is larger than {MAX_STATE_BYTES} bytes")
     if not isinstance(state, dict):
         raise CheckpointError(path, f"{STATE_FILE} holds {type(state).__name__}, expected an object")
-    if state.get("vocab_version") != VOCAB_VERSION:
+    if state.get("vocab_version") != vocabulary.version:
         raise CheckpointError(
-            path, f"vocab_version {str(state.get('vocab_version'))[:40]!r} != {VOCAB_VERSION!r}; the encoding changed"
+            path,
+            f"vocab_version {str(state.get('vocab_version'))[:40]!r} != {vocabulary.version!r}; the encoding changed",
         )
     sizes = state.get("hidden_sizes")
     if not (
@@ -168,18 +169,20 @@ def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_checkpoint(path: Path, hidden_sizes: Sequence[int] | None = None) -> Checkpoint:
-    """Read and validate a checkpoint directory (safetensors + JSON only; refuses other vocabularies).
+def load_checkpoint(
+    path: Path, hidden_sizes: Sequence[int] | None = None, vocabulary: Vocabulary = CHECKOUT
+) -> Checkpoint:
+    """Read and validate a checkpoint directory (safetensors + JSON only; refuses other vocabularies than ``vocabulary``).
 
     ``hidden_sizes`` (the configured network) must match the checkpoint's when given; either way the
     model tensors must have exactly the shapes its own ``hidden_sizes`` imply. Damage raises
     :class:`CheckpointError` before any tensor is allocated.
     """
     path = Path(path)
-    state = _read_state(path)
+    state = _read_state(path, vocabulary)
     if hidden_sizes is not None and list(hidden_sizes) != state["hidden_sizes"]:
         raise CheckpointError(path, f"hidden_sizes {state['hidden_sizes']} != configured {list(hidden_sizes)}")
-    expected = model_shapes(state["hidden_sizes"])
+    expected = model_shapes(state["hidden_sizes"], vocabulary)
     found = _safetensors_shapes(path / MODEL_FILE)
     if found != expected:
         wrong = sorted(set(found) ^ set(expected) | {k for k in found if k in expected and found[k] != expected[k]})
@@ -209,7 +212,9 @@ def _pointer(root: Path, pointer: str) -> Path | None:
     return target if target.is_dir() and target.resolve().parent == root.resolve() else None
 
 
-def load_intact(root: Path, pointer: str = LATEST, hidden_sizes: Sequence[int] | None = None) -> Checkpoint | None:
+def load_intact(
+    root: Path, pointer: str = LATEST, hidden_sizes: Sequence[int] | None = None, vocabulary: Vocabulary = CHECKOUT
+) -> Checkpoint | None:
     """The checkpoint ``pointer`` names, else the newest intact one; None when ``root`` holds none.
 
     Each damaged candidate is logged and skipped (``keep_last`` keeps older ones for exactly this);
@@ -224,7 +229,7 @@ def load_intact(root: Path, pointer: str = LATEST, hidden_sizes: Sequence[int] |
     skipped: list[str] = []
     for candidate in candidates:
         try:
-            ckpt = load_checkpoint(candidate, hidden_sizes)
+            ckpt = load_checkpoint(candidate, hidden_sizes, vocabulary)
         except CheckpointError as exc:
             logger.warning("checkpoint: skipping damaged %s", exc)
             skipped.append(exc.reason)
@@ -270,7 +275,9 @@ class CheckpointManager:
         every_minutes: float,
         keep_last: int = 3,
         clock: Callable[[], float] = time.monotonic,
+        vocabulary: Vocabulary = CHECKOUT,
     ) -> None:
+        self.vocabulary = vocabulary  # its version is stored with every checkpoint (load refuses another)
         self.root, self.every_updates, self.every_s, self.keep_last = (
             Path(root),
             every_updates,
@@ -289,7 +296,7 @@ class CheckpointManager:
         rng_json, rng_tensors = capture_global_rng()
         state = {
             "format_version": FORMAT_VERSION,
-            "vocab_version": VOCAB_VERSION,
+            "vocab_version": self.vocabulary.version,
             "policy_hash": policy_hash(ppo.policy),
             "hidden_sizes": list(ppo.policy.hidden_sizes),
             "best_metric": best_metric,

@@ -32,20 +32,21 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.config import ExploreConfig
-from agentflow_core.semantics import N_TOKENS, TOKEN_INDEX, TOKENS
+from agentflow_core.semantics import CHECKOUT, TOKENS, Vocabulary
 
 DEFINITION_VERSION = 1
 
 TokenBatch = np.ndarray | Sequence[Iterable[str]]
 
 
-def multi_hot(tokens_batch: TokenBatch) -> np.ndarray:
-    """``[N, N_TOKENS]`` bool from encoded observations or from iterables of token names."""
+def multi_hot(tokens_batch: TokenBatch, vocabulary: Vocabulary = CHECKOUT) -> np.ndarray:
+    """``[N, n_tokens]`` bool from encoded observations or from iterables of token names."""
     if isinstance(tokens_batch, np.ndarray):
-        return tokens_batch[:, :N_TOKENS] > 0.5
-    out = np.zeros((len(tokens_batch), N_TOKENS), dtype=bool)
+        return tokens_batch[:, : vocabulary.n_tokens] > 0.5
+    out = np.zeros((len(tokens_batch), vocabulary.n_tokens), dtype=bool)
+    token_index = vocabulary.token_index()
     for i, tokens in enumerate(tokens_batch):
-        out[i, [TOKEN_INDEX[t] for t in tokens]] = True
+        out[i, [token_index[t] for t in tokens]] = True
     return out
 
 
@@ -63,18 +64,23 @@ class CoverageTracker:
     """Counts token visits and transition edges; see the module docstring for the definitions."""
 
     def __init__(
-        self, reachable_tokens: Collection[str] = TOKENS, reference_edges: Iterable[tuple[str, str]] = ()
+        self,
+        reachable_tokens: Collection[str] = TOKENS,
+        reference_edges: Iterable[tuple[str, str]] = (),
+        vocabulary: Vocabulary = CHECKOUT,
     ) -> None:
-        unknown = sorted(set(reachable_tokens) - set(TOKENS))
+        self.vocabulary = vocabulary
+        unknown = sorted(set(reachable_tokens) - set(vocabulary.tokens))
         if unknown or not reachable_tokens:
-            raise ValueError(f"reachable tokens must be a non-empty subset of semantics.TOKENS; unknown {unknown}")
-        self.reachable = np.zeros(N_TOKENS, dtype=bool)
-        self.reachable[[TOKEN_INDEX[t] for t in reachable_tokens]] = True
-        self.token_visits = np.zeros(N_TOKENS, dtype=np.int64)
-        self.edge_counts = np.zeros((N_TOKENS, N_TOKENS), dtype=np.int64)
-        self.reference = np.zeros((N_TOKENS, N_TOKENS), dtype=bool)
+            raise ValueError(f"reachable tokens must be a non-empty subset of the process's tokens; unknown {unknown}")
+        n_tokens, token_index = vocabulary.n_tokens, vocabulary.token_index()
+        self.reachable = np.zeros(n_tokens, dtype=bool)
+        self.reachable[[token_index[t] for t in reachable_tokens]] = True
+        self.token_visits = np.zeros(n_tokens, dtype=np.int64)
+        self.edge_counts = np.zeros((n_tokens, n_tokens), dtype=np.int64)
+        self.reference = np.zeros((n_tokens, n_tokens), dtype=bool)
         for a, b in reference_edges:
-            self.reference[TOKEN_INDEX[a], TOKEN_INDEX[b]] = True
+            self.reference[token_index[a], token_index[b]] = True
 
     @staticmethod
     def _edges(prev: np.ndarray, nxt: np.ndarray) -> np.ndarray:
@@ -83,17 +89,19 @@ class CoverageTracker:
 
     def observe(self, tokens_batch: TokenBatch) -> None:
         """Count states without a predecessor (reset observations)."""
-        self.token_visits += multi_hot(tokens_batch).sum(axis=0)
+        self.token_visits += multi_hot(tokens_batch, self.vocabulary).sum(axis=0)
 
     def update(self, tokens_batch: TokenBatch, prev_tokens_batch: TokenBatch) -> None:
         """Count the states ``tokens_batch`` reached from ``prev_tokens_batch`` (same episode, row-aligned)."""
-        nxt, prev = multi_hot(tokens_batch), multi_hot(prev_tokens_batch)
+        nxt, prev = multi_hot(tokens_batch, self.vocabulary), multi_hot(prev_tokens_batch, self.vocabulary)
         self.token_visits += nxt.sum(axis=0)
         self.edge_counts += self._edges(prev, nxt)
 
     def add_reference(self, tokens_batch: TokenBatch, prev_tokens_batch: TokenBatch) -> None:
         """Add the edges of a reference run (scripted expert) to the edge denominator only."""
-        self.reference |= self._edges(multi_hot(prev_tokens_batch), multi_hot(tokens_batch)) > 0
+        self.reference |= (
+            self._edges(multi_hot(prev_tokens_batch, self.vocabulary), multi_hot(tokens_batch, self.vocabulary)) > 0
+        )
 
     @property
     def token_coverage(self) -> float:
@@ -123,12 +131,12 @@ class CoverageTracker:
             "state_coverage_ratio": self.ratio,
             "nodes": [
                 {"token": t, "visits": int(self.token_visits[i]), "reachable": bool(self.reachable[i])}
-                for i, t in enumerate(TOKENS)
+                for i, t in enumerate(self.vocabulary.tokens)
             ],
             "edges": [
                 {
-                    "source": TOKENS[a],
-                    "target": TOKENS[b],
+                    "source": self.vocabulary.tokens[a],
+                    "target": self.vocabulary.tokens[b],
                     "count": int(self.edge_counts[a, b]),
                     "explored": bool(explored[a, b]),
                     "reference": bool(self.reference[a, b]),

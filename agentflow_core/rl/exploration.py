@@ -31,7 +31,7 @@ from agentflow_core.config import ExploreConfig
 from agentflow_core.contracts import EnvPool, PolicyFn, PoolBatch
 from agentflow_core.rl.coverage import CoverageTracker, epsilon_for
 from agentflow_core.rl.reward import RewardComponents, RewardFunction
-from agentflow_core.semantics import GOAL_TOKEN, N_TOKENS, TOKENS
+from agentflow_core.semantics import Vocabulary
 
 
 class RowSink(Protocol):
@@ -155,6 +155,8 @@ def explore(
     the recorded exploration starts at the scheduler's first variants (a retrain's priority order).
     """
     tracker = tracker or CoverageTracker()
+    vocabulary = tracker.vocabulary  # the process the pool's envs speak (the tracker is built over it)
+    goal_index = vocabulary.token_index()[vocabulary.goal]
     snapshot = pool.scheduler.state_dict() if restart_schedule else None
     reference_steps = (
         reference_run(pool, reference_fn, tracker, reference_pool_steps, seed + 1)
@@ -202,12 +204,13 @@ def explore(
                 seed,
                 policy_hash,
                 now,
+                vocabulary,
             )
             writer.append(row)
             if row["failure_reason"]:
                 failures[row["failure_reason"]] = failures.get(row["failure_reason"], 0) + 1
         episodes += int(done.sum())
-        goal += int((done & np.asarray(batch.terminated, dtype=bool) & (nxt[:, TOKENS.index(GOAL_TOKEN)] > 0.5)).sum())
+        goal += int((done & np.asarray(batch.terminated, dtype=bool) & (nxt[:, goal_index] > 0.5)).sum())
         episode_index += done
         steps += n
         pool_steps += 1
@@ -256,6 +259,7 @@ def _row(
     seed: int,
     policy_hash: str,
     now: float,
+    vocabulary: Vocabulary,
 ) -> dict[str, Any]:
     info = batch.infos[i]
     env_reward = float(batch.reward[i])
@@ -273,7 +277,7 @@ def _row(
         "action_mask": mask,
         "action": action,
         "explored": explored,
-        "tokens": [TOKENS[k] for k in np.flatnonzero(nxt[:N_TOKENS] > 0.5)],
+        "tokens": [vocabulary.tokens[k] for k in np.flatnonzero(nxt[: vocabulary.n_tokens] > 0.5)],
         "reward": base + shaping,
         "env_reward": env_reward,
         "base_reward": base,

@@ -44,7 +44,7 @@ import numpy as np
 from agentflow_core.config import RewardConfig
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.rl.safe_expr import Condition, compile_condition
-from agentflow_core.semantics import FEATURES, N_TOKENS, TOKEN_INDEX, TOKENS
+from agentflow_core.semantics import CHECKOUT, FEATURES, TOKENS, Vocabulary
 
 CONDITION_NAMES: tuple[str, ...] = (*TOKENS, *FEATURES)
 
@@ -78,34 +78,43 @@ class RewardComponents:
     model_ok: bool = True  # False when the model mode fell back to the token table
 
 
-def token_reward_vector(token_rewards: dict[str, float]) -> np.ndarray:
-    """Dense ``[N_TOKENS]`` table in vocabulary order."""
-    table = np.zeros(N_TOKENS, dtype=np.float32)
+def token_reward_vector(token_rewards: dict[str, float], vocabulary: Vocabulary = CHECKOUT) -> np.ndarray:
+    """Dense ``[n_tokens]`` table in ``vocabulary``'s order."""
+    table = np.zeros(vocabulary.n_tokens, dtype=np.float32)
+    token_index = vocabulary.token_index()
     for token, value in token_rewards.items():
-        table[TOKEN_INDEX[token]] = value
+        table[token_index[token]] = value
     return table
 
 
 class RewardFunction:
     """Stateful per-env reward over a pool: call :meth:`reset` with the reset batch, then :meth:`step`."""
 
-    def __init__(self, cfg: RewardConfig, num_envs: int, model: RewardModelClient | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RewardConfig,
+        num_envs: int,
+        model: RewardModelClient | None = None,
+        vocabulary: Vocabulary = CHECKOUT,
+    ) -> None:
         if cfg.mode == "model" and model is None:
             raise ValueError("reward mode 'model' needs a RewardModelClient")
         self.cfg, self.num_envs, self.model = cfg, num_envs, model
-        self.table = token_reward_vector(cfg.token_rewards)
+        self._n_tokens = n_tokens = vocabulary.n_tokens
+        self.condition_names = (*vocabulary.tokens, *vocabulary.features)
+        self.table = token_reward_vector(cfg.token_rewards, vocabulary)
         self._positive = self.table > 0
         self.conditions: tuple[Condition, ...] = tuple(
-            compile_condition(t.condition, CONDITION_NAMES) for t in cfg.shaping
+            compile_condition(t.condition, self.condition_names) for t in cfg.shaping
         )
         self.term_values = np.array([t.weight * t.reward for t in cfg.shaping], dtype=np.float32)
-        self._prev_tokens = np.zeros((num_envs, N_TOKENS), dtype=bool)
-        self._paid_tokens = np.zeros((num_envs, N_TOKENS), dtype=bool)
+        self._prev_tokens = np.zeros((num_envs, n_tokens), dtype=bool)
+        self._paid_tokens = np.zeros((num_envs, n_tokens), dtype=bool)
         self._fired = np.zeros((num_envs, len(self.conditions)), dtype=bool)
 
     def reset(self, obs: np.ndarray) -> None:
         """Start every env's episode from ``obs`` ([N, OBS_DIM])."""
-        self._prev_tokens = np.asarray(obs)[:, :N_TOKENS] > 0.5
+        self._prev_tokens = np.asarray(obs)[:, : self._n_tokens] > 0.5
         self._paid_tokens[:] = False
         self._fired[:] = False
 
@@ -113,7 +122,7 @@ class RewardFunction:
         """Rewards of the transitions that produced ``batch``; advances the per-env episode state."""
         done = np.asarray(batch.terminated, dtype=bool) | np.asarray(batch.truncated, dtype=bool)
         next_obs = np.where(done[:, None], batch.final_obs, batch.obs)
-        next_tokens = next_obs[:, :N_TOKENS] > 0.5
+        next_tokens = next_obs[:, : self._n_tokens] > 0.5
         env_reward = np.asarray(batch.reward, dtype=np.float32)
         base = self._base(next_obs, next_tokens, env_reward)
         fired = self._shaping_fired(next_obs)
@@ -126,7 +135,7 @@ class RewardFunction:
         )
         self._fired |= fired
         # The next transition starts from the (possibly autoreset) observation.
-        self._prev_tokens = np.asarray(batch.obs)[:, :N_TOKENS] > 0.5
+        self._prev_tokens = np.asarray(batch.obs)[:, : self._n_tokens] > 0.5
         self._paid_tokens[done] = False
         self._fired[done] = False
         model_ok = self.model.last_ok if self.model is not None and self.cfg.mode == "model" else True
@@ -167,7 +176,7 @@ class RewardFunction:
         for i, pending_i in enumerate(pending):
             if not any(pending_i):
                 continue
-            values = dict(zip(CONDITION_NAMES, rows[i], strict=True))
+            values = dict(zip(self.condition_names, rows[i], strict=True))
             for j, condition in enumerate(self.conditions):
                 if pending_i[j] and condition(values):
                     fired[i, j] = True

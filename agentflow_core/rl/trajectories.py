@@ -27,36 +27,46 @@ import pyarrow.parquet as pq
 
 from agentflow_core.atomic import atomic_file, write_text
 from agentflow_core.errors import DATA_ERRORS, DataFileError
-from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM, VOCAB_VERSION
+from agentflow_core.semantics import CHECKOUT, GOAL_TOKEN, Vocabulary
 
 SCHEMA_VERSION = 1
 META_FILE = "_meta.json"
 
-SCHEMA = pa.schema(
-    [
-        ("episode_id", pa.string()),
-        ("env_id", pa.string()),
-        ("variant_hash", pa.string()),
-        ("env_version", pa.string()),
-        ("policy_hash", pa.string()),
-        ("seed", pa.int64()),
-        ("timestamp", pa.float64()),  # unix seconds
-        ("step_id", pa.int32()),
-        ("obs", pa.list_(pa.float32(), OBS_DIM)),
-        ("action_mask", pa.list_(pa.bool_(), N_ACTIONS)),
-        ("action", pa.int16()),
-        ("explored", pa.bool_()),  # True when the action was the ε-random one
-        ("tokens", pa.list_(pa.string())),
-        ("reward", pa.float32()),  # total training reward (base + shaping)
-        ("env_reward", pa.float32()),  # the env's business reward
-        ("base_reward", pa.float32()),
-        ("shaping_reward", pa.float32()),
-        ("terminated", pa.bool_()),
-        ("truncated", pa.bool_()),
-        ("failure_reason", pa.string()),
-        ("risk", pa.float32()),
-    ]
-)
+
+def schema(vocabulary: Vocabulary = CHECKOUT) -> pa.Schema:
+    """The step-row schema over ``vocabulary``'s widths (:data:`SCHEMA` is checkout's)."""
+    return pa.schema(
+        [
+            *_COLUMNS[:8],
+            ("obs", pa.list_(pa.float32(), vocabulary.obs_dim)),
+            ("action_mask", pa.list_(pa.bool_(), vocabulary.n_actions)),
+            *_COLUMNS[8:],
+        ]
+    )
+
+
+_COLUMNS: list[tuple[str, pa.DataType]] = [
+    ("episode_id", pa.string()),
+    ("env_id", pa.string()),
+    ("variant_hash", pa.string()),
+    ("env_version", pa.string()),
+    ("policy_hash", pa.string()),
+    ("seed", pa.int64()),
+    ("timestamp", pa.float64()),  # unix seconds
+    ("step_id", pa.int32()),
+    ("action", pa.int16()),
+    ("explored", pa.bool_()),  # True when the action was the ε-random one
+    ("tokens", pa.list_(pa.string())),
+    ("reward", pa.float32()),  # total training reward (base + shaping)
+    ("env_reward", pa.float32()),  # the env's business reward
+    ("base_reward", pa.float32()),
+    ("shaping_reward", pa.float32()),
+    ("terminated", pa.bool_()),
+    ("truncated", pa.bool_()),
+    ("failure_reason", pa.string()),
+    ("risk", pa.float32()),
+]
+SCHEMA = schema(CHECKOUT)
 
 
 def _sha256(path: Path) -> str:
@@ -67,12 +77,19 @@ def _sha256(path: Path) -> str:
 class TrajectoryWriter:
     """Buffers rows and flushes a shard of ``shard_rows`` rows atomically; ``close`` writes the card."""
 
-    def __init__(self, out_dir: Path, shard_rows: int = 50_000, card: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        shard_rows: int = 50_000,
+        card: Mapping[str, Any] | None = None,
+        vocabulary: Vocabulary = CHECKOUT,
+    ) -> None:
+        self.vocabulary, self.schema = vocabulary, schema(vocabulary)
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.shard_rows = shard_rows
         self.extra_card = dict(card or {})
-        self._columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+        self._columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
         self.shards: list[dict[str, Any]] = []
         self.rows = 0
         self._episodes: set[str] = set()
@@ -89,7 +106,7 @@ class TrajectoryWriter:
             column.append(row[name])
         self.rows += 1
         self._episodes.add(row["episode_id"])
-        if row["terminated"] and GOAL_TOKEN in row["tokens"]:
+        if row["terminated"] and self.vocabulary.goal in row["tokens"]:
             self._goal_episodes.add(row["episode_id"])
         self._env_versions[row["env_id"]] = row["env_version"]
         self._env_rows[row["env_id"]] += 1
@@ -105,21 +122,21 @@ class TrajectoryWriter:
         n = len(self._columns["episode_id"])
         if n == 0:
             return
-        table = pa.table(self._columns, schema=SCHEMA)
+        table = pa.table(self._columns, schema=self.schema)
         name = f"part-{len(self.shards):05d}.parquet"
         final = self.out_dir / name
         with atomic_file(final) as tmp:
             pq.write_table(table, tmp)
         self.shards.append({"file": name, "rows": n, "sha256": _sha256(final)})
-        self._columns = {name: [] for name in SCHEMA.names}
+        self._columns = {name: [] for name in self.schema.names}
 
     def close(self) -> dict[str, Any]:
         """Flush the tail and write ``_meta.json``; returns the card."""
         self.flush()
         card = {
             "schema_version": SCHEMA_VERSION,
-            "vocab_version": VOCAB_VERSION,
-            "schema": {field.name: str(field.type) for field in SCHEMA},
+            "vocab_version": self.vocabulary.version,
+            "schema": {field.name: str(field.type) for field in self.schema},
             "rows": self.rows,
             "episodes": len(self._episodes),
             "goal_episodes": len(self._goal_episodes),
@@ -147,13 +164,14 @@ def read_card(path: Path) -> dict[str, Any]:
     return card
 
 
-def read_steps(path: Path, verify: bool = True) -> pa.Table:
+def read_steps(path: Path, verify: bool = True, vocabulary: Vocabulary = CHECKOUT) -> pa.Table:
     """All rows of a dataset directory, in shard order; checksums verified against the card.
 
     Shard names come from the card and must name files inside ``path`` (a card is data).
     """
     path = Path(path)
     card = read_card(path)
+    steps = schema(vocabulary)
     root = path.resolve()
     tables = []
     for shard in card["shards"]:
@@ -164,10 +182,10 @@ def read_steps(path: Path, verify: bool = True) -> pa.Table:
         if verify and _sha256(file) != shard.get("sha256"):
             raise DataFileError(file, f"sha256 does not match {META_FILE}")
         try:
-            tables.append(pq.read_table(file, schema=SCHEMA))
+            tables.append(pq.read_table(file, schema=steps))
         except (*DATA_ERRORS, pa.ArrowException) as exc:
             raise DataFileError(file, f"{type(exc).__name__}: {exc}") from None
-    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+    return pa.concat_tables(tables) if tables else steps.empty_table()
 
 
 @dataclass(frozen=True)
@@ -186,6 +204,7 @@ class Episode:
     terminated: bool
     truncated: bool
     failure_reason: str | None
+    goal: str = GOAL_TOKEN  # the process's goal token
 
     @property
     def complete(self) -> bool:
@@ -195,15 +214,15 @@ class Episode:
     @property
     def success(self) -> bool:
         """Reached the goal: terminated with the goal token in the final state."""
-        return self.terminated and GOAL_TOKEN in self.tokens[-1]
+        return self.terminated and self.goal in self.tokens[-1]
 
     def __len__(self) -> int:
         return len(self.actions)
 
 
-def iter_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
+def iter_episodes(path: Path, verify: bool = True, vocabulary: Vocabulary = CHECKOUT) -> Iterator[Episode]:
     """Yield every episode (including ones cut off at the end of the run: ``complete`` is False)."""
-    table = read_steps(path, verify=verify)
+    table = read_steps(path, verify=verify, vocabulary=vocabulary)
     if table.num_rows == 0:
         return
     ids = np.asarray(table.column("episode_id").to_pylist(), dtype=object)
@@ -213,10 +232,10 @@ def iter_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     ends = np.r_[starts[1:], len(ids)]
     cols = {name: table.column(name).take(pa.array(order)) for name in table.column_names}
-    obs = np.asarray(cols["obs"].combine_chunks().flatten(), dtype=np.float32).reshape(-1, OBS_DIM)
+    obs = np.asarray(cols["obs"].combine_chunks().flatten(), dtype=np.float32).reshape(-1, vocabulary.obs_dim)
     masks = np.asarray(
         cols["action_mask"].combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool
-    ).reshape(-1, N_ACTIONS)
+    ).reshape(-1, vocabulary.n_actions)
     actions = cols["action"].to_numpy().astype(np.int64)
     rewards = cols["reward"].to_numpy()
     env_rewards = cols["env_reward"].to_numpy()
@@ -238,6 +257,7 @@ def iter_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
             terminated=bool(terminated[e - 1]),
             truncated=bool(truncated[e - 1]),
             failure_reason=failures[e - 1],
+            goal=vocabulary.goal,
         )
 
 
@@ -247,7 +267,7 @@ def goal_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
 
 
 def process_successful_episodes(
-    path: Path, accepted: Mapping[str, frozenset[str]], verify: bool = True
+    path: Path, accepted: Mapping[str, frozenset[str]], verify: bool = True, vocabulary: Vocabulary = CHECKOUT
 ) -> Iterator[Episode]:
     """Episodes of the variants in ``accepted`` (variant hash -> accepted terminal tokens) that ended in one.
 
@@ -255,19 +275,20 @@ def process_successful_episodes(
     (``agentflow_core.semantics.accepted_outcomes``); variants not in ``accepted`` are skipped, so
     passing the train split's variants keeps validation and test variants out of BC.
     """
-    for ep in iter_episodes(path, verify=verify):
+    for ep in iter_episodes(path, verify=verify, vocabulary=vocabulary):
         tokens = accepted.get(ep.variant_hash)
         if tokens is not None and ep.terminated and not tokens.isdisjoint(ep.tokens[-1]):
             yield ep
 
 
 def behaviour_cloning_arrays(
-    path: Path, accepted: Mapping[str, frozenset[str]]
+    path: Path, accepted: Mapping[str, frozenset[str]], vocabulary: Vocabulary = CHECKOUT
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(obs [M, OBS_DIM], actions [M], action_mask [M, N_ACTIONS])`` over every process-successful episode."""
-    episodes = list(process_successful_episodes(path, accepted))
+    """``(obs [M, obs_dim], actions [M], action_mask [M, n_actions])`` over every process-successful episode."""
+    episodes = list(process_successful_episodes(path, accepted, vocabulary=vocabulary))
     if not episodes:
-        return np.zeros((0, OBS_DIM), np.float32), np.zeros(0, np.int64), np.zeros((0, N_ACTIONS), bool)
+        n_obs, n_act = vocabulary.obs_dim, vocabulary.n_actions
+        return np.zeros((0, n_obs), np.float32), np.zeros(0, np.int64), np.zeros((0, n_act), bool)
     return (
         np.concatenate([e.obs for e in episodes]),
         np.concatenate([e.actions for e in episodes]),

@@ -79,7 +79,7 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
 
 @app.callback()
 def _root() -> None:
-    """AgentFlow: calibrate -> variants -> explore -> offline -> train -> stress -> report."""
+    """AgentFlow: calibrate -> variants -> explore -> offline -> validator -> tune -> train -> stress -> report."""
 
 
 @app.command()
@@ -87,7 +87,7 @@ def validate(params: Path = PARAMS_OPTION) -> None:
     """Validate params.yaml and print the planned cycle with every gate it enforces."""
     cfg = config_or_exit(params)
     console.print(plan_tree(cfg))
-    console.print("[green]params.yaml is valid[/]")
+    console.print(f"[green]{escape(str(params))} is valid[/]")
 
 
 SET_OPTION = typer.Option(

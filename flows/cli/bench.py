@@ -48,6 +48,7 @@ COMMANDS = {
     "forgetting": "agentflow bench forgetting",
     "forgetting_family": "agentflow bench forgetting",
     "tune": "agentflow bench tune",
+    "onboarding": "agentflow bench onboarding",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -64,6 +65,7 @@ TITLES = {
     "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
     "forgetting_family": "Forgetting: a retrain on the SQL channel alone, with and without EWC, on the previous test split",
     "tune": "Auto-tuner (impedance matching): `agentflow train` with its choice vs the static settings",
+    "onboarding": "Onboarding: OpenAPI spec to a trainable env for the refund service; the refund process's expert",
 }
 
 
@@ -159,6 +161,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "soak_ray",
         "browser",
         "tune",
+        "onboarding",
     ):
         path = bench_dir / f"{name}.json"
         if not path.exists():
@@ -390,6 +393,19 @@ def offline(
     typer.echo(bench_section(TITLES["offline"]))
 
 
+@bench_app.command("onboarding")
+def onboarding(
+    repeats: int = typer.Option(5, "--repeat", min=1, help="Spec-to-env runs (the p50 is reported)."),
+    seeds: int = typer.Option(2, "--seeds", min=1, help="Expert episodes per scenario and channel."),
+) -> None:
+    """OpenAPI spec -> trainable env for the refund service (timed), and the refund expert on every refund channel."""
+    from tasks.bench.onboarding_bench import run_onboarding_bench
+
+    write_json(BENCH_DIR / "onboarding.json", run_onboarding_bench(repeats, seeds))
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES["onboarding"]))
+
+
 @bench_app.command("all")
 def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
@@ -400,6 +416,7 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
     browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=None)
+    onboarding(repeats=5, seeds=2)
 
 
 @bench_app.command("tune")

@@ -10,9 +10,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.errors import ConfigError
+from agentflow_core.errors import ConfigError, MappingError
 from tasks.config_io import load_config
 from tasks.determinism import make_deterministic
+from tasks.process_io import load_process
 
 err_console = Console(stderr=True, soft_wrap=True)
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
@@ -26,8 +27,10 @@ def one_line(exc: BaseException) -> str:
 def config_or_exit(params: Path) -> AgentFlowConfig:
     """Load params.yaml, or exit 2 with one message naming the file, key, value and expectation."""
     try:
-        return load_config(params)
-    except ConfigError as exc:
+        cfg = load_config(params)
+        load_process(cfg)  # the selected process and its channels' mappings, checked before anything runs
+        return cfg
+    except (ConfigError, MappingError) as exc:
         err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
 

@@ -33,6 +33,7 @@ from agentflow_core.registry import (
     read_config,
 )
 from flows.cli.common import one_line
+from tasks.process_io import known_vocabularies
 from tasks.registry_io import configure_adapter_debug, load_registry, yaml_load
 from tasks.yaml_io import YamlLimitError, load_yaml_file
 
@@ -147,7 +148,7 @@ def check_config_dir(config_dir: Path) -> list[EnvCheck]:
             document = read_config(path, yaml_load)
             if path.suffix == ".json" and is_mapping_document(document):
                 continue
-            entry = entry_from_config(document, path, yaml_load)
+            entry = entry_from_config(document, path, yaml_load, known_vocabularies(config_dir))
         except AgentFlowError as exc:
             env_id = document.get("env_id", path.stem) if isinstance(document, dict) else path.stem
             results.append(EnvCheck(str(path), str(env_id), loaded=False, errors=[str(exc)]))
@@ -224,7 +225,7 @@ def write_generated_env(
     with tempfile.TemporaryDirectory() as staging:  # validate exactly what will be written
         (Path(staging) / mapping_name).write_text(mapping_text)
         (Path(staging) / config_path.name).write_text(config_text)
-        entry_from_config(yaml_load(config_text), Path(staging) / config_path.name, yaml_load)
+        entry_from_config(yaml_load(config_text), Path(staging) / config_path.name, yaml_load, known_vocabularies())
     for path in config_files(out_dir) if out_dir.is_dir() else []:
         if path != config_path:
             other = read_config(path, yaml_load)
@@ -240,14 +241,49 @@ SPEC_ARGUMENT = typer.Argument(..., exists=True, dir_okay=False, help="OpenAPI 3
 FAMILY_OPTION = typer.Option(..., "--family", help="Family name of the new env (lower_snake_case).")
 OUT_DIR_OPTION = typer.Option(Path("configs/envs"), "--out-dir", help="Where to write the env YAML and mapping JSON.")
 FORCE_OPTION = typer.Option(False, "--force", help="Overwrite existing files.")
+PROCESS_OPTION = typer.Option("checkout", "--process", help="Business process the mapping speaks (configs/processes).")
+ENV_CLASS_OPTION = typer.Option(
+    None,
+    "--env-class",
+    help="Installed env (entry point of group agentflow.envs) that drives the API; default: the demo API env.",
+)
+BASE_URL_OPTION = typer.Option(None, "--base-url", help="URL of the running service (written to the env's kwargs).")
+
+
+def env_class_path(name: str | None) -> str:
+    """The class path of an installed env entry point (the CLI user chooses code; a spec never does)."""
+    from importlib.metadata import entry_points
+
+    from agentflow_core.adapters.openapi import DEFAULT_CLASS_PATH
+
+    if name is None:
+        return DEFAULT_CLASS_PATH
+    found = {ep.name: ep.value.replace(" ", "") for ep in entry_points(group="agentflow.envs")}
+    if name not in found:
+        raise typer.BadParameter(
+            f"--env-class: {name!r} is not an installed agentflow.envs entry point: {sorted(found)}"
+        )
+    return found[name]
 
 
 @envs_app.command("from-openapi")
 def from_openapi(
-    spec: Path = SPEC_ARGUMENT, family: str = FAMILY_OPTION, out_dir: Path = OUT_DIR_OPTION, force: bool = FORCE_OPTION
+    spec: Path = SPEC_ARGUMENT,
+    family: str = FAMILY_OPTION,
+    out_dir: Path = OUT_DIR_OPTION,
+    force: bool = FORCE_OPTION,
+    process: str = PROCESS_OPTION,
+    env_class: str | None = ENV_CLASS_OPTION,
+    base_url: str | None = BASE_URL_OPTION,
 ) -> None:
     """Generate an API env config + mapping from an OpenAPI spec and add it to the registry."""
     from agentflow_core.adapters.openapi import generate_from_openapi
+
+    vocabularies = known_vocabularies()
+    if process not in vocabularies:
+        err_console.print(f"[bold red]error[/]: --process: {escape(process)!r} is not one of {sorted(vocabularies)}")
+        raise typer.Exit(code=2)
+    class_path = env_class_path(env_class)
 
     try:
         document = load_yaml_file(spec)
@@ -258,7 +294,14 @@ def from_openapi(
         err_console.print(f"[bold red]OpenAPI spec error[/]: {escape(str(spec))}: <root>: expected a mapping")
         raise typer.Exit(code=2) from None
     try:
-        env_config, mapping = generate_from_openapi(document, family)
+        env_config, mapping = generate_from_openapi(
+            document,
+            family,
+            process=process,
+            vocabulary=vocabularies[process],
+            class_path=class_path,
+            base_url=base_url,
+        )
         config_path, mapping_path = write_generated_env(dict(env_config), dict(mapping), out_dir, force)
         entry = open_registry(out_dir).get(str(env_config["env_id"]))
     except AgentFlowError as exc:

@@ -23,12 +23,12 @@ from agentflow_core.adapters.audit import audit_entry
 from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.envs.experts import expert_for
 from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.gates import calibrate_gate, evaluate_gate
 from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.budgets import budget_metrics
 from tasks.compose import base_env_infos, map_chunks
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 
 QUARANTINE_FILE = "quarantine.json"
@@ -60,7 +60,7 @@ def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[
     pairs = []
     for spec in variants:
         entry = registry.get(spec.base_env_id)
-        expert = expert_for(entry.family)
+        expert = load_process(cfg).expert(entry.family)
         pairs.append(((lambda e=entry, s=spec: e.make(s.params, s.env_id)), expert.act))
     return pairs
 
@@ -76,10 +76,12 @@ def run_calibrate(
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
     c = cfg.calibrate
+    goal = load_process(cfg).vocabulary.goal
 
     def calibrate_chunk(pairs: list[tuple[Callable[..., Any], Any]]) -> list[VariantCalibration]:
         thresholds = (c.max_reward_variance, c.max_failed_fraction, c.min_expert_success)
-        return calibrate(pairs, c.resets, cfg.base.seed, *thresholds, frozenset(c.handled_outcomes)).variants
+        outcomes = frozenset(c.handled_outcomes)
+        return calibrate(pairs, c.resets, cfg.base.seed, *thresholds, outcomes, goal=goal).variants
 
     # one chunk of variants per env worker: Ray tasks on the Ray backend, in this process otherwise
     results = map_chunks(cfg, calibrate_chunk, calibration_envs(cfg, variants), progress)

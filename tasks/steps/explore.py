@@ -27,7 +27,6 @@ import torch
 
 from agentflow_core.atomic import atomic_dir, write_json
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.evaluation.policy_eval import greedy_policy
 from agentflow_core.gates import evaluate_gate, explore_gate
 from agentflow_core.rl.checkpoint import load_checkpoint
@@ -35,7 +34,6 @@ from agentflow_core.rl.coverage import CoverageTracker
 from agentflow_core.rl.exploration import ExploreProgress, explore
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.trajectories import TrajectoryWriter
-from agentflow_core.semantics import VOCAB_VERSION
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import read_meta
 from tasks.budgets import budget_metrics
@@ -46,7 +44,9 @@ from tasks.compose import (
     reachable_tokens,
     reward_function,
     unreachable_tokens,
+    vocabulary,
 )
+from tasks.process_io import load_process
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.registry_io import load_registry
 
@@ -60,12 +60,13 @@ def behaviour_policy(
     ``explore.behaviour: policy`` exploration is ε-greedy around it.
     """
     if cfg.explore.behaviour == "expert":
-        expert = ScriptedExpert()
+        expert = load_process(cfg).expert()
         return expert.act_batch, expert_policy_hash(expert)
     torch.manual_seed(cfg.base.seed)  # the same initialisation run_train starts PPO from
-    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    vocab = vocabulary(cfg)
+    policy = ActorCritic(vocab.obs_dim, vocab.n_actions, cfg.train.hidden_sizes)
     if warm_start is not None:
-        policy.load_state_dict(load_checkpoint(warm_start, cfg.train.hidden_sizes).model)
+        policy.load_state_dict(load_checkpoint(warm_start, cfg.train.hidden_sizes, vocab).model)
     return greedy_policy(policy), policy_hash(policy)
 
 
@@ -99,9 +100,10 @@ def run_explore(
     if class_paths is None:
         registry = load_registry(cfg)
         class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
-    tracker = CoverageTracker(reachable_tokens(class_paths))
-    unreachable = unreachable_tokens(class_paths)
-    expert = ScriptedExpert()
+    vocab = vocabulary(cfg)
+    tracker = CoverageTracker(reachable_tokens(class_paths, vocab.tokens), vocabulary=vocab)
+    unreachable = unreachable_tokens(class_paths, vocab.tokens)
+    expert = load_process(cfg).expert()
     behaviour, behaviour_hash = behaviour_policy(cfg, warm_start)
     reward_cfg = cfg.train.reward
     scheduler = "round_robin" if priority else None
@@ -120,9 +122,10 @@ def run_explore(
                     "split": "train",
                     "variants": len(variants),
                     "reward_mode": reward_cfg.mode,
-                    "vocab_version": VOCAB_VERSION,
+                    "vocab_version": vocab.version,
                     **(card or {}),
                 },
+                vocabulary=vocab,
             )
             result = explore(
                 pool,

@@ -24,7 +24,6 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion
 from agentflow_core.evaluation.consistency import (
-    CANONICAL_STATES,
     DEFAULT_CART_SCALE,
     canonical_consistency,
     policy_agreement,
@@ -43,12 +42,12 @@ from agentflow_core.evaluation.report import (
 from agentflow_core.evaluation.robustness import consistency_variants
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.gates import declared_gates, evaluate_gate
-from agentflow_core.semantics import N_ACTIONS
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import read_budgets
 from tasks.compose import PoolFactory, build_pool
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
+from tasks.process_io import load_process
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 from tasks.steps.calibrate import read_quarantine
@@ -239,7 +238,7 @@ def run_champion_challenger(
     rc = cfg.report
     variants = load_variants(cfg, catalogue)
     sliced = champion_slice(variants, rc.champion_slice)
-    challenger = load_policy(resolve_checkpoint(cfg, challenger_ckpt))
+    challenger = load_policy(resolve_checkpoint(cfg, challenger_ckpt), load_process(cfg))
     ch_stats, ch_obs, ch_rollout = _slice_eval(cfg, challenger, sliced, rc.champion_episodes, pool_factory)
     context: dict[str, Any] = {
         "challenger": challenger.name,
@@ -253,7 +252,7 @@ def run_champion_challenger(
             ch_stats["mean_evaluated_return"], None, None, rc.promote_min_consistency, rc.promote_min_reward_gain
         )
         return {**decision.to_dict(), **context, "champion": None}
-    champion = load_policy(resolve_checkpoint(cfg, champion_ckpt))
+    champion = load_policy(resolve_checkpoint(cfg, champion_ckpt), load_process(cfg))
     cp_stats, cp_obs, _ = _slice_eval(cfg, champion, sliced, rc.champion_episodes, pool_factory)
     scales = cart_scales(cfg)
     ids, features, families = consistency_variants(
@@ -262,13 +261,17 @@ def run_champion_challenger(
     probes = [
         probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE))
         for feats, fam in zip(features, families, strict=True)
-        for state in CANONICAL_STATES
+        for state in load_process(cfg).probes
     ]
     states = np.concatenate([ch_obs, cp_obs, *([np.stack(probes)] if probes else [])])
-    masks = np.ones((len(states), N_ACTIONS), dtype=bool)
+    masks = np.ones((len(states), load_process(cfg).vocabulary.n_actions), dtype=bool)
     consistency = policy_agreement(challenger.act(states, masks), champion.act(states, masks))
     own = canonical_consistency(
-        challenger.act, ids, features, [scales.get(f, DEFAULT_CART_SCALE) for f in families]
+        challenger.act,
+        ids,
+        features,
+        [scales.get(f, DEFAULT_CART_SCALE) for f in families],
+        load_process(cfg).probes,
     ).score
     decision = decide_promotion(
         ch_stats["mean_evaluated_return"],

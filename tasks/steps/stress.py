@@ -39,6 +39,7 @@ from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
+from tasks.process_io import load_process
 from tasks.real_channels import run_sim_to_real
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
@@ -62,7 +63,7 @@ METRIC_KEYS = (
 def _reachable(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> list[str]:
     registry = load_registry(cfg)
     known = [b for b in {v.base_env_id for v in variants} if b in registry]
-    return reachable_tokens({registry.get(b).class_path for b in known})
+    return reachable_tokens({registry.get(b).class_path for b in known}, load_process(cfg).vocabulary.tokens)
 
 
 def evaluate_stress(
@@ -90,6 +91,8 @@ def evaluate_stress(
         [v.env_id for v in sample],
         reachable if reachable is not None else _reachable(cfg, sample),
         cart_scales(cfg, families),
+        load_process(cfg).probes,
+        load_process(cfg).vocabulary,
     )
     return rollout, analysis, list(sample)
 
@@ -98,7 +101,9 @@ def _params_json(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, separators=(",", ":"), default=str)
 
 
-def write_records(out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord]) -> None:
+def write_records(
+    out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], actions: Sequence[str] = ACTIONS
+) -> None:
     """``steps.parquet`` and ``episodes.parquet``: the records the analysis was computed from."""
     pq.write_table(
         pa.table(
@@ -110,7 +115,7 @@ def write_records(out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence
                 "step_id": pa.array([s.step_id for s in steps], pa.int32()),
                 "state_tokens": [sorted(s.state_tokens) for s in steps],
                 "action": pa.array([s.action for s in steps], pa.int16()),
-                "action_name": [ACTIONS[s.action] for s in steps],
+                "action_name": [actions[s.action] for s in steps],
                 "tokens": [sorted(s.tokens) for s in steps],
                 "reward": pa.array([s.reward for s in steps], pa.float32()),
                 "shaped_reward": pa.array([s.shaped_reward for s in steps], pa.float32()),
@@ -197,7 +202,7 @@ def run_stress(
     paths = DataPaths.of(cfg)
     out_dir = out_dir or paths.stress
     metrics_path = metrics_path or paths.metrics_file("stress")
-    policy = load_policy(resolve_checkpoint(cfg, checkpoint))
+    policy = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
     variants = load_variants(cfg, catalogue)
     rollout, analysis, sample = evaluate_stress(
         cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
@@ -216,7 +221,7 @@ def run_stress(
     summary["gate"] = verdict.message
     summary["budget"] = budget_metrics("stress", time.perf_counter() - started, cfg.stress.budget_s)
     with atomic_dir(Path(out_dir)) as tmp:
-        write_records(tmp, rollout.steps, rollout.episodes)
+        write_records(tmp, rollout.steps, rollout.episodes, load_process(cfg).vocabulary.actions)
         summary["plots"] = write_plots(summary, tmp)
         write_json(tmp / "summary.json", summary)
     write_json(

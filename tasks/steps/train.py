@@ -57,11 +57,11 @@ from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
 from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
-from agentflow_core.semantics import VOCAB_VERSION, accepted_outcomes
 from agentflow_core.splits import read_splits
 from agentflow_core.tuning import ImpedanceMeter, time_forward
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, build_rollouts, recovery_summary, reward_function
+from tasks.process_io import load_process
 from tasks.steps.validator import training_validator
 
 EXPLORATION_EPSILON = 0.95
@@ -192,10 +192,12 @@ def run_train(
     test = stratified_eval_variants(splits["test"], n_final, dimensions, eval_seed)
     device = resolve_device(cfg.base.device)
     torch.manual_seed(seed)
-    policy = ActorCritic(hidden_sizes=tc.hidden_sizes).to(device)
+    process = load_process(cfg)
+    vocab = process.vocabulary
+    policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes).to(device)
     if warm_start is not None:
-        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes).model)
-    untrained = ActorCritic(hidden_sizes=tc.hidden_sizes)
+        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes, vocab).model)
+    untrained = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
     pool = rollout_factory(cfg, train_variants, tc.num_envs, seed=seed)
@@ -222,7 +224,7 @@ def run_train(
     if offline is not None:
         ppo.policy_penalty = offline.prior
     impedance = impedance_meter(pool, tc, policy)
-    manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes)
+    manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes, vocabulary=vocab)
     tracker = ConvergenceTracker()
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
@@ -231,7 +233,7 @@ def run_train(
     t_start = time.perf_counter()
     stop_reason: str | None = None  # converged | step_budget | time_budget, whichever came first
     try:
-        ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes) if resume else None
+        ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes, vocab) if resume else None
         if ckpt is not None:
             restore_ppo(ppo, ckpt)
             extra = ckpt.state["extra"]
@@ -248,8 +250,8 @@ def run_train(
                 load_actor(policy, offline.actor)
                 bc_summary = {"used": True, "source": "offline", "actor": str(offline.path)}
             elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
-                accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
-                obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted)
+                accepted = {v.content_hash: vocab.accepted_outcomes(v.params) for v in train_variants}
+                obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted, vocab)
                 result = behaviour_cloning(policy, obs, actions, masks, seed=seed)
                 bc_summary = {
                     "used": result.samples > 0,
@@ -306,10 +308,10 @@ def run_train(
             if on_update is not None:
                 on_update(ppo.update, num_updates, metrics)
         stop_reason = stop_reason or "step_budget"
-        best_ckpt = load_intact(ckpt_root, BEST, tc.hidden_sizes)
+        best_ckpt = load_intact(ckpt_root, BEST, tc.hidden_sizes, vocab)
         assert best_ckpt is not None
         best = best_ckpt.path
-        best_policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
+        best_policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
         best_policy.load_state_dict(best_ckpt.model)
         test_pool = pool_factory(
             cfg, test, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 2, scheduler="round_robin", standby=False
@@ -321,7 +323,7 @@ def run_train(
             for name, act in (
                 ("trained", greedy_policy(best_policy)),
                 ("exploration", explorer),
-                ("expert", expert_policy(test_pool)),
+                ("expert", expert_policy(test_pool, process.expert)),
             )
         }
         recovery = recovery_summary(pool)
@@ -372,7 +374,7 @@ def run_train(
         {
             "policy_hash": summary["policy_hash"],
             "hidden_sizes": list(tc.hidden_sizes),
-            "vocab_version": VOCAB_VERSION,
+            "vocab_version": vocab.version,
             "test_process_success": summary["test_process_success"],
             "test_payment_success": summary["test_payment_success"],
             "checkpoint": best.name,

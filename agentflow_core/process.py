@@ -1,0 +1,280 @@
+"""A business process as data: its vocabulary, outcomes, channels, scripted expert and probe states.
+
+One document per process (``configs/processes/<name>.yaml``, parsed at the edge by
+``tasks/process_io.py``; the core never imports yaml) declares::
+
+    name: checkout
+    version: "1"                       # vocabulary version, stored with checkpoints and datasets
+    tokens: [LOGGED_OUT, ...]          # business-state tokens (the multi-hot block)
+    actions:                           # semantic actions, in action-id order, with declared risk
+      - {name: LOGIN}
+      - {name: CANCEL_ORDER, risk: 0.5}
+    features: [user_logged_in, ...]    # numeric features (after the tokens)
+    goal: PAYMENT_SUCCESS
+    handled_outcomes:                  # other terminal tokens that are the right outcome for a variant
+      - {dimension: user_tier, value: blocked, tokens: [ESCALATED]}
+    channels:                          # env family -> its base env and mapping file
+      web_checkout: {env: web_checkout_v2, mapping: web_checkout_v2.json}
+    escape_action: ESCALATE            # legal whenever a channel maps no other action
+    expert:                            # the scripted expert: first rule whose token is present wins
+      rules: [{when: USER_BLOCKED, act: ESCALATE}, ...]
+      fallback: VIEW_PRODUCT
+    probes:                            # consistency-probe states (evaluation/consistency.py)
+      - {name: logged_out, tokens: [LOGGED_OUT], logged_in: false}
+
+:meth:`ProcessSpec.from_document` checks everything -- unknown keys, types, duplicates, and that
+every token, action and feature a rule, outcome or probe names is declared -- and raises one
+:class:`~agentflow_core.errors.ConfigError` naming the file and the key. The result is frozen and
+picklable (plain tuples), so it travels to workers as data.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.errors import ConfigError
+from agentflow_core.evaluation.consistency import CanonicalState
+from agentflow_core.semantics import Vocabulary
+
+MAX_NAMES = 256  # tokens, actions or features per process
+MAX_ITEMS = 1024  # rules, outcomes, probes, channels
+MAX_RISK = 1.0
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+TOP_KEYS = frozenset(
+    {
+        "name",
+        "version",
+        "description",
+        "tokens",
+        "actions",
+        "features",
+        "goal",
+        "handled_outcomes",
+        "channels",
+        "expert",
+        "probes",
+        "escape_action",
+    }
+)
+REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action"})
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """One channel of a process: the env family, its base env id and its mapping file (a name, not a path)."""
+
+    family: str
+    env: str
+    mapping: str
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A validated business process (see the module docstring for the document it comes from)."""
+
+    name: str
+    vocabulary: Vocabulary
+    channels: tuple[ChannelSpec, ...]
+    expert_rules: tuple[tuple[str, int], ...]
+    expert_fallback: int
+    probes: tuple[CanonicalState, ...]
+    source: str = "<process>"
+    description: str = ""
+
+    def expert(self, family: str = "any") -> ScriptedExpert:
+        """The scripted expert of this process for ``family`` (the same rules on every channel)."""
+        return ScriptedExpert(family, self.expert_rules, self.expert_fallback, self.vocabulary)
+
+    def channel(self, family: str) -> ChannelSpec:
+        """The channel of ``family``; a KeyError names the declared ones."""
+        for channel in self.channels:
+            if channel.family == family:
+                return channel
+        raise KeyError(f"process {self.name!r} has no channel {family!r}: {[c.family for c in self.channels]}")
+
+    @property
+    def base_envs(self) -> tuple[str, ...]:
+        """Base env ids of the process's channels, in declaration order."""
+        return tuple(c.env for c in self.channels)
+
+    @classmethod
+    def from_document(cls, document: Any, source: str = "<process>") -> ProcessSpec:
+        """Validate a parsed process document; the first problem raises a ConfigError naming ``source`` and key."""
+        return _Parser(source).parse(document)
+
+
+class _Parser:
+    """Checks one document top to bottom; every error names the file and the key path."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(self.source, key, value, expected)
+
+    def mapping(self, key: str, value: Any, allowed: frozenset[str], required: frozenset[str]) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.fail(key, value, "a mapping")
+        unknown = sorted(str(k) for k in set(value) - allowed)
+        if unknown:
+            raise self.fail(
+                f"{key}.{unknown[0]}" if key else unknown[0], value[unknown[0]], f"no such key ({sorted(allowed)})"
+            )
+        missing = sorted(required - set(value))
+        if missing:
+            raise self.fail(f"{key}.{missing[0]}" if key else missing[0], None, "a value (required key)")
+        return value
+
+    def names(self, key: str, value: Any, *, limit: int = MAX_NAMES) -> tuple[str, ...]:
+        if not isinstance(value, list) or not value or len(value) > limit:
+            raise self.fail(key, value, f"a non-empty list of at most {limit} names")
+        for i, name in enumerate(value):
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise self.fail(f"{key}.{i}", name, "a name of letters, digits and '_' (starting with a letter)")
+        duplicates = sorted({n for n in value if value.count(n) > 1})
+        if duplicates:
+            raise self.fail(key, duplicates[0], "unique names (declared twice)")
+        return tuple(value)
+
+    def member(self, key: str, value: Any, declared: tuple[str, ...], what: str) -> str:
+        if value not in declared:
+            raise self.fail(
+                key, value, f"a declared {what} (one of {list(declared)[:8]}{'...' if len(declared) > 8 else ''})"
+            )
+        return str(value)
+
+    def items(self, key: str, value: Any, *, allow_empty: bool = False) -> list[Any]:
+        if value is None and allow_empty:
+            return []
+        if not isinstance(value, list) or (not value and not allow_empty) or len(value) > MAX_ITEMS:
+            raise self.fail(key, value, f"a list of at most {MAX_ITEMS} items")
+        return value
+
+    def text(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value or len(value) > 200:
+            raise self.fail(key, value, "a non-empty string of at most 200 characters")
+        return value
+
+    def parse(self, document: Any) -> ProcessSpec:
+        doc = self.mapping("", document, TOP_KEYS, REQUIRED)
+        name = self.text("name", doc["name"])
+        if not _NAME.match(name):
+            raise self.fail("name", name, "a name of letters, digits and '_'")
+        version = doc["version"]
+        if not isinstance(version, str | int) or isinstance(version, bool) or not str(version):
+            raise self.fail("version", version, "a string or integer")
+        tokens = self.names("tokens", doc["tokens"])
+        features = self.names("features", doc["features"])
+        actions, risks = self.actions(doc["actions"])
+        goal = self.member("goal", doc["goal"], tokens, "token")
+        outcomes = self.outcomes(doc.get("handled_outcomes"), tokens)
+        escape = self.member("escape_action", doc["escape_action"], actions, "action")
+        vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes, escape)
+        rules, fallback = self.expert(doc["expert"], tokens, actions)
+        return ProcessSpec(
+            name=name,
+            vocabulary=vocabulary,
+            channels=self.channels(doc.get("channels")),
+            expert_rules=rules,
+            expert_fallback=fallback,
+            probes=self.probes(doc.get("probes"), tokens),
+            source=self.source,
+            description=str(doc.get("description", "")),
+        )
+
+    def actions(self, value: Any) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        entries = self.items("actions", value)
+        names: list[str] = []
+        risks: list[float] = []
+        for i, entry in enumerate(entries):
+            item = self.mapping(f"actions.{i}", entry, frozenset({"name", "risk"}), frozenset({"name"}))
+            risk = item.get("risk", 0.0)
+            if isinstance(risk, bool) or not isinstance(risk, int | float) or not math.isfinite(risk):
+                raise self.fail(f"actions.{i}.risk", risk, f"a finite number in [0, {MAX_RISK}]")
+            if not 0.0 <= float(risk) <= MAX_RISK:
+                raise self.fail(f"actions.{i}.risk", risk, f"a finite number in [0, {MAX_RISK}]")
+            names.append(item["name"])
+            risks.append(float(risk))
+        return self.names("actions", names), tuple(risks)
+
+    def outcomes(self, value: Any, tokens: tuple[str, ...]) -> dict[tuple[str, str], frozenset[str]]:
+        out: dict[tuple[str, str], frozenset[str]] = {}
+        keys = frozenset({"dimension", "value", "tokens"})
+        for i, entry in enumerate(self.items("handled_outcomes", value, allow_empty=True)):
+            item = self.mapping(f"handled_outcomes.{i}", entry, keys, keys)
+            dimension = self.text(f"handled_outcomes.{i}.dimension", item["dimension"])
+            dim_value = self.text(f"handled_outcomes.{i}.value", str(item["value"]))
+            names = self.names(f"handled_outcomes.{i}.tokens", item["tokens"])
+            for j, token in enumerate(names):
+                self.member(f"handled_outcomes.{i}.tokens.{j}", token, tokens, "token")
+            if (dimension, dim_value) in out:
+                raise self.fail(f"handled_outcomes.{i}", [dimension, dim_value], "one entry per (dimension, value)")
+            out[(dimension, dim_value)] = frozenset(names)
+        return out
+
+    def channels(self, value: Any) -> tuple[ChannelSpec, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, Mapping) or len(value) > MAX_ITEMS:
+            raise self.fail("channels", value, "a mapping of env family -> {env, mapping}")
+        out = []
+        keys = frozenset({"env", "mapping"})
+        for family, entry in value.items():
+            if not isinstance(family, str) or not _NAME.match(family):
+                raise self.fail("channels", family, "env family names of letters, digits and '_'")
+            item = self.mapping(f"channels.{family}", entry, keys, keys)
+            env = self.text(f"channels.{family}.env", item["env"])
+            mapping = self.text(f"channels.{family}.mapping", item["mapping"])
+            if "/" in mapping or "\\" in mapping or mapping.startswith("."):
+                raise self.fail(f"channels.{family}.mapping", mapping, "a file name (no directories)")
+            if not env.startswith(family):
+                raise self.fail(f"channels.{family}.env", env, f"a base env id of family {family!r}")
+            out.append(ChannelSpec(family, env, mapping))
+        return tuple(out)
+
+    def expert(
+        self, value: Any, tokens: tuple[str, ...], actions: tuple[str, ...]
+    ) -> tuple[tuple[tuple[str, int], ...], int]:
+        expert = self.mapping("expert", value, frozenset({"rules", "fallback"}), frozenset({"rules", "fallback"}))
+        rules = []
+        keys = frozenset({"when", "act"})
+        for i, entry in enumerate(self.items("expert.rules", expert["rules"])):
+            item = self.mapping(f"expert.rules.{i}", entry, keys, keys)
+            token = self.member(f"expert.rules.{i}.when", item["when"], tokens, "token")
+            action = self.member(f"expert.rules.{i}.act", item["act"], actions, "action")
+            rules.append((token, actions.index(action)))
+        fallback = self.member("expert.fallback", expert["fallback"], actions, "action")
+        return tuple(rules), actions.index(fallback)
+
+    def probes(self, value: Any, tokens: tuple[str, ...]) -> tuple[CanonicalState, ...]:
+        out = []
+        keys = frozenset({"name", "tokens", "logged_in", "cart_items", "payment_page"})
+        for i, entry in enumerate(self.items("probes", value, allow_empty=True)):
+            item = self.mapping(f"probes.{i}", entry, keys, frozenset({"name", "tokens"}))
+            names = self.names(f"probes.{i}.tokens", item["tokens"])
+            for j, token in enumerate(names):
+                self.member(f"probes.{i}.tokens.{j}", token, tokens, "token")
+            flags = {}
+            for flag in ("logged_in", "payment_page"):
+                if flag in item and not isinstance(item[flag], bool):
+                    raise self.fail(f"probes.{i}.{flag}", item[flag], "true or false")
+                flags[flag] = bool(item.get(flag, flag == "logged_in"))
+            cart = item.get("cart_items", 0)
+            if isinstance(cart, bool) or not isinstance(cart, int) or not 0 <= cart <= 1000:
+                raise self.fail(f"probes.{i}.cart_items", cart, "an integer in [0, 1000]")
+            out.append(
+                CanonicalState(
+                    self.text(f"probes.{i}.name", item["name"]),
+                    frozenset(names),
+                    logged_in=flags["logged_in"],
+                    cart_items=cart,
+                    payment_page=flags["payment_page"],
+                )
+            )
+        return tuple(out)

@@ -1,0 +1,127 @@
+"""The refund case: the business rules both refund channels apply, independent of how they are stored.
+
+A case belongs to one customer and one order. It moves draft -> submitted -> issued; a refund above
+``EVIDENCE_THRESHOLD`` needs evidence attached before it can be submitted (submitting without it
+returns the request with ``evidence_required``). The review issues the refund on a status check with
+probability ``1 - card_decline_rate`` (the scenario's generic "decline" knob: here, a review still
+pending). A flagged account (``user_tier: blocked``) can do nothing but escalate to support; a session
+expires after ``session_timeout_steps``; a network drop (the scenario's ``network``) fails a request
+without applying it, and RETRY sends it again. The channel decides how the case is stored (SQL rows,
+a service's memory) and what the client sees; this module decides what happens.
+
+The case reuses the project's :class:`~agentflow_core.envs.base.Scenario` (its generic dimensions:
+network, user tier, start stage, price factor = order value, decline rate = review delay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentflow_core.envs.base import NETWORK_DROP_RATE, Scenario
+
+EVIDENCE_THRESHOLD = 100.0  # refunds above this amount need evidence
+STEP_REWARD = -0.01
+INAPPLICABLE_REWARD = -0.05
+ISSUED_REWARD = 10.0
+FLAGGED_ESCALATION_REWARD = 1.0
+WRONG_ESCALATION_REWARD = -1.0
+WITHDRAW_REWARD = -2.0
+
+ACTIONS = (
+    "sign_in",
+    "find_order",
+    "open_request",
+    "attach_evidence",
+    "submit_request",
+    "check_status",
+    "withdraw",
+    "escalate",
+)
+
+
+@dataclass
+class RefundCase:
+    """Mutable state of one episode's case (the channel persists it its own way)."""
+
+    session: str = "none"  # none | active | expired
+    account: str = "ok"  # ok | flagged
+    order_found: bool = False
+    request: str = "none"  # none | draft | submitted | issued | withdrawn
+    evidence: bool = False
+    evidence_required: bool = False
+    ticket: bool = False
+    amount: float = 100.0
+    steps: int = 0
+    timed_out: bool = False
+
+    @property
+    def done(self) -> bool:
+        """The case is closed: refunded, withdrawn or handed to support."""
+        return self.request in ("issued", "withdrawn") or self.ticket
+
+
+def start_case(scenario: Scenario) -> RefundCase:
+    """The case at the scenario's start stage (login: signed out; product_detail: order found; ...)."""
+    case = RefundCase(amount=round(100.0 * scenario.price_factor, 2))
+    case.account = "flagged" if scenario.user_tier == "blocked" else "ok"
+    stage = scenario.start_stage
+    if stage != "login":
+        case.session, case.order_found = "active", True
+    if stage in ("checkout", "payment"):
+        case.request = "draft"
+    if stage == "payment":
+        case.evidence = case.amount > EVIDENCE_THRESHOLD
+        case.request = "submitted"
+    return case
+
+
+def apply(case: RefundCase, action: str, scenario: Scenario, rng: np.random.Generator) -> tuple[float, str | None]:
+    """Apply one business action; returns (reward, failure reason or None). Draws from ``rng`` only."""
+    case.steps += 1
+    if case.steps >= scenario.session_timeout_steps and case.session == "active":
+        case.session = "expired"
+    case.timed_out = bool(rng.random() < NETWORK_DROP_RATE[scenario.network])
+    if case.timed_out:
+        return STEP_REWARD, "network_timeout"
+    return _business(case, action, scenario, rng)
+
+
+def _business(case: RefundCase, action: str, scenario: Scenario, rng: np.random.Generator) -> tuple[float, str | None]:
+    if action == "escalate":
+        case.ticket = True
+        return (FLAGGED_ESCALATION_REWARD if case.account == "flagged" else WRONG_ESCALATION_REWARD), "escalated"
+    if action == "sign_in":
+        if case.session == "active":
+            return INAPPLICABLE_REWARD, "already_signed_in"
+        case.session = "active"
+        return STEP_REWARD, None
+    if case.session != "active":
+        return INAPPLICABLE_REWARD, "not_signed_in"
+    if case.account == "flagged":
+        return INAPPLICABLE_REWARD, "account_flagged"
+    if action == "find_order":
+        case.order_found = True
+        return STEP_REWARD, None
+    if action == "open_request" and case.order_found and case.request == "none":
+        case.request = "draft"
+        return STEP_REWARD, None
+    if action == "attach_evidence" and case.request == "draft":
+        case.evidence, case.evidence_required = True, False
+        return STEP_REWARD, None
+    if action == "submit_request" and case.request == "draft":
+        if case.amount > EVIDENCE_THRESHOLD and not case.evidence:
+            case.evidence_required = True
+            return STEP_REWARD, "evidence_required"
+        case.request = "submitted"
+        return STEP_REWARD, None
+    if action == "check_status" and case.request == "submitted":
+        if rng.random() >= scenario.card_decline_rate:
+            case.request = "issued"
+            return ISSUED_REWARD, None
+        return STEP_REWARD, "review_pending"
+    if action == "withdraw" and case.request in ("draft", "submitted"):
+        case.request = "withdrawn"
+        return WITHDRAW_REWARD, "withdrawn"
+    return INAPPLICABLE_REWARD, "not_applicable"

@@ -1,0 +1,110 @@
+"""Business processes at the edge: ``configs/processes/<name>.yaml`` -> the core's frozen :class:`ProcessSpec`.
+
+The YAML is read by the limited loader of :mod:`tasks.yaml_io`; the core validates the document.
+Beyond the document itself, every channel's mapping file is checked against the process's
+vocabulary (each token it emits, feature it fills and action it translates must be declared), so
+a mapping written for another process fails here with the mapping file and key, not in a worker.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from agentflow_core.config import AgentFlowConfig
+from agentflow_core.errors import ConfigError, MappingError
+from agentflow_core.process import ProcessSpec
+from agentflow_core.registry import load_mapping, resolve_mapping_path
+from agentflow_core.semantics import Vocabulary
+from tasks.yaml_io import YamlLimitError, load_yaml_file, load_yaml_text
+
+PROCESS_DIR = Path("configs/processes")
+SHIPPED_PROCESS_DIR = Path(__file__).resolve().parents[1] / PROCESS_DIR
+
+
+def process_path(name: str, env_config_dir: Path | str = "configs/envs") -> Path:
+    """The file of process ``name``: ``processes/`` beside the env config directory, else the shipped one.
+
+    ``name`` is a bare name (the config's pattern refuses paths), so the file never lies outside the two.
+    """
+    beside = Path(env_config_dir).parent / "processes" / f"{name}.yaml"
+    return beside if beside.is_file() else SHIPPED_PROCESS_DIR / f"{name}.yaml"
+
+
+def read_process(path: Path) -> ProcessSpec:
+    """Parse and validate one process file (without its channels' mapping files)."""
+    if not path.is_file():
+        raise ConfigError(str(path), "<file>", None, f"an existing process file (processes live in {PROCESS_DIR})")
+    try:
+        document = load_yaml_file(path)
+    except YamlLimitError as exc:
+        raise ConfigError(
+            str(path), exc.where, exc.reason, "well-formed YAML (UTF-8, within the loader's limits)"
+        ) from None
+    return ProcessSpec.from_document(document, str(path))
+
+
+def _declared(mapping: dict[str, Any]) -> tuple[set[str], set[str], set[str]]:
+    tokens = {t for rule in mapping.get("token_rules", []) for t in rule.get("emit", [])}
+    features = {rule.get("feature") for rule in mapping.get("feature_rules", [])}
+    return tokens, {str(f) for f in features}, set(mapping.get("actions", {}))
+
+
+def check_channels(process: ProcessSpec, env_config_dir: Path) -> None:
+    """Every channel's mapping names only the process's tokens, features and actions; its family matches."""
+    vocab = process.vocabulary
+    for channel in process.channels:
+        path = resolve_mapping_path(channel.mapping, Path(env_config_dir))
+        if path is None:
+            raise ConfigError(
+                process.source,
+                f"channels.{channel.family}.mapping",
+                channel.mapping,
+                f"a mapping file in {env_config_dir}",
+            )
+        mapping = load_mapping(path, load_yaml_text)
+        if mapping.get("family") != channel.family:
+            raise MappingError(
+                str(path), "$.family", f"got {mapping.get('family')!r}, the process declares {channel.family!r}"
+            )
+        tokens, features, actions = _declared(mapping)
+        for where, used, known in (
+            ("token_rules", tokens, vocab.tokens),
+            ("feature_rules", features, vocab.features),
+            ("actions", actions, vocab.actions),
+        ):
+            unknown = sorted(used - set(known))
+            if unknown:
+                raise MappingError(
+                    str(path), f"$.{where}", f"{unknown[0]!r} is not in process {process.name!r} ({process.source})"
+                )
+
+
+@functools.cache
+def _cached(path: str, env_config_dir: str) -> ProcessSpec:
+    process = read_process(Path(path))
+    check_channels(process, Path(env_config_dir))
+    return process
+
+
+def load_process(cfg: AgentFlowConfig | None = None, *, name: str | None = None) -> ProcessSpec:
+    """The process ``params.yaml`` selects (``process:``), validated with its channels; parsed once per file."""
+    chosen = name or (cfg.process if cfg is not None else "checkout")
+    env_dir = cfg.base.env_config_dir if cfg is not None else "configs/envs"
+    return _cached(str(process_path(chosen, env_dir)), str(env_dir))
+
+
+def known_vocabularies(env_config_dir: Path | str = "configs/envs") -> dict[str, Vocabulary]:
+    """Process name -> vocabulary, for every process file beside ``env_config_dir`` and shipped (env configs name one)."""
+    found: dict[str, Vocabulary] = {}
+    for directory in (SHIPPED_PROCESS_DIR, Path(env_config_dir).parent / "processes"):
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.yaml")):
+                found[path.stem] = _read_cached(str(path.resolve())).vocabulary
+    return found
+
+
+@functools.cache
+def _read_cached(path: str) -> ProcessSpec:
+    return read_process(Path(path))

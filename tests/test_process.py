@@ -1,0 +1,145 @@
+"""A business process as data: configs/processes/checkout.yaml is exactly the vocabulary the code carried.
+
+The golden replay (tests/test_env_golden.py) drives every family with the expert built from this file
+and must reproduce the recorded trajectories step for step; here the file's every part is compared to
+the module constants it replaced, the cycle's phases are shown to read it, and malformed documents fail
+with one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentflow_core import semantics
+from agentflow_core.envs.experts import DEFAULT_RULES, ScriptedExpert, expert_for
+from agentflow_core.errors import ConfigError, MappingError
+from agentflow_core.evaluation.consistency import CANONICAL_STATES
+from agentflow_core.process import ProcessSpec
+from tasks.config_io import load_config, parse_config
+from tasks.process_io import check_channels, load_process, process_path
+from tasks.yaml_io import load_yaml_file
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKOUT = REPO / "configs" / "processes" / "checkout.yaml"
+
+
+@pytest.fixture(scope="module")
+def document() -> dict[str, Any]:
+    return load_yaml_file(CHECKOUT)
+
+
+def test_checkout_file_is_the_code_vocabulary() -> None:
+    process = load_process(name="checkout")
+    vocab = process.vocabulary
+    assert vocab == semantics.CHECKOUT
+    assert vocab.tokens == semantics.TOKENS and vocab.actions == semantics.ACTIONS
+    assert vocab.features == semantics.FEATURES and vocab.goal == semantics.GOAL_TOKEN
+    assert vocab.action_risk[semantics.SemanticAction.CANCEL_ORDER] == 0.5
+    assert vocab.action_risk[semantics.SemanticAction.SUBMIT_PAYMENT] == 0.1
+    assert sum(vocab.action_risk) == pytest.approx(0.6)
+    assert dict(vocab.handled_outcomes) == dict(semantics.HANDLED_OUTCOMES)
+    assert process.expert_rules == tuple((t, int(a)) for t, a in DEFAULT_RULES)
+    assert process.expert() == ScriptedExpert()
+    assert process.probes == CANONICAL_STATES
+    assert process.base_envs == ("web_checkout_v2", "order_db_v1", "payment_api_v1")
+    assert vocab.obs_dim == semantics.OBS_DIM and vocab.n_actions == semantics.N_ACTIONS
+
+
+def test_vocabulary_methods_agree_with_the_module_functions() -> None:
+    rng = np.random.default_rng(0)
+    vocab = semantics.CHECKOUT
+    for _ in range(50):
+        tokens = {t for t in semantics.TOKENS if rng.random() < 0.3}
+        features = {f: float(rng.random()) for f in semantics.FEATURES}
+        vec = vocab.encode(tokens, features)
+        np.testing.assert_array_equal(vec, semantics.encode(tokens, features))
+        assert vocab.decode_tokens(vec) == semantics.decode_tokens(vec) == frozenset(tokens)
+        params = {"user_tier": str(rng.choice(["standard", "vip", "blocked"]))}
+        assert vocab.process_success(params, tokens, True) == semantics.process_success(params, tokens, True)
+    assert vocab.accepted_outcomes({"user_tier": "blocked"}) == {"PAYMENT_SUCCESS", "ESCALATED"}
+
+
+def test_process_expert_acts_like_the_coded_one_on_random_states() -> None:
+    rng = np.random.default_rng(1)
+    coded, data = expert_for("order_db"), load_process(name="checkout").expert("order_db")
+    obs = (rng.random((500, semantics.OBS_DIM)) < 0.25).astype(np.float32)
+    masks = rng.random((500, semantics.N_ACTIONS)) < 0.7
+    np.testing.assert_array_equal(coded.act_batch(obs, masks), data.act_batch(obs, masks))
+    np.testing.assert_array_equal(coded.act_batch(obs), data.act_batch(obs))
+
+
+def test_params_select_the_process_and_refuse_a_path(tmp_path: Path) -> None:
+    assert load_config(REPO / "params.yaml").process == "checkout"
+    with pytest.raises(ConfigError, match=r"<params>: process: got '../etc'"):
+        parse_config({"process": "../etc"})
+    cfg = parse_config({"process": "nosuch"})
+    with pytest.raises(ConfigError, match=r"nosuch\.yaml: <file>"):
+        load_process(cfg)
+    assert process_path("checkout").resolve() == CHECKOUT
+
+
+def _fails(doc: dict[str, Any], key: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        ProcessSpec.from_document(doc, "proc.yaml")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"proc.yaml: {key}: "), message
+    return message
+
+
+def test_malformed_documents_name_the_file_and_key(document: dict[str, Any]) -> None:
+    def changed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+        doc = copy.deepcopy(document)
+        target = doc
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+        return doc
+
+    assert "no such key" in _fails({**document, "tokenz": []}, "tokenz")
+    _fails({k: v for k, v in document.items() if k != "goal"}, "goal")
+    _fails(changed(("goal",), "PAID"), "goal")
+    _fails(changed(("tokens",), [*document["tokens"], "LOGGED_IN"]), "tokens")
+    _fails(changed(("actions", 10, "risk"), 2.5), "actions.10.risk")
+    _fails(changed(("actions", 10, "risk"), float("nan")), "actions.10.risk")
+    _fails(changed(("expert", "rules", 3, "when"), "NOT_A_TOKEN"), "expert.rules.3.when")
+    _fails(changed(("expert", "rules", 3, "act"), "DANCE"), "expert.rules.3.act")
+    _fails(changed(("expert", "fallback"), "DANCE"), "expert.fallback")
+    _fails(changed(("probes", 2, "tokens"), ["CART_FULL"]), "probes.2.tokens.0")
+    _fails(changed(("probes", 2, "cart_items"), -1), "probes.2.cart_items")
+    _fails(changed(("handled_outcomes", 0, "tokens"), ["SUPPORT"]), "handled_outcomes.0.tokens.0")
+    _fails(changed(("channels", "order_db", "mapping"), "../../etc/passwd"), "channels.order_db.mapping")
+    _fails(changed(("features", 0), "user logged in"), "features.0")
+
+
+def test_a_channel_mapping_outside_the_vocabulary_is_refused(document: dict[str, Any], tmp_path: Path) -> None:
+    doc = copy.deepcopy(document)
+    doc["tokens"] = [t for t in doc["tokens"] if t != "FUNDS_TOPPED_UP"]
+    doc["expert"]["rules"] = [r for r in doc["expert"]["rules"] if r["when"] != "FUNDS_TOPPED_UP"]
+    process = ProcessSpec.from_document(doc, "short.yaml")
+    with pytest.raises(MappingError, match=r"web_checkout_v2\.json: at \$\.token_rules: 'FUNDS_TOPPED_UP' is not in"):
+        check_channels(process, REPO / "configs" / "envs")
+
+
+def test_commands_check_the_config_against_the_selected_process(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli.app import app
+
+    params = tmp_path / "params.yaml"
+    accepted = CliRunner().invoke(app, ["validate", "--params", str(REPO / "params-refund.yaml")])
+    assert accepted.exit_code == 0, accepted.output
+    # checkout's reward names are not refund's: refused at load, naming the key and the process's tokens
+    text = (REPO / "params.yaml").read_text().replace("process: checkout", "process: refund", 1)
+    params.write_text(text.replace("env_config_dir: configs/envs", "env_config_dir: configs/refund/envs", 1))
+    refused = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
+    assert refused.exit_code == 2
+    assert f"{params}: train.reward.token_rewards: got {{'PAYMENT_SUCCESS': 10.0}}" in " ".join(refused.output.split())
+    assert "REFUND_ISSUED" in refused.output
+    params.write_text((REPO / "params.yaml").read_text().replace("process: checkout", "process: nosuch", 1))
+    missing = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
+    assert missing.exit_code == 2 and "nosuch.yaml: <file>" in missing.output
