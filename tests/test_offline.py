@@ -77,9 +77,10 @@ def test_transitions_pair_steps_drop_unbootstrappable_ends_and_age_by_cycle(tmp_
     assert data.next_obs[:2].argmax(1).tolist() == [1, 2] and data.next_obs[3:].argmax(1).tolist() == [1, 1]
     assert data.terminated.tolist() == [False, False, True, False, False]
     assert data.reward.tolist() == [0.0, 1.0, 2.0, 0.0, 0.0]
-    # ages: cycle "one" is one cycle old plus up to 1 by timestamp inside it (ts 0 oldest); "two" is the newest
-    assert data.age[:4] == pytest.approx([1 + 1.0, 1 + 0.5, 1 + 0.0, 1 + 1.0], abs=1e-6)
-    assert data.age[4] == pytest.approx(1.0, abs=1e-6)  # the older row of cycle two (ts 5 of 5..6)
+    # ages: cycle "one" is one cycle old plus up to 1 by collection order inside it (its first-written row, a1,
+    # oldest; timestamps play no part: they differ from run to run); "two" is the newest
+    assert data.age[:4] == pytest.approx([1 + 0.75, 1 + 1.0, 1 + 0.5, 1 + 0.25], abs=1e-6)
+    assert data.age[4] == pytest.approx(1.0, abs=1e-6)  # the older row of cycle two (written first)
     assert load_transitions(dataset, variants={"other"}).obs.shape == (0, OBS_DIM)
 
 

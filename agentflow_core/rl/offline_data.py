@@ -9,7 +9,9 @@ after the last action and a target without it would be wrong.
 
 ``age`` is the transition's age in cycles for the freshness part of prioritized replay: the card's
 shards name the cycle that wrote them (``tasks.dataset.append_cycle``); the newest cycle is 0, one
-older 1, and inside a cycle the age grows by up to 1 from its newest to its oldest row by timestamp.
+older 1, and inside a cycle the age grows by up to 1 from its newest to its oldest row in collection
+order (the rows' position in the cycle's shards, not their wall-clock timestamps: those differ from run to
+run, and priorities built on them would make the same data train a different Q).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class Transitions:
         return self.take(np.flatnonzero(~out)), self.take(np.flatnonzero(out))
 
 
-def _row_ages(path: Path, n_rows: int, timestamps: np.ndarray) -> np.ndarray:
+def _row_ages(path: Path, n_rows: int) -> np.ndarray:
     """Age in cycles of every row, in :func:`read_steps` order (shard order of the card)."""
     shards = read_card(path)["shards"]
     cycle_of_row = np.zeros(n_rows, dtype=np.int64)
@@ -70,11 +72,9 @@ def _row_ages(path: Path, n_rows: int, timestamps: np.ndarray) -> np.ndarray:
         start += rows
     age = (len(cycles) - 1 - cycle_of_row).astype(np.float64)
     for c in range(len(cycles)):
-        rows = cycle_of_row == c
-        ts = timestamps[rows]
-        span = float(ts.max() - ts.min()) if ts.size else 0.0
-        if span > 0:
-            age[rows] += (ts.max() - ts) / span * (1.0 - 1e-9)
+        position = np.flatnonzero(cycle_of_row == c)  # collection order: the last row written is the newest
+        if position.size > 1:
+            age[position] += (position.size - 1 - np.arange(position.size)) / (position.size - 1) * (1.0 - 1e-9)
     return age
 
 
@@ -84,8 +84,7 @@ def load_transitions(path: Path, variants: Collection[str] | None = None) -> Tra
     n = table.num_rows
     if n == 0:
         return _empty()
-    timestamps = table.column("timestamp").to_numpy()
-    age = _row_ages(Path(path), n, timestamps)
+    age = _row_ages(Path(path), n)
     ids = np.asarray(table.column("episode_id").to_pylist(), dtype=object)
     keep = np.ones(n, dtype=bool)
     if variants is not None:
