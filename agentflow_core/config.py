@@ -436,6 +436,17 @@ class TrainConfig(_Section):
         return -(-self.total_steps // (self.num_envs * self.n_steps))
 
 
+def _checkout_only(enabled: bool, info: ValidationInfo) -> bool:
+    """Refuse switching on a phase built on the checkout vocabulary under another process.
+
+    The validation context carries the selected process's vocabulary only when it is not checkout
+    (``tasks.config_io``).
+    """
+    if enabled and isinstance(info.context, dict) and info.context.get("vocabulary") is not None:
+        raise ValueError("supported for process 'checkout' only (set it to false)")
+    return enabled
+
+
 class SimToRealConfig(_Section):
     """Sim-to-real validation in Phase 3: the policy on the real channels next to the simulated ones.
 
@@ -452,6 +463,11 @@ class SimToRealConfig(_Section):
     )
     families: list[Literal["web_checkout", "order_db", "payment_api"]] = ["web_checkout", "order_db", "payment_api"]
     env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
+
+    @field_validator("enabled")
+    @classmethod
+    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
+        return _checkout_only(enabled, info)
 
 
 class OfflineReplay(_Section):
@@ -505,6 +521,11 @@ class OfflineConfig(_Section):
     replay: OfflineReplay = OfflineReplay()
     gate: OfflineGate = OfflineGate()
     budget_s: BudgetS = 120.0
+
+    @field_validator("enabled")
+    @classmethod
+    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
+        return _checkout_only(enabled, info)
 
 
 class StressConfig(_Section):
@@ -562,6 +583,11 @@ class ValidatorConfig(_Section):
     )
     budget_s: BudgetS = 60.0
 
+    @field_validator("enabled")
+    @classmethod
+    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
+        return _checkout_only(enabled, info)
+
 
 class TuneConfig(_Section):
     """`tune`: the impedance-matching auto-tuner before train (docs/design.md §7.1; agentflow_core.tuning)."""
@@ -586,6 +612,11 @@ class TuneConfig(_Section):
     min_epochs: Annotated[int, Field(gt=0, le=1000)] = 4
     budget_s: BudgetS = 20.0
 
+    @field_validator("enabled")
+    @classmethod
+    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
+        return _checkout_only(enabled, info)
+
 
 class AgentFlowConfig(_Section):
     """The whole of ``params.yaml``."""
@@ -607,20 +638,22 @@ class AgentFlowConfig(_Section):
     validator: ValidatorConfig = ValidatorConfig()
     tune: TuneConfig = TuneConfig()
 
-    @model_validator(mode="after")
-    def _checkout_only_phases(self) -> AgentFlowConfig:
+    @model_validator(mode="before")
+    @classmethod
+    def _checkout_only_phases_default_off(cls, data: Any) -> Any:
         # the offline stage, the reward validator, the auto-tuner and sim-to-real read the checkout
-        # vocabulary's widths (agentflow_core/rl/cql.py, evaluation/validator.py, tasks/steps/tune.py)
-        if self.process != "checkout":
-            for key, on in (
-                ("offline.enabled", self.offline.enabled),
-                ("validator.enabled", self.validator.enabled),
-                ("tune.enabled", self.tune.enabled),
-                ("stress.sim_to_real.enabled", self.stress.sim_to_real.enabled),
-            ):
-                if on:
-                    raise ValueError(f"{key}: supported for process 'checkout' only (set it to false)")
-        return self
+        # vocabulary's widths (agentflow_core/rl/cql.py, evaluation/validator.py, tasks/steps/tune.py):
+        # for another process they default to off (switching one on is refused by _checkout_only)
+        if not isinstance(data, dict) or data.get("process", "checkout") == "checkout":
+            return data
+        data = dict(data)
+        if isinstance(data.get("stress"), dict):
+            data["stress"] = dict(data["stress"])
+        for owner, key in ((data, "offline"), (data, "validator"), (data, "tune"), (data.get("stress"), "sim_to_real")):
+            section = owner.get(key) if isinstance(owner, dict) else None
+            if isinstance(owner, dict) and (section is None or isinstance(section, dict)):
+                owner[key] = {"enabled": False, **(section or {})}
+        return data
 
     @property
     def phases(self) -> tuple[str, ...]:

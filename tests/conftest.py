@@ -67,9 +67,14 @@ def owned_chromium_pids(owner_pid: int) -> list[int]:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_session() -> Iterator[None]:
-    """One headless Chromium for the session (every browser env of the tests shares it); none left after."""
+    """One headless Chromium per test module (its browser envs share it); none left after.
+
+    Per module, not per session: while Playwright's sync API is running it leaves its asyncio loop
+    current in this thread, and Prefect's sync-compatible calls (``Artifact.get`` in tests/test_flow.py)
+    then hand back coroutines; closing it after each module restores the plain thread.
+    """
     from agentflow_core.envs.web_browser import acquire_browser, close_all_browsers, live_browsers, release_browser
 
     host = acquire_browser()

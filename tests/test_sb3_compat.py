@@ -32,10 +32,14 @@ def test_make_by_module_prefixed_id_and_override_scenario(gym_id: str) -> None:
 def test_register_envs_is_idempotent() -> None:
     from agentflow_core.gym_registration import register_envs
 
+    all_ids = [
+        *GYM_IDS,
+        "agentflow/WebBrowser-v1",
+    ]  # the real browser channel too (not trained here: tests/test_env_browser.py)
     before = {k: v for k, v in gymnasium.registry.items() if k.startswith("agentflow/")}
-    assert register_envs() == GYM_IDS and register_envs() == GYM_IDS
+    assert register_envs() == all_ids and register_envs() == all_ids
     after = {k: v for k, v in gymnasium.registry.items() if k.startswith("agentflow/")}
-    assert sorted(after) == sorted(GYM_IDS) and all(after[k] is before[k] for k in before)
+    assert sorted(after) == sorted(all_ids) and all(after[k] is before[k] for k in before)
 
 
 @pytest.mark.slow
