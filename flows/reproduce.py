@@ -51,11 +51,11 @@ def comparison(original: dict[str, float | str], rerun: dict[str, float | str]) 
 
 
 def is_timing(key: str) -> bool:
-    """Wall-clock budget use (``budget/<phase>/wall_s``, ``.../wall_fraction``) and the training loop's
-    measured rates (``impedance/*``): measured, never reproduced."""
+    """Wall-clock use (``budget/<phase>/wall_s``, ``.../wall_fraction``, a phase summary's ``wall_s``) and the
+    training loop's measured rates (``impedance/*``): measured, never reproduced."""
     if key.startswith(("impedance/", "train/impedance/")):  # the cycle's measured rates (agentflow_core.tuning)
         return True
-    return key.startswith("budget/") and key.rsplit("/", 1)[-1] in ("wall_s", "wall_fraction")
+    return key.rsplit("/", 1)[-1] in ("wall_s", "wall_fraction")  # budget/<phase>/wall_s, a phase's own wall_s
 
 
 def tracked_values(run: Run) -> dict[str, float | str]:
