@@ -1,7 +1,8 @@
 """One place that wires a phase: where its envs run, its reward function and its base-env infos.
 
-Calibration, exploration, training (and its held-out evaluations), stress validation, the report's
-champion/challenger rollouts and the benchmarks all build their pools here, from ``params.yaml``:
+Calibration, exploration, training (whose env workers also play its held-out evaluations), stress
+validation, the report's champion/challenger rollouts and the benchmarks all build their pools
+here, from ``params.yaml``:
 
 - ``pool.backend: ray`` (the default whenever ``pool.num_workers > 0``): env workers are Ray
   actors (:class:`~agentflow_core.pool.ray_pool.RayPool`), on a private local Ray started with
@@ -223,18 +224,24 @@ def build_pool(
 
 
 def build_rollouts(
-    cfg: AgentFlowConfig, variants: Sequence[VariantSpec], num_envs: int, *, seed: int
+    cfg: AgentFlowConfig,
+    variants: Sequence[VariantSpec],
+    num_envs: int,
+    *,
+    seed: int,
+    eval_variants: Sequence[VariantSpec] = (),
 ) -> SlicedRollouts:
     """Training's rollout source: worker-side rollouts over ``num_envs`` slots on the configured backend.
 
     Each env worker runs its share of the slots for a whole rollout with a copy of the policy (Ray
-    actors in parallel, or one after the other in this process) and returns it in one call;
-    evaluations keep stepping a :func:`build_pool` pool from the driver.
+    actors in parallel, or one after the other in this process) and returns it in one call. The
+    same workers play training's validation and test episodes (:meth:`SlicedRollouts.evaluate`),
+    so their env factory also covers ``eval_variants``' base envs; no evaluation pool is started.
     """
     from agentflow_core.pool.inprocess import InProcessPool
     from agentflow_core.pool.rollout import InProcessSlices, SliceBackend
 
-    factory = env_factory(cfg, variants)
+    factory = env_factory(cfg, [*variants, *eval_variants])
     backend: SliceBackend
     if cfg.pool.backend == "inprocess":
         backend = InProcessSlices(InProcessPool(variants, factory, num_envs, cfg.pool, seed=seed))

@@ -183,3 +183,50 @@ def test_learner_on_worker_side_rollouts_resumes_bit_identically(variants: list[
     for learner in (full, resumed):
         learner.rollouts.stats()
         learner.pool.close()
+
+
+def _records(rollouts: SlicedRollouts, eval_variants: list[Any], policy: ActorCritic) -> list[tuple[Any, ...]]:
+    from agentflow_core.evaluation.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
+
+    out = []
+    for actor, net in (
+        (ActorSpec(GREEDY, (32, 32)), policy),
+        (ActorSpec(EPSILON_GREEDY, (32, 32), 0.5), policy),
+        (ActorSpec(EXPERT), None),
+    ):
+        for r in rollouts.evaluate(eval_variants, actor, net, 2 * len(eval_variants), seed=7, num_envs=4):
+            out.append((actor.kind, r.variant, r.episode, r.episode_return, r.length, r.paid, r.terminated))
+            out.append(tuple(r.final_obs.tolist()))
+    return out
+
+
+def test_evaluation_episodes_are_a_function_of_variant_and_seed_on_every_backend(
+    variants: list[Any], ray_rollouts: SlicedRollouts
+) -> None:
+    """Worker-side evaluation: the same (variant, episode) records on Ray, in process, on one worker and
+    after a killed worker; every variant plays its share and the expert pays more often than chance."""
+    eval_variants = variants[::3]
+    policy = _policy()
+    local = _inprocess(variants)
+    one_pool = InProcessPool(variants, _packaged_factory(variants), NUM_ENVS, PoolConfig(num_workers=1), seed=0)
+    one = SlicedRollouts(InProcessSlices(one_pool), variants, NUM_ENVS, PoolConfig(num_workers=1), seed=0)
+    try:
+        reference = _records(local, eval_variants, policy)
+        assert _records(ray_rollouts, eval_variants, policy) == reference
+        assert _records(one, eval_variants, policy) == reference
+        assert _records(local, eval_variants, policy) == reference  # a second evaluation: nothing carried over
+        ray_rollouts.backend.wait_standby()  # type: ignore[attr-defined]
+        os.kill(ray_rollouts.backend.worker_pids()[1], signal.SIGKILL)  # type: ignore[attr-defined]
+        assert _records(ray_rollouts, eval_variants, policy) == reference
+        rows = reference[::2]
+        for kind in ("greedy", "epsilon_greedy", "expert"):
+            played = sorted((r[1], r[2]) for r in rows if r[0] == kind)
+            assert played == [(i, j) for i in range(len(eval_variants)) for j in range(2)]
+        assert any(r[5] for r in rows if r[0] == "expert")
+        # the training slices are untouched: a rollout after the evaluations equals one without them
+        fresh = _inprocess(variants)
+        _assert_same(local.collect(policy, N_STEPS, 0, 3), fresh.collect(policy, N_STEPS, 0, 3))
+        fresh.close()
+    finally:
+        local.close()
+        one.close()

@@ -138,13 +138,25 @@ class RecordingFactory:
 
 
 class RecordingRollouts(RecordingFactory):
-    """Training's worker-side rollout source, recording the variants it is built over."""
+    """Training's worker-side rollout source, recording the variants it is built over and each evaluation's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.evaluations: list[tuple[str, list[str]]] = []  # (actor kind, variants played)
 
     def __call__(self, cfg: AgentFlowConfig, variants: Sequence[VariantSpec], num_envs: int, **kw: Any) -> Any:
         from tasks.compose import build_rollouts
 
         self.pools.append([v.content_hash for v in variants])
-        return build_rollouts(cfg, variants, num_envs, **kw)
+        rollouts = build_rollouts(cfg, variants, num_envs, **kw)
+        evaluate = rollouts.evaluate
+
+        def recorded(eval_variants: Sequence[VariantSpec], actor: Any, *args: Any) -> Any:
+            self.evaluations.append((actor.kind, [v.content_hash for v in eval_variants]))
+            return evaluate(eval_variants, actor, *args)
+
+        rollouts.evaluate = recorded  # type: ignore[method-assign]
+        return rollouts
 
 
 @pytest.mark.slow
@@ -160,7 +172,7 @@ def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_pat
     cfg = load_config(write_tiny_params(tmp_path, train={"total_steps": 512}))
     run_variants(cfg, tmp_path / "variants")
     splits = {name: {v.content_hash for v in vs} for name, vs in read_splits(tmp_path / "variants").items()}
-    explore_pools, train_pools, rollouts = RecordingFactory(), RecordingFactory(), RecordingRollouts()
+    explore_pools, rollouts = RecordingFactory(), RecordingRollouts()
     run_explore(cfg, tmp_path / "variants", tmp_path / "traj", pool_factory=explore_pools)
     metrics = tmp_path / "train.json"
     summary = run_train(
@@ -169,7 +181,6 @@ def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_pat
         tmp_path / "traj",
         tmp_path / "out",
         False,
-        pool_factory=train_pools,
         metrics_path=metrics,
         rollout_factory=rollouts,
     )
@@ -177,9 +188,12 @@ def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_pat
     assert explore_pools.pools and all(set(p) <= splits["train"] for p in explore_pools.pools)
     assert rows and rows <= splits["train"]  # so BC, which reads these rows, sees train variants only
     (training,) = rollouts.pools
-    validation, test = train_pools.pools  # built in this order: test only after training ended
     assert set(training) == splits["train"]
-    assert set(validation) <= splits["validation"] and set(test) <= splits["test"]
+    # validation episodes during training, then the test split only after training ended (3 actors)
+    *validation, trained, exploration, expert = rollouts.evaluations
+    assert validation and all(kind == "greedy" and set(v) <= splits["validation"] for kind, v in validation)
+    assert [trained[0], exploration[0], expert[0]] == ["greedy", "epsilon_greedy", "expert"]
+    assert all(set(v) <= splits["test"] for _, v in (trained, exploration, expert))
     assert summary["bc"]["used"] and summary["bc"]["samples"] > 0
     families = {"web_checkout", "order_db", "payment_api"}
     assert set(summary["test_process_success_by_family"]) == families

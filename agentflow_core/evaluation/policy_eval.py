@@ -22,6 +22,7 @@ import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert, expert_for
+from agentflow_core.evaluation.episodes import EpisodeRecord
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.stress import VariantRow, stratified_sample
 from agentflow_core.rl.exploration import epsilon_greedy
@@ -152,11 +153,44 @@ def _evaluate(
                 )
             )
             played.append(variant)
+    return _summary(returns, lengths, paid, processed, played, dimensions)
+
+
+def summarise_episodes(
+    records: Sequence[EpisodeRecord],
+    variants: Sequence[VariantRow],
+    dimensions: Sequence[str] = (),
+    vocabulary: Vocabulary = CHECKOUT,
+) -> EvalResult:
+    """The :class:`EvalResult` of evaluation episodes played worker-side (``record.variant`` indexes ``variants``).
+
+    Process success is judged here, from each episode's final observation in ``vocabulary`` (the
+    process the envs speak), as :func:`evaluate_policy` does.
+    """
+    played = [variants[r.variant] for r in records]
+    paid = [r.paid for r in records]
+    processed = [
+        r.paid or vocabulary.process_success(v.params, vocabulary.decode_tokens(r.final_obs), r.terminated)
+        for r, v in zip(records, played, strict=True)
+    ]
+    returns = [r.episode_return for r in records]
+    lengths = [r.length for r in records]
+    return _summary(returns, lengths, paid, processed, played, dimensions)
+
+
+def _summary(
+    returns: Sequence[float],
+    lengths: Sequence[int],
+    paid: Sequence[bool],
+    processed: Sequence[bool],
+    played: Sequence[VariantRow],
+    dimensions: Sequence[str],
+) -> EvalResult:
     families = [v.family for v in played]
     params = [v.params for v in played]
     n = len(returns)
-    payment = SuccessBreakdown.of(paid, families, params, dimensions)
-    process = SuccessBreakdown.of(processed, families, params, dimensions)
+    payment = SuccessBreakdown.of(list(paid), families, params, dimensions)
+    process = SuccessBreakdown.of(list(processed), families, params, dimensions)
     return EvalResult(
         episodes=n,
         success_rate=payment.overall.rate,

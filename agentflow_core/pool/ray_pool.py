@@ -46,6 +46,7 @@ from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
 from agentflow_core.pool.worker import EnvWorker
 
 if TYPE_CHECKING:  # the rollout module pulls in torch: actors import it on their first rollout (or standby warm-up)
+    from agentflow_core.evaluation.episodes import EpisodePlayer, EpisodeRecord, EvalRequest
     from agentflow_core.pool.slices import SliceRequest, SliceResult, SliceRunner, Weights
 
 logger = logging.getLogger("agentflow.pool")
@@ -99,6 +100,7 @@ class RayEnvWorker(EnvWorker):
 
     _saved_priority: dict[int, int] | None = None
     _runner: SliceRunner | None = None
+    _player: EpisodePlayer | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """:class:`EnvWorker`'s constructor, after leaving the low priority Ray started the process at."""
@@ -109,6 +111,20 @@ class RayEnvWorker(EnvWorker):
     def rollout(self, request: SliceRequest, weights: Weights) -> SliceResult:
         """Run this worker's slice of a rollout here (worker-side rollouts, :mod:`agentflow_core.pool.rollout`)."""
         return self._slice_runner().rollout(request, weights)
+
+    def evaluate(self, request: EvalRequest, weights: Weights | None) -> list[EpisodeRecord]:
+        """Play this worker's share of an evaluation here (:mod:`agentflow_core.evaluation.episodes`)."""
+        if self._player is None:
+            from agentflow_core.evaluation.episodes import EpisodePlayer
+
+            self._slice_runner()  # torch limited to one thread, as for rollouts
+            self._player = EpisodePlayer(self)
+        return self._player.play(request, weights)
+
+    def warm_up(self) -> int:
+        """Import torch and the rollout code now (the pool asks at start-up, without waiting); returns the index."""
+        self._slice_runner()
+        return self.worker_index
 
     def _slice_runner(self) -> SliceRunner:
         if self._runner is None:
@@ -238,7 +254,12 @@ class RayPool(PoolDriver):
         self.stop_grace_s = float(stop_grace_s)
         self._stopped_since: dict[int, float] = {}  # worker -> when its process was first seen stopped
         self.nodes_used: set[str] = set()  # Ray node ids that hosted a worker of this pool, ever
-        self._procs: list[tuple[int, float] | None] = [self._locate(a) for a in self.actors]
+        # Where each actor runs, asked now and read on first use: the actors start up (and import
+        # torch, warm_up) while the driver goes on (a training run's behaviour cloning, say).
+        self._procs: list[tuple[int, float] | None] = [None] * len(self.actors)
+        self._located: list[Any] | None = [a.locate.remote() for a in self.actors]
+        for actor in self.actors:
+            actor.warm_up.remote()
         self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
         self._standby: list[Any] = []
         self._standby_warm: list[Any] = []  # refs of the standbys' prewarm calls
@@ -305,13 +326,20 @@ class RayPool(PoolDriver):
             strategy = NodeAffinitySchedulingStrategy(nodes[0], soft=True) if nodes else "DEFAULT"
         return self._actor_cls.options(scheduling_strategy=strategy, max_restarts=max_restarts).remote(*args)
 
-    def _locate(self, actor: Any) -> tuple[int, float] | None:
+    def _locate(self, actor: Any, ref: Any = None) -> tuple[int, float] | None:
         """(pid, start time) of an actor's process when it runs on this host, else None (no polling)."""
         import ray
 
-        host, pid, started, node = ray.get(actor.locate.remote(), timeout=self.restart_timeout_s)
+        ref = actor.locate.remote() if ref is None else ref
+        host, pid, started, node = ray.get(ref, timeout=self.restart_timeout_s)
         self.nodes_used.add(str(node))
         return (int(pid), float(started)) if host == self._host else None
+
+    def _settle(self) -> None:
+        """Read the first placement's answers (asked in the constructor) before the workers are first used."""
+        located, self._located = self._located, None
+        if located is not None:
+            self._procs = [self._locate(a, ref) for a, ref in zip(self.actors, located, strict=True)]
 
     def _alive(self, worker: int) -> bool:
         """False when the worker's process is gone (vanished, zombie or pid reused) or stopped.
@@ -347,6 +375,7 @@ class RayPool(PoolDriver):
         import ray
         from ray.exceptions import GetTimeoutError
 
+        self._settle()
         self._maybe_start_standby()
         pending = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
@@ -392,6 +421,21 @@ class RayPool(PoolDriver):
         calls = {w: ("rollout", (request, ref)) for w, request in requests.items()}
         return self._invoke(calls, timeout_s=self.call_timeout_s + steps * self.config.step_timeout_s)
 
+    def run_evaluations(
+        self, requests: Mapping[int, EvalRequest], weights: Weights | None
+    ) -> dict[int, list[EpisodeRecord] | None]:
+        """Every worker plays its evaluation episodes, in parallel (weights put once); lost ones answer ``None``.
+
+        A hung one is given up on after ``call_timeout_s`` plus one step timeout per episode (each
+        episode may hold one hung env).
+        """
+        import ray
+
+        ref = None if weights is None else ray.put(weights)
+        episodes = max((len(r.episodes) for r in requests.values()), default=0)
+        calls = {w: ("evaluate", (request, ref)) for w, request in requests.items()}
+        return self._invoke(calls, timeout_s=self.call_timeout_s + episodes * self.config.step_timeout_s)
+
     def _worker_call(self, worker: int, method: str, *args: Any) -> Any:
         """One call; a worker lost meanwhile is recovered like in a batch and the call made once more.
 
@@ -400,6 +444,7 @@ class RayPool(PoolDriver):
         """
         import ray
 
+        self._settle()
         try:
             return ray.get(getattr(self.actors[worker], method).remote(*args), timeout=self.call_timeout_s)
         except _lost_errors(timeout=True) as exc:
@@ -468,10 +513,12 @@ class RayPool(PoolDriver):
         """OS pids of the worker actors (fault tests and the recovery benchmark kill one)."""
         import ray
 
+        self._settle()
         return ray.get([a.pid.remote() for a in self.actors], timeout=self.call_timeout_s)
 
     def stats(self) -> dict[str, Any]:
         """The driver's stats plus ``nodes_used``: the Ray nodes that hosted a worker during the run."""
+        self._settle()
         return {**super().stats(), "nodes_used": sorted(self.nodes_used)}
 
     def close(self) -> None:

@@ -32,6 +32,15 @@ import torch
 
 from agentflow_core.config import PoolConfig
 from agentflow_core.contracts import EnvPool, StatefulScheduler, VariantLike
+from agentflow_core.evaluation.episodes import (
+    EVAL_KEY_BASE,
+    ActorSpec,
+    EpisodePlayer,
+    EpisodeRecord,
+    EvalRequest,
+    actor_weights,
+    episode_seed,
+)
 from agentflow_core.pool.base import PoolError
 from agentflow_core.pool.slices import (
     RolloutSlice,
@@ -60,6 +69,11 @@ class SliceBackend(Protocol):
     def run_rollouts(self, requests: Mapping[int, SliceRequest], weights: Weights) -> dict[int, SliceResult | None]:
         """Run every worker's request concurrently; ``None`` marks a worker lost (and already replaced)."""
 
+    def run_evaluations(
+        self, requests: Mapping[int, EvalRequest], weights: Weights | None
+    ) -> dict[int, list[EpisodeRecord] | None]:
+        """Every worker plays its evaluation episodes concurrently; ``None`` marks a worker lost (and replaced)."""
+
     def stats(self) -> dict[str, Any]:
         """The pool's stats (worker restarts, recoveries, per-worker env counts)."""
 
@@ -74,10 +88,17 @@ class InProcessSlices:
         self.pool = pool
         self.n_workers, self.worker_of, self.loss_events = pool.n_workers, pool.worker_of, pool.loss_events
         self.runners = [SliceRunner(worker) for worker in pool.workers]
+        self.players = [EpisodePlayer(worker) for worker in pool.workers]
 
     def run_rollouts(self, requests: Mapping[int, SliceRequest], weights: Weights) -> dict[int, SliceResult | None]:
         """Each request on its worker, in worker order (an in-process worker cannot be lost)."""
         return {w: self.runners[w].rollout(request, weights) for w, request in requests.items()}
+
+    def run_evaluations(
+        self, requests: Mapping[int, EvalRequest], weights: Weights | None
+    ) -> dict[int, list[EpisodeRecord] | None]:
+        """Each worker's evaluation episodes, in worker order."""
+        return {w: self.players[w].play(request, weights) for w, request in requests.items()}
 
     def stats(self) -> dict[str, Any]:
         """The in-process pool's stats."""
@@ -153,6 +174,7 @@ class SlicedRollouts:
         }
         self.counters = dict.fromkeys((*_COUNTERS, "worker_lost"), 0)
         self.failure_counters: dict[str, int] = {}
+        self._eval_keys: dict[str, int] = {}  # evaluation variant env id -> its workers' catalogue key
 
     @property
     def variants(self) -> Sequence[VariantLike]:
@@ -200,6 +222,45 @@ class SlicedRollouts:
                 elif count:
                     self.failure_counters[name] = self.failure_counters.get(name, 0) + count
         return [results[w].rollout for w in self.slots]
+
+    def evaluate(
+        self,
+        variants: Sequence[VariantLike],
+        actor: ActorSpec,
+        policy: ActorCritic | None,
+        n_episodes: int,
+        seed: int,
+        num_envs: int,
+    ) -> list[EpisodeRecord]:
+        """Play ``ceil(n_episodes / len(variants))`` episodes of every variant on the training env workers.
+
+        Episode ``j`` of variant ``i`` starts from :func:`episode_seed` ``(seed, i, j)``; variant ``i``
+        goes to the ``i % workers``-th worker, which plays its share ``num_envs / workers`` slots at
+        a time with ``actor`` (``policy``'s weights shipped once) and returns its records in one
+        call. A worker lost meanwhile is replaced and plays its share again. Records come back
+        sorted by (variant, episode).
+        """
+        per_variant = -(-int(n_episodes) // max(len(variants), 1))
+        hosts = list(self.slots)
+        slots_each = max(1, -(-int(num_envs) // len(hosts)))
+        requests: dict[int, EvalRequest] = {}
+        for i, variant in enumerate(variants):
+            w = hosts[i % len(hosts)]
+            request = requests.setdefault(w, EvalRequest({}, [], actor, slots_each, seed))
+            key = self._eval_keys.setdefault(variant.env_id, EVAL_KEY_BASE + len(self._eval_keys))
+            request.variants[key] = variant
+            request.episodes.extend((i, j, key, episode_seed(seed, i, j)) for j in range(per_variant))
+        weights = actor_weights(policy)
+        records: list[EpisodeRecord] = []
+        pending = dict(requests)
+        while pending:
+            for w, res in self.backend.run_evaluations(pending, weights).items():
+                if res is None:
+                    logger.warning("pool: worker %d lost mid-evaluation; its episodes run again on the replacement", w)
+                    continue
+                records.extend(res)
+                del pending[w]
+        return sorted(records, key=lambda r: (r.variant, r.episode))
 
     def set_value_loss(
         self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray

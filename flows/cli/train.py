@@ -18,10 +18,11 @@ from rich.markup import escape
 from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
-from flows.cli.common import one_line, phase_config_or_exit, phase_progress
+from flows.cli.common import config_or_exit, one_line, phase_progress, prefetch
 from tasks.bench_runs import run_repeated
 from tasks.compose import backend
 from tasks.config_io import flatten_params
+from tasks.determinism import make_deterministic
 
 if TYPE_CHECKING:
     from tasks.tracking import MlflowTracker
@@ -62,14 +63,20 @@ def train_command(
     """
     from tasks.tracked import tracked_train
 
-    cfg = phase_config_or_exit(params)
+    cfg = config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": total_steps})})
+    # Ray's start-up is seconds spent waiting on its own processes: training's modules (torch, and the
+    # inductor config that torch's deterministic mode sets) import meanwhile.
+    imports = prefetch("tasks.tracked", "tasks.steps.train", "torch._inductor.config")
     try:
         pool = backend(cfg)
     except AgentFlowError as exc:
         err_console.print(f"[bold red]train failed[/]: {exc}")
         raise typer.Exit(code=1) from None
+    finally:
+        imports.join()
+    make_deterministic(cfg.base.seed)
     console.print(f"envs: {pool.describe(cfg.train.num_envs)}")
     data = Path(cfg.base.data_dir)
     out = out or data / "checkpoints"

@@ -37,14 +37,8 @@ from safetensors.torch import save_file
 from agentflow_core.atomic import write_json, write_text
 from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
-from agentflow_core.evaluation.policy_eval import (
-    EvalResult,
-    evaluate_policy,
-    expert_policy,
-    exploration_policy,
-    greedy_policy,
-    stratified_eval_variants,
-)
+from agentflow_core.evaluation.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
+from agentflow_core.evaluation.policy_eval import EvalResult, stratified_eval_variants, summarise_episodes
 from agentflow_core.gates import evaluate_gate, train_gate
 from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
@@ -59,8 +53,9 @@ from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.splits import read_splits
 from agentflow_core.tuning import ImpedanceMeter, time_forward
+from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
-from tasks.compose import PoolFactory, build_pool, build_rollouts, recovery_summary, reward_function
+from tasks.compose import build_rollouts, recovery_summary, reward_function
 from tasks.process_io import load_process
 from tasks.steps.validator import training_validator
 
@@ -150,7 +145,6 @@ def run_train(
     out_dir: Path,
     resume: bool,
     sink: MetricsSink | None = None,
-    pool_factory: PoolFactory = build_pool,
     on_update: Callable[[int, int, dict[str, float]], None] | None = None,
     metrics_path: Path | None = None,
     *,
@@ -163,8 +157,9 @@ def run_train(
 ) -> dict[str, Any]:
     """Train (or resume) the policy; returns the summary (also written to ``train_summary.json``).
 
-    Training's rollouts come from ``rollout_factory`` (worker-side rollouts), its validation and test
-    evaluations from pools of ``pool_factory``.
+    Training's rollouts come from ``rollout_factory`` (worker-side rollouts); its validation and test
+    evaluations run on the same env workers (:meth:`SlicedRollouts.evaluate`: the weights shipped
+    once, each worker plays its share of the (variant, seed) episodes and returns them in one call).
 
     A retrain passes its cycle ``seed`` and the champion's checkpoint as ``warm_start``. The cycle
     seed drives what the cycle does anew -- network initialisation, behaviour cloning, the training
@@ -175,7 +170,6 @@ def run_train(
     champion's Fisher and weights, ``agentflow_core.rl.ewc``) adds the EWC penalty toward it to
     PPO's loss when ``train.ewc.enabled``. The discriminator reward validator, when trained
     (``tasks.steps.validator``), down-weights the rewards of suspicious training episodes.
-    would overwrite what the champion learnt): PPO continues from the champion.
 
     ``tuning`` records whether ``cfg`` carries the auto-tuner's choice (``tasks.steps.tune.tuned_config``);
     every update's impedance metrics (``impedance/*``, docs/design.md §7.1) go to the sink and the summary.
@@ -200,12 +194,17 @@ def run_train(
     untrained = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
-    pool = rollout_factory(cfg, train_variants, tc.num_envs, seed=seed)
+    pool = rollout_factory(cfg, train_variants, tc.num_envs, seed=seed, eval_variants=[*validation, *test])
     resources.callback(pool.close)
-    eval_pool = pool_factory(
-        cfg, validation, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 1, scheduler="round_robin", standby=False
-    )
-    resources.callback(eval_pool.close)
+    eval_envs = min(tc.num_envs, EVAL_NUM_ENVS)
+
+    def evaluate(
+        variants: list[VariantSpec], actor: ActorSpec, net: ActorCritic | None, n: int, episodes_seed: int
+    ) -> EvalResult:
+        records = pool.evaluate(variants, actor, net, n, episodes_seed, min(eval_envs, max(len(variants), 1)))
+        return summarise_episodes(records, variants, dimensions, vocab)
+
+    greedy = ActorSpec(GREEDY, tuple(tc.hidden_sizes))
     reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
     penalty = EWCPenalty.load(Path(ewc), tc.ewc.lam) if ewc is not None and tc.ewc.enabled else None
     validator = training_validator(cfg)
@@ -285,9 +284,7 @@ def run_train(
             is_last = ppo.update == num_updates or over_time
             new_best = evaluated = False
             if ppo.update % tc.eval_every_updates == 0 or is_last:
-                result_eval = evaluate_policy(
-                    eval_pool, greedy_policy(ppo.policy), tc.eval_episodes, seed=eval_seed + 7, dimensions=dimensions
-                )
+                result_eval = evaluate(validation, greedy, ppo.policy, tc.eval_episodes, eval_seed + 7)
                 eval_metrics = result_eval.metrics("validation/")
                 evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
                 new_best = tracker.add(ppo.update, result_eval.process_success_rate, result_eval.mean_return)
@@ -313,17 +310,14 @@ def run_train(
         best = best_ckpt.path
         best_policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
         best_policy.load_state_dict(best_ckpt.model)
-        test_pool = pool_factory(
-            cfg, test, min(tc.num_envs, EVAL_NUM_ENVS), seed=eval_seed + 2, scheduler="round_robin", standby=False
-        )
-        resources.callback(test_pool.close)
-        explorer = exploration_policy(untrained, EXPLORATION_EPSILON, np.random.default_rng(eval_seed))
+        explorer = ActorSpec(EPSILON_GREEDY, tuple(tc.hidden_sizes), EXPLORATION_EPSILON)
+        experts = tuple((family, process.expert(family)) for family in sorted({v.family for v in test}))
         final = {
-            name: evaluate_policy(test_pool, act, n_final, seed=eval_seed + 11, dimensions=dimensions)
-            for name, act in (
-                ("trained", greedy_policy(best_policy)),
-                ("exploration", explorer),
-                ("expert", expert_policy(test_pool, process.expert)),
+            name: evaluate(test, actor, net, n_final, eval_seed + 11)
+            for name, actor, net in (
+                ("trained", greedy, best_policy),
+                ("exploration", explorer, untrained),
+                ("expert", ActorSpec(EXPERT, experts=experts), None),
             )
         }
         recovery = recovery_summary(pool)
