@@ -55,9 +55,9 @@ TIMED_OUT = _Timeout()
 # CPU time a stuck step must have used to count as computing (not waiting) at its patience.
 COMPUTING_MIN_CPU_S = 0.002
 # Wall-clock bound, in step timeouts, of an item timed on its thread's CPU clock (``cpu_clock``),
-# and how often such an item's CPU clock is read again.
+# and the shortest wait before such an item's CPU clock is read again.
 LOAD_GRACE = 4.0
-CPU_RECHECK_S = 0.05
+CPU_RECHECK_S = 0.005
 
 
 @dataclass
@@ -129,7 +129,8 @@ def _computing(job: _Job) -> bool:
     faster (every GIL release of theirs, e.g. around a SQLite call, waits a switch interval behind
     it), and waiting for it holds the whole call -- in a Ray actor the driver and the other workers
     too. So a step still computing at its patience is ended there (``env_timeout``) and its thread
-    interrupted; a step that waits (a sleep, a socket, a lock) uses no CPU and is detached. Measured
+    interrupted (once its thread has used the patience's worth of CPU: a healthy step starved by a
+    loaded machine is not ended); a step that waits (a sleep, a socket, a lock) uses no CPU and is detached. Measured
     against the process's own CPU time, not the wall clock, so a busy loop on a loaded machine (a
     small CPU share) still counts as computing.
     """
@@ -137,17 +138,6 @@ def _computing(job: _Job) -> bool:
     return (
         cpu is not None and cpu >= COMPUTING_MIN_CPU_S and cpu >= 0.5 * (time.process_time() - job.process_cpu_started)
     )
-
-
-def _starved(job: _Job, timeout_s: float) -> bool:
-    """Whether the item in progress is computing but has had less than ``timeout_s`` of CPU on its thread.
-
-    On a loaded machine a healthy reset (building an env) can pass its wall-clock timeout on a
-    small CPU share; timed on its own thread's CPU clock it is load-independent (up to the
-    watchdog's ``LOAD_GRACE`` times the timeout of wall-clock time).
-    """
-    cpu = _item_cpu_s(job)
-    return cpu is not None and cpu < timeout_s and _computing(job)
 
 
 class BatchWatchdog:
@@ -217,9 +207,11 @@ class BatchWatchdog:
         With ``detach_after_s`` an item still running after that long is not waited for: the rest
         of the batch goes on on a fresh thread and the item's result is a :class:`DetachedStep` (its
         answer arrives later, or its owner gives up on it at the step timeout) -- unless it is
-        computing (:func:`_computing`): then it is ended there (``TIMED_OUT``, its thread interrupted).
-        With ``cpu_clock`` an item computing at the timeout is waited for until its thread has used
-        the timeout's worth of CPU (:func:`_starved`; resets on a loaded machine).
+        computing (:func:`_computing`): then it is ended (``TIMED_OUT``, its thread interrupted) once
+        its own thread has used the patience's worth of CPU, up to the timeout. With ``cpu_clock``
+        (resets) an item computing at the timeout is waited for until its thread has used the
+        timeout's worth of CPU, up to ``LOAD_GRACE`` timeouts: a loaded machine's small CPU share
+        does not end a healthy item.
         """
         results: list[Any] = [None] * len(items)
         if self._stuck:  # an interrupt can be swallowed (it may land in a __del__ or weakref callback): ask again
@@ -232,12 +224,18 @@ class BatchWatchdog:
             job = _Job(fn, items, start, results)
             self._queue.put(job)
             start = len(items)
-            granted: tuple[int, float] | None = None  # (item, wall-clock deadline) of a starved computing item
+            # A computing item is ended once its own thread has used ``cpu_budget`` of CPU (the patience,
+            # or with ``cpu_clock`` the timeout), so a loaded machine's small CPU share does not end a
+            # healthy one; ``wall_cap`` bounds the wait all the same.
+            detaching = patience < self.timeout_s
+            cpu_budget = patience if detaching else self.timeout_s
+            wall_cap = LOAD_GRACE * self.timeout_s if cpu_clock and not detaching else self.timeout_s
+            rechecking, cpu_left = -1, 0.0  # the item granted more time on its CPU clock, and its CPU to go
             while True:
                 if job.current < 0:
                     wait_s = patience
-                elif granted is not None and granted[0] == job.current:
-                    wait_s = min(granted[1] - time.perf_counter(), CPU_RECHECK_S)
+                elif rechecking == job.current:
+                    wait_s = min(job.started + wall_cap - time.perf_counter(), max(cpu_left, CPU_RECHECK_S))
                 else:
                     wait_s = job.started + patience - time.perf_counter()
                 if job.done.wait(max(wait_s, 0.0)):
@@ -248,14 +246,15 @@ class BatchWatchdog:
                     waited = time.perf_counter() - job.started
                     if job.current < 0 or waited < patience:
                         continue
-                    if cpu_clock and waited < LOAD_GRACE * self.timeout_s and _starved(job, self.timeout_s):
-                        if granted is None or granted[0] != job.current:
-                            granted = (job.current, job.started + LOAD_GRACE * self.timeout_s)
+                    computing = _computing(job)
+                    cpu_left = cpu_budget - (_item_cpu_s(job) or 0.0)
+                    if waited < wall_cap and computing and cpu_left > 0.0:
+                        rechecking = job.current
                         continue
                     job.abandoned = True
                     start = job.current + 1
                     self._queue = None  # the stuck thread keeps its queue; the next job gets a new thread
-                    if waited < self.timeout_s and not _computing(job):
+                    if waited < self.timeout_s and not computing:
                         job.detached = DetachedStep(job.started, job.thread)
                         results[job.current] = job.detached
                     else:

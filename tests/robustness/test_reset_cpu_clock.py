@@ -1,9 +1,11 @@
-"""A reset is timed on its own thread's CPU clock: a loaded machine does not fail (and quarantine) healthy variants.
+"""Resets, and steps computing at their patience, are timed on their own thread's CPU clock.
 
-The load is real: this thread and two busy-looping processes share one CPU, so the reset gets about
-a third of it. A reset that needs 0.08 s of CPU then takes longer than the 0.1 s step timeout of
-wall-clock time and still succeeds; one that needs 0.5 s of CPU is ended once its thread has used
-the timeout's worth (well before its 4x wall-clock bound).
+So a loaded machine does not fail (and quarantine) healthy variants. The load is real: this thread
+and two busy-looping processes share one CPU, so the env gets about a third of it. A reset that
+needs 0.08 s of CPU then takes longer than the 0.1 s step timeout of wall-clock time and still
+succeeds; one that needs 0.5 s of CPU is ended once its thread has used the timeout's worth (well
+before its 4x wall-clock bound). A step that computes 0.015 s outlives a 0.03 s patience on the wall
+clock and is still delivered, not ended as a busy loop.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 from agentflow_core.pool.worker import LOAD_GRACE, EnvWorker
+from agentflow_core.semantics import SemanticAction
 from tests.pool_fixtures import TinyFactory, tiny_variants
 
 TIMEOUT_S = 0.1
@@ -38,6 +41,28 @@ class CpuHeavyFactory:
         while time.thread_time() < until:
             pass
         return TinyFactory()(variant)
+
+
+class CpuHeavyStep:
+    """A tiny shop env whose steps use ``cpu_s`` seconds of the stepping thread's CPU."""
+
+    def __init__(self, inner: Any, cpu_s: float) -> None:
+        self.inner, self.cpu_s = inner, cpu_s
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, action: int) -> Any:
+        until = time.thread_time() + self.cpu_s
+        while time.thread_time() < until:
+            pass
+        return self.inner.step(action)
+
+    def action_masks(self) -> np.ndarray:
+        return self.inner.action_masks()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 @contextlib.contextmanager
@@ -75,5 +100,20 @@ def test_a_reset_starved_by_load_succeeds_and_a_cpu_hungry_one_still_ends() -> N
         assert hungry.failure_reason == ["env_timeout"]
         assert hungry_wall < LOAD_GRACE * TIMEOUT_S + 0.15
         assert worker.stats()["env_timeout"] == 1
+    finally:
+        worker.close()
+
+
+def test_a_step_starved_by_load_past_its_patience_is_delivered_not_ended() -> None:
+    variants = tiny_variants(1)
+    worker = EnvWorker(lambda v: CpuHeavyStep(TinyFactory()(v), 0.015), {0: variants[0]}, 8, 0.5)
+    try:
+        worker.reset(np.array([0]), np.array([0]), np.array([0]))
+        with one_loaded_cpu():
+            started = time.perf_counter()
+            out = worker.step(np.array([0]), np.array([int(SemanticAction.LOGIN)]), detach_after_s=0.03)
+            wall = time.perf_counter() - started
+        assert wall > 0.03 and out.failure_reason == [None] and out.step_id.tolist() == [1]
+        assert worker.stats()["env_timeout"] == 0
     finally:
         worker.close()
