@@ -5,8 +5,9 @@ The catalogue is the configured one (``agentflow variants``' generator), sampled
 
 - ``raise``: the step raises (``env_crash``);
 - ``sleep``: the step sleeps far past the step timeout (``env_timeout``);
-- ``spin``: the step busy-loops in Python far past the step timeout (``env_timeout``; with
-  ``step_isolation: thread`` the thread keeps a core and the GIL until the process ends);
+- ``spin``: the step busy-loops in Python far past the step timeout (``env_timeout``: with a step
+  patience it is ended once it has used the patience's worth of CPU, else at the step timeout; its
+  thread is interrupted either way);
 - ``nan``: the step returns a NaN observation and reward (``env_invalid``).
 
 Faults are injected by wrapping the registry factory (:class:`FaultInjectingFactory`): the envs
