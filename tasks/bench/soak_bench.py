@@ -175,6 +175,7 @@ def _soak_side(
         "pending_slot_steps": pending_rows,
         "worker_restarts": stats["worker_restarts"],
         "quarantined": len(stats["quarantined"]),
+        "quarantined_by": _quarantined_by(variants, stats["quarantined"], faults),
         "threads_at_end": threading.active_count(),
         "cpu_s": sum(me.cpu_times()[:2]),
         "child_processes_at_end": len(me.children(recursive=True)),
@@ -185,6 +186,16 @@ def _soak_side(
 
         ray.shutdown()
     return out
+
+
+def _quarantined_by(variants: list[VariantLike], quarantined: dict[str, str], faults: dict[str, str]) -> dict[str, int]:
+    """Quarantined variants counted by ``<base env>/<last failure reason>`` ("faulty/..." for injected faults)."""
+    base = {v.env_id: v.base_env_id for v in variants}
+    out: dict[str, int] = {}
+    for env_id, reason in quarantined.items():
+        key = f"{'faulty' if env_id in faults else base.get(env_id, '?')}/{reason}"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _side_main(conn: Any, *args: Any) -> None:
