@@ -285,5 +285,10 @@ def soak_notes(result: dict[str, Any]) -> list[str]:
         f"variants quarantined per side (clean, faulty, clean): {runs['clean_1']['quarantined']}, "
         f"{runs['faulty']['quarantined']}, {runs['clean_2']['quarantined']} (faulty variants: "
         f"{sum(result['faulty_variants'].values())}; a variant is also quarantined for resets that fail, "
-        "e.g. past the step timeout on a loaded machine)",
+        "e.g. waiting past the step timeout on a loaded machine)"
+        + "".join(
+            f"; {side} by base env/reason: {runs[side]['quarantined_by']}"
+            for side in ("clean_1", "clean_2")
+            if runs[side].get("quarantined_by")
+        ),
     ]
