@@ -181,8 +181,9 @@ class PoolConfig(_Section):
             "a pool step waits this long for an env step, then goes on without it: the slot is left out "
             "of the next pool steps until its step returns (or is ended at step_timeout_s). Hangs then "
             "cost the other slots nothing, but which steps are late depends on timing, so a run is no "
-            "longer bit-reproducible. null (default): wait up to step_timeout_s (training's worker-side "
-            "rollouts always wait)."
+            "longer bit-reproducible. A step busy on the CPU that long (its own thread's CPU clock) is "
+            "ended as env_timeout instead. null (default): wait up to step_timeout_s (training's "
+            "worker-side rollouts always wait)."
         ),
     )
     step_isolation: Literal["thread", "process"] = Field(

@@ -8,6 +8,7 @@ fixture runs in-process and inside Ray actors.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,7 +47,10 @@ class TinyAdapter(BaseSemanticAdapter):
 
 @dataclass(frozen=True)
 class Fault:
-    """Fail at ``at_step`` of every episode: ``crash`` raises, ``hang`` sleeps ``hang_s``, ``spin`` busy-loops ``hang_s``, ``nan`` returns NaN."""
+    """Fail at ``at_step`` of every episode: ``crash`` raises, ``hang`` sleeps ``hang_s``, ``spin`` busy-loops ``hang_s``, ``nan`` returns NaN.
+
+    ``gil_sleep`` sleeps ``hang_s`` in a C call that keeps the GIL: no thread of the process runs meanwhile.
+    """
 
     kind: str
     at_step: int = 1
@@ -76,6 +80,8 @@ class TinyShopEnv:
                 raise RuntimeError("injected crash")
             if self.fault.kind == "hang":
                 time.sleep(self.fault.hang_s)
+            if self.fault.kind == "gil_sleep":  # a C call that keeps the GIL (PyDLL does not release it)
+                ctypes.PyDLL(None).sleep(int(self.fault.hang_s))
             if self.fault.kind == "spin":  # busy loop in Python: holds a core and competes for the GIL
                 until = time.monotonic() + self.fault.hang_s
                 while time.monotonic() < until:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.pool.base import WORKER_LOST, EnvFactory, PoolError, VariantLike, factory_vocabulary
-from agentflow_core.pool.worker import EnvWorker, WorkerBatch
+from agentflow_core.pool.worker import LOAD_GRACE, EnvWorker, WorkerBatch
 
 logger = logging.getLogger("agentflow.pool")
 
@@ -173,7 +173,8 @@ class ProcessWorker:
         self.step_timeout_s = float(step_timeout_s)
         # A hung child's own watchdog answers after one step timeout; its heartbeat is stale only when the
         # whole child is stuck (a C call holding the GIL) or gone. The margin absorbs a loaded machine.
-        self.stale_s = self.step_timeout_s + max(self.step_timeout_s, 2.0)
+        # A reset is timed on its thread's CPU clock, up to LOAD_GRACE timeouts of wall clock: not stale before that.
+        self.stale_s = max(self.step_timeout_s + max(self.step_timeout_s, 2.0), LOAD_GRACE * self.step_timeout_s + 1.0)
         self.drain_s = float(drain_s) if drain_s is not None else max(20.0 * self.step_timeout_s, 10.0)
         # an abandoned thread that used this much CPU is spinning: its child goes at once, not after a drain
         self.spin_cpu_s = 0.25 * self.step_timeout_s

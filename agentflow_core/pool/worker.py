@@ -54,6 +54,10 @@ class _Timeout:
 TIMED_OUT = _Timeout()
 # CPU time a stuck step must have used to count as computing (not waiting) at its patience.
 COMPUTING_MIN_CPU_S = 0.002
+# Wall-clock bound, in step timeouts, of an item timed on its thread's CPU clock (``cpu_clock``),
+# and the shortest wait before such an item's CPU clock is read again.
+LOAD_GRACE = 4.0
+CPU_RECHECK_S = 0.005
 
 
 @dataclass
@@ -107,23 +111,33 @@ def interrupt_thread(thread: threading.Thread | None) -> bool:
     return bool(set_async(ctypes.c_ulong(thread.ident), ctypes.py_object(AbandonedStep)) == 1)
 
 
+def _item_cpu_s(job: _Job) -> float | None:
+    """CPU time the item in progress has used on its own thread; None where that cannot be read."""
+    if job.thread is None or job.thread.ident is None:
+        return None
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(job.thread.ident)) - job.cpu_started
+    except (AttributeError, OSError):  # no per-thread CPU clocks here, or the thread just ended
+        return None
+
+
 def _computing(job: _Job) -> bool:
     """Whether the item in progress has been using the CPU: most of the process's CPU time since it
     started, and at least ``COMPUTING_MIN_CPU_S``.
 
     Such a step holds the GIL most of the time: going on beside it would not step the others
-    faster (and every GIL release of theirs would wait a switch interval behind it), so it is
-    waited for up to the step timeout and interrupted there. A step that waits (a sleep, a socket,
-    a lock) uses no CPU and is detached. Measured against the process's own CPU time, not the
-    wall clock, so a busy loop on a loaded machine (a small CPU share) still counts as computing.
+    faster (every GIL release of theirs, e.g. around a SQLite call, waits a switch interval behind
+    it), and waiting for it holds the whole call -- in a Ray actor the driver and the other workers
+    too. So a step still computing at its patience is ended there (``env_timeout``) and its thread
+    interrupted (once its thread has used the patience's worth of CPU: a healthy step starved by a
+    loaded machine is not ended); a step that waits (a sleep, a socket, a lock) uses no CPU and is detached. Measured
+    against the process's own CPU time, not the wall clock, so a busy loop on a loaded machine (a
+    small CPU share) still counts as computing.
     """
-    if job.thread is None or job.thread.ident is None:
-        return False
-    try:
-        cpu = time.clock_gettime(time.pthread_getcpuclockid(job.thread.ident)) - job.cpu_started
-    except (AttributeError, OSError):  # no per-thread CPU clocks here, or the thread just ended
-        return False
-    return cpu >= COMPUTING_MIN_CPU_S and cpu >= 0.5 * (time.process_time() - job.process_cpu_started)
+    cpu = _item_cpu_s(job)
+    return (
+        cpu is not None and cpu >= COMPUTING_MIN_CPU_S and cpu >= 0.5 * (time.process_time() - job.process_cpu_started)
+    )
 
 
 class BatchWatchdog:
@@ -181,13 +195,23 @@ class BatchWatchdog:
                     job.results[i] = out
             job.done.set()
 
-    def run(self, fn: Callable[[Any], Any], items: Sequence[Any], detach_after_s: float | None = None) -> list[Any]:
+    def run(
+        self,
+        fn: Callable[[Any], Any],
+        items: Sequence[Any],
+        detach_after_s: float | None = None,
+        cpu_clock: bool = False,
+    ) -> list[Any]:
         """``[fn(item) or the exception it raised or TIMED_OUT or a DetachedStep]`` in item order.
 
-        With ``detach_after_s`` an item still running after that long is not waited for, unless it
-        is computing (:func:`_computing`): the rest of the batch goes on on a fresh thread and the
-        item's result is a :class:`DetachedStep` (its answer arrives later, or its owner gives up on
-        it at the step timeout).
+        With ``detach_after_s`` an item still running after that long is not waited for: the rest
+        of the batch goes on on a fresh thread and the item's result is a :class:`DetachedStep` (its
+        answer arrives later, or its owner gives up on it at the step timeout) -- unless it is
+        computing (:func:`_computing`): then it is ended (``TIMED_OUT``, its thread interrupted) once
+        its own thread has used the patience's worth of CPU, up to the timeout. With ``cpu_clock``
+        (resets) an item computing at the timeout is waited for until its thread has used the
+        timeout's worth of CPU, up to ``LOAD_GRACE`` timeouts: a loaded machine's small CPU share
+        does not end a healthy item.
         """
         results: list[Any] = [None] * len(items)
         if self._stuck:  # an interrupt can be swallowed (it may land in a __del__ or weakref callback): ask again
@@ -200,24 +224,37 @@ class BatchWatchdog:
             job = _Job(fn, items, start, results)
             self._queue.put(job)
             start = len(items)
-            computing: int | None = None  # an item found computing at its patience is waited for up to the timeout
+            # A computing item is ended once its own thread has used ``cpu_budget`` of CPU (the patience,
+            # or with ``cpu_clock`` the timeout), so a loaded machine's small CPU share does not end a
+            # healthy one; ``wall_cap`` bounds the wait all the same.
+            detaching = patience < self.timeout_s
+            cpu_budget = patience if detaching else self.timeout_s
+            wall_cap = LOAD_GRACE * self.timeout_s if cpu_clock and not detaching else self.timeout_s
+            rechecking, cpu_left = -1, 0.0  # the item granted more time on its CPU clock, and its CPU to go
             while True:
-                limit = self.timeout_s if computing is not None and job.current == computing else patience
-                if job.done.wait(max(job.started + limit - time.perf_counter(), 0.0) if job.current >= 0 else limit):
+                if job.current < 0:
+                    wait_s = patience
+                elif rechecking == job.current:
+                    wait_s = min(job.started + wall_cap - time.perf_counter(), max(cpu_left, CPU_RECHECK_S))
+                else:
+                    wait_s = job.started + patience - time.perf_counter()
+                if job.done.wait(max(wait_s, 0.0)):
                     break
                 with job.lock:
                     if job.done.is_set():
                         break
                     waited = time.perf_counter() - job.started
-                    if job.current < 0 or waited < limit:
+                    if job.current < 0 or waited < patience:
                         continue
-                    if waited < self.timeout_s and _computing(job):
-                        computing = job.current
+                    computing = _computing(job)
+                    cpu_left = cpu_budget - (_item_cpu_s(job) or 0.0)
+                    if waited < wall_cap and computing and cpu_left > 0.0:
+                        rechecking = job.current
                         continue
                     job.abandoned = True
                     start = job.current + 1
                     self._queue = None  # the stuck thread keeps its queue; the next job gets a new thread
-                    if waited < self.timeout_s:
+                    if waited < self.timeout_s and not computing:
                         job.detached = DetachedStep(job.started, job.thread)
                         results[job.current] = job.detached
                     else:
@@ -466,7 +503,7 @@ class EnvWorker:
             donor_variant = self._donor_variant(base) if cached is None and can_reuse else None
             donor = None if donor_variant is None else self._take_idle(donor_variant)
             items.append(_ResetItem(v, seed, cached, donor, -1 if donor_variant is None else donor_variant))
-        results = self.watchdog.run(self._reset_one, items)
+        results = self.watchdog.run(self._reset_one, items, cpu_clock=True)
         out = WorkerBatch.empty(slots, self.vocabulary)
         for row, (slot, item, res) in enumerate(zip(slots.tolist(), items, results, strict=True)):
             if item.declined and item.donor is not None:

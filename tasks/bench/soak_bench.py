@@ -5,8 +5,9 @@ The catalogue is the configured one (``agentflow variants``' generator), sampled
 
 - ``raise``: the step raises (``env_crash``);
 - ``sleep``: the step sleeps far past the step timeout (``env_timeout``);
-- ``spin``: the step busy-loops in Python far past the step timeout (``env_timeout``; with
-  ``step_isolation: thread`` the thread keeps a core and the GIL until the process ends);
+- ``spin``: the step busy-loops in Python far past the step timeout (``env_timeout``: with a step
+  patience it is ended once it has used the patience's worth of CPU, else at the step timeout; its
+  thread is interrupted either way);
 - ``nan``: the step returns a NaN observation and reward (``env_invalid``).
 
 Faults are injected by wrapping the registry factory (:class:`FaultInjectingFactory`): the envs
@@ -174,6 +175,7 @@ def _soak_side(
         "pending_slot_steps": pending_rows,
         "worker_restarts": stats["worker_restarts"],
         "quarantined": len(stats["quarantined"]),
+        "quarantined_by": _quarantined_by(variants, stats["quarantined"], faults),
         "threads_at_end": threading.active_count(),
         "cpu_s": sum(me.cpu_times()[:2]),
         "child_processes_at_end": len(me.children(recursive=True)),
@@ -184,6 +186,16 @@ def _soak_side(
 
         ray.shutdown()
     return out
+
+
+def _quarantined_by(variants: list[VariantLike], quarantined: dict[str, str], faults: dict[str, str]) -> dict[str, int]:
+    """Quarantined variants counted by ``<base env>/<last failure reason>`` ("faulty/..." for injected faults)."""
+    base = {v.env_id: v.base_env_id for v in variants}
+    out: dict[str, int] = {}
+    for env_id, reason in quarantined.items():
+        key = f"{'faulty' if env_id in faults else base.get(env_id, '?')}/{reason}"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _side_main(conn: Any, *args: Any) -> None:
@@ -273,5 +285,10 @@ def soak_notes(result: dict[str, Any]) -> list[str]:
         f"variants quarantined per side (clean, faulty, clean): {runs['clean_1']['quarantined']}, "
         f"{runs['faulty']['quarantined']}, {runs['clean_2']['quarantined']} (faulty variants: "
         f"{sum(result['faulty_variants'].values())}; a variant is also quarantined for resets that fail, "
-        "e.g. past the step timeout on a loaded machine)",
+        "e.g. waiting past the step timeout on a loaded machine)"
+        + "".join(
+            f"; {side} by base env/reason: {runs[side]['quarantined_by']}"
+            for side in ("clean_1", "clean_2")
+            if runs[side].get("quarantined_by")
+        ),
     ]

@@ -133,7 +133,7 @@ def test_a_pool_step_with_only_pending_slots_waits_instead_of_spinning() -> None
         pool.close()
 
 
-def test_a_computing_hang_is_not_detached_and_ends_at_the_timeout() -> None:
+def test_a_computing_hang_is_not_detached_but_ended_at_its_patience() -> None:
     variants = tiny_variants(4)
     factory = TinyFactory(faults={variants[1].env_id: Fault("spin", at_step=2, hang_s=30.0)})
     cfg = PoolConfig(
@@ -145,7 +145,7 @@ def test_a_computing_hang_is_not_detached_and_ends_at_the_timeout() -> None:
         pool.step(np.full(4, LOGIN))
         started = time.perf_counter()
         batch = pool.step(np.full(4, VIEW))  # a busy loop holds the GIL: going on beside it gains nothing
-        assert 0.35 < time.perf_counter() - started < 2.0
+        assert 0.09 < time.perf_counter() - started < 0.35  # the patience (0.1 s), not the timeout (0.4 s)
         assert batch.pending is None and batch.infos[1]["failure_reason"] == "env_timeout"
         assert [batch.infos[s]["step_id"] for s in (0, 2, 3)] == [2, 2, 2]
     finally:
