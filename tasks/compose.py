@@ -167,6 +167,17 @@ def start_ray(cfg: AgentFlowConfig) -> Backend:
     return Backend("ray", address or "local", cfg.pool.num_workers, nodes)
 
 
+def stop_ray() -> None:
+    """Leave Ray before the interpreter exits: a private local Ray is shut down, a joined cluster keeps running.
+
+    Ray's own exit hook does the same after a half-second pause it takes to print late worker
+    errors; a command's pools are closed by then, so the CLI calls this instead.
+    """
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 def backend(cfg: AgentFlowConfig) -> Backend:
     """The run's backend; for ``ray`` this starts or joins Ray (so a bad address fails here, early)."""
     if cfg.pool.backend == "ray":

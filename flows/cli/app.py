@@ -265,8 +265,12 @@ app.add_typer(bench_app, name="bench")
 
 def main() -> None:
     """Console entry point with library errors turned into clean messages."""
+    from tasks.compose import stop_ray
+
     try:
         app(prog_name="agentflow")
     except AgentFlowError as exc:
         err_console.print(f"[bold red]error[/]: {one_line(exc)}")
         sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError) else 1)
+    finally:
+        stop_ray()
