@@ -141,6 +141,8 @@ def _soak_side(
     mask = pool.reset(seed=seed).action_mask
     steps, episodes, lost_healthy, lost_faulty, slowest, pending_rows = 0, 0, 0, 0, 0.0, 0
     by_reason: dict[str, int] = {}
+    healthy_lost_by: dict[str, int] = {}  # <base env>/<reason> of each healthy episode lost
+    base_of = {v.env_id: v.base_env_id for v in variants}
     started = time.perf_counter()
     while (elapsed := time.perf_counter() - started) < seconds:
         t0 = time.perf_counter()
@@ -161,6 +163,8 @@ def _soak_side(
                     lost_faulty += 1
                 else:
                     lost_healthy += 1
+                    key = f"{base_of.get(info['env_id'], '?')}/{reason}"
+                    healthy_lost_by[key] = healthy_lost_by.get(key, 0) + 1
     stats = pool.stats()
     me = psutil.Process()
     out = {
@@ -170,6 +174,7 @@ def _soak_side(
         "episodes": episodes,
         "faulty_episodes_lost": lost_faulty,
         "healthy_episodes_lost": lost_healthy,
+        "healthy_lost_by": dict(sorted(healthy_lost_by.items())),
         "failures": by_reason,
         "slowest_pool_step_s": slowest,
         "pending_slot_steps": pending_rows,
