@@ -106,10 +106,15 @@ class RayEnvWorker(EnvWorker):
     _player: EpisodePlayer | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """:class:`EnvWorker`'s constructor, after leaving the low priority Ray started the process at."""
-        _normal_priority()
+        """:class:`EnvWorker`'s constructor, after leaving the low priority Ray started the process at.
+
+        A standby (``worker_index`` -1) stays low until :meth:`adopt`: its start-up takes no CPU
+        the running workers want.
+        """
         threadpool_limits(limits=1)  # BLAS threads spinning beside the other workers only cost CPU
         super().__init__(*args, **kwargs)
+        if self.worker_index >= 0:
+            _normal_priority()
 
     def rollout(self, request: SliceRequest, weights: Weights) -> SliceResult:
         """Run this worker's slice of a rollout here (worker-side rollouts, :mod:`agentflow_core.pool.rollout`)."""
@@ -155,6 +160,7 @@ class RayEnvWorker(EnvWorker):
         if self._saved_priority is not None:
             _restore_priority(self._saved_priority)
             self._saved_priority = None
+        _normal_priority()
         return super().adopt(variants, worker_index)
 
     def locate(self) -> tuple[str, int, float, str]:
