@@ -65,19 +65,26 @@ class CpuHeavyStep:
         self.inner.close()
 
 
+def _pin_threads(cpus: set[int]) -> None:
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), cpus)
+
+
 @contextlib.contextmanager
 def one_loaded_cpu(spinners: int = 2) -> Iterator[None]:
-    """This thread (and threads it starts) on one CPU, shared with ``spinners`` busy-looping processes."""
+    """Every thread of this process (the env worker's stepping thread too) on one CPU, shared with
+    ``spinners`` busy-looping processes."""
     saved = os.sched_getaffinity(0)
     cpu = min(saved)
     code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(spinners)]
-    os.sched_setaffinity(0, {cpu})
+    _pin_threads({cpu})  # a thread's affinity is its own: the ones already running are pinned one by one
     try:
         time.sleep(0.3)  # the spinners are looping
         yield
     finally:
-        os.sched_setaffinity(0, saved)
+        _pin_threads(saved)
         for proc in procs:
             proc.kill()
             proc.wait()
