@@ -299,6 +299,15 @@ def _enum_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list[di
     return rules
 
 
+def _feature_rule(feature: str, path: tuple[str, ...], prop: dict[str, Any]) -> dict[str, Any]:
+    """The mapping rule reading ``feature`` from the response field at ``path``, scaled by its declared maximum."""
+    rule: dict[str, Any] = {"id": _rule_id("f", feature), "feature": feature, "source": "$." + ".".join(path)}
+    maximum = prop.get("maximum")
+    if prop.get("type") != "boolean" and isinstance(maximum, (int, float)) and maximum > 0 and maximum != 1:
+        rule["scale"] = 1.0 / float(maximum)
+    return rule
+
+
 def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list[dict[str, Any]]:
     rules: dict[str, dict[str, Any]] = {}
     for path, prop in properties.items():
@@ -309,11 +318,7 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
         )
         if feature not in FEATURES or feature in rules:
             continue
-        rule: dict[str, Any] = {"id": _rule_id("f", feature), "feature": feature, "source": "$." + ".".join(path)}
-        maximum = prop.get("maximum")
-        if prop.get("type") != "boolean" and isinstance(maximum, (int, float)) and maximum > 0 and maximum != 1:
-            rule["scale"] = 1.0 / float(maximum)
-        rules[feature] = rule
+        rules[feature] = _feature_rule(feature, path, prop)
     rules["retries_used"] = {
         "id": "f_retries_used",
         "feature": "retries_used",
@@ -380,11 +385,7 @@ def _declared_features(
         feature = prop.get("x-agentflow-feature")
         if feature not in vocabulary.features or feature in rules:
             continue
-        rule: dict[str, Any] = {"id": _rule_id("f", feature), "feature": feature, "source": "$." + ".".join(path)}
-        maximum = prop.get("maximum")
-        if prop.get("type") != "boolean" and isinstance(maximum, (int, float)) and maximum > 0 and maximum != 1:
-            rule["scale"] = 1.0 / float(maximum)
-        rules[feature] = rule
+        rules[feature] = _feature_rule(feature, path, prop)
     if "retries_used" in vocabulary.features:
         rules["retries_used"] = {
             "id": "f_retries_used",

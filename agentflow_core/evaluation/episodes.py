@@ -146,12 +146,14 @@ class EpisodePlayer:
                     rngs[r] = np.random.default_rng([request.seed, e[0], e[1]])
 
         spec = request.actor
+        # each family's expert, looked up once per evaluation rather than per row and step
+        experts = {v.family: spec.expert(v.family) for v in request.variants.values()} if spec.kind == EXPERT else {}
 
         def act(live: list[int]) -> np.ndarray:
             o, m = obs[live], mask[live]
             if spec.kind == EXPERT:
                 families = [request.variants[playing[r][2]].family for r in live]  # type: ignore[index]
-                return np.array([spec.expert(f).act(x, y) for f, x, y in zip(families, o, m, strict=True)], np.int64)
+                return np.array([experts[f].act(x, y) for f, x, y in zip(families, o, m, strict=True)], np.int64)
             assert policy is not None
             with torch.no_grad():
                 actions = np.asarray(policy.act(o, m), dtype=np.int64).reshape(len(live))
