@@ -88,6 +88,7 @@ class FitResult:
     policy_samples: int
     final_loss: float
     heldout_accuracy: float
+    heldout_states: int = 0
 
     def to_dict(self) -> dict[str, float]:
         """Metrics form (``validator/...``)."""
@@ -96,6 +97,7 @@ class FitResult:
             "validator/policy_samples": float(self.policy_samples),
             "validator/final_loss": self.final_loss,
             "validator/heldout_accuracy": self.heldout_accuracy,
+            "validator/heldout_states": float(self.heldout_states),
         }
 
 
@@ -137,7 +139,7 @@ def fit_discriminator(
         x, y = pairs(val)
         with torch.no_grad():
             accuracy = float(((model(x) > 0).float() == y).float().mean())
-    return model, FitResult(n, n, float(loss.detach()), accuracy)
+    return model, FitResult(n, n, float(loss.detach()), accuracy, n_val)
 
 
 def save_discriminator(model: Discriminator, path: Path) -> None:

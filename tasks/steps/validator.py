@@ -78,7 +78,8 @@ def run_validator(
             "validator off"
             if not vc.enabled
             else f"validator: heldout_accuracy {accuracy:.3f} {'>=' if summary['passed'] else '<'} "
-            f"{vc.min_heldout_accuracy:g} on {summary['validator/expert_samples']:.0f} expert steps"
+            f"{vc.min_heldout_accuracy:g} on {summary['validator/heldout_states']:.0f} held-out of "
+            f"{summary['validator/expert_samples']:.0f} expert steps"
         )
         summary.update(budget_metrics("validator", time.perf_counter() - started, vc.budget_s))
         write_json(Path(tmp) / "summary.json", summary)
