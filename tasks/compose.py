@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
 import os
+import queue
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -136,52 +140,140 @@ def _loopback_only() -> None:
         setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010 (not in Ray's stubs)
 
 
-def start_ray(cfg: AgentFlowConfig) -> Backend:
-    """Start a private local Ray, or join the configured cluster; a no-op when Ray already runs here."""
+def _start_local(cfg: AgentFlowConfig) -> None:
+    import ray
+
+    _loopback_only()
+    rc = cfg.base.ray
+    ray.init(
+        address="local",
+        num_cpus=rc.num_cpus,
+        include_dashboard=rc.include_dashboard,
+        object_store_memory=rc.object_store_mb * 1024 * 1024,
+        log_to_driver=False,
+    )
+
+
+class _NotMainThread(logging.Filter):
+    """Drops ``ray.init``'s warning that a helper thread cannot set its SIGTERM handler (:class:`LocalRayStart` does)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+class LocalRayStart:
+    """A private local Ray started on a helper thread and waited for by the first phase that uses it.
+
+    A local Ray takes about 5 s to come up, most of it waiting for its raylet to register; a command
+    meanwhile opens its MLflow run, reads its catalogue and runs its warm start. The helper thread
+    lives as long as the process: Ray's node processes are started with ``PR_SET_PDEATHSIG``, which
+    kills them when the *thread* that started them ends. The SIGTERM handler ``ray.init`` sets only
+    on the main thread (exit, so Ray's exit hook stops its processes) is set here instead. A cluster
+    address is joined at once, not here: a bad one fails before anything is written.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue[tuple[AgentFlowConfig, threading.Event]] | None = None
+        self._pending: threading.Event | None = None  # set once the start asked for has finished
+        self._error: BaseException | None = None
+        logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
+
+    def begin(self, cfg: AgentFlowConfig) -> None:
+        """Start it (a no-op when Ray runs here already or is being started)."""
+        import ray
+
+        with self._lock:
+            if (self._pending is not None and not self._pending.is_set()) or ray.is_initialized():
+                return
+            main = threading.current_thread() is threading.main_thread()
+            if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
+            if self._requests is None:
+                self._requests = queue.SimpleQueue()
+                threading.Thread(target=self._serve, args=(self._requests,), name="agentflow-ray", daemon=True).start()
+            self._pending, self._error = threading.Event(), None
+            self._requests.put((cfg, self._pending))
+
+    def _serve(self, requests: queue.SimpleQueue[tuple[AgentFlowConfig, threading.Event]]) -> None:
+        while True:
+            cfg, done = requests.get()
+            try:
+                _start_local(cfg)
+            except BaseException as exc:  # handed to the thread that waits
+                self._error = exc
+            finally:
+                done.set()
+
+    def wait(self) -> None:
+        """Block until the start begun has finished; raise :class:`RayUnavailable` if it failed."""
+        with self._lock:
+            pending = self._pending
+        if pending is None:
+            return
+        pending.wait()
+        with self._lock:
+            if self._pending is pending:
+                self._pending = None
+            error, self._error = self._error, None
+        if error is not None:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise RayUnavailable(f"the private local Ray did not start: {first}") from error
+
+
+LOCAL_RAY = LocalRayStart()
+
+
+def start_ray(cfg: AgentFlowConfig, wait: bool = True) -> Backend:
+    """Start a private local Ray, or join the configured cluster; a no-op when Ray already runs here.
+
+    With ``wait=False`` a local Ray comes up on a helper thread (:class:`LocalRayStart`); the next
+    ``start_ray`` (every pool builder calls it) waits for it. A cluster is always joined before this returns.
+    """
     import ray
 
     address = ray_address(cfg)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not address:
+        LOCAL_RAY.begin(cfg)
+        if wait:
+            LOCAL_RAY.wait()
+        return Backend("ray", "local", cfg.pool.num_workers, 1)  # a private local Ray is this one node
     if not ray.is_initialized():
-        if address:
-            _probe(address)
-            # A client joining a cluster sends its token only in token mode; ``ray start`` clusters require it.
-            if "RAY_AUTH_MODE" not in os.environ and _token_available():
-                _enable_token_auth()
-            try:
-                ray.init(address=address, log_to_driver=False)
-            except Exception as exc:  # Ray raises ConnectionError/RuntimeError with multi-line text
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise RayUnavailable(f"could not join the Ray cluster at {address}: {first}. {AUTH_HINT}") from None
-        else:
-            _loopback_only()
-            rc = cfg.base.ray
-            ray.init(
-                address="local",
-                num_cpus=rc.num_cpus,
-                include_dashboard=rc.include_dashboard,
-                object_store_memory=rc.object_store_mb * 1024 * 1024,
-                log_to_driver=False,
-            )
+        _probe(address)
+        # A client joining a cluster sends its token only in token mode; ``ray start`` clusters require it.
+        if "RAY_AUTH_MODE" not in os.environ and _token_available():
+            _enable_token_auth()
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except Exception as exc:  # Ray raises ConnectionError/RuntimeError with multi-line text
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RayUnavailable(f"could not join the Ray cluster at {address}: {first}. {AUTH_HINT}") from None
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    return Backend("ray", address or "local", cfg.pool.num_workers, nodes)
+    return Backend("ray", address, cfg.pool.num_workers, nodes)
 
 
 def stop_ray() -> None:
     """Leave Ray before the interpreter exits: a private local Ray is shut down, a joined cluster keeps running.
 
     Ray's own exit hook does the same after a half-second pause it takes to print late worker
-    errors; a command's pools are closed by then, so the CLI calls this instead.
+    errors; a command's pools are closed by then, so the CLI calls this instead. A local start
+    still under way is waited for first, so none of its processes is left behind.
     """
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if ray is None:
+        return
+    with suppress(RayUnavailable):  # one that did not start leaves nothing to stop
+        LOCAL_RAY.wait()
+    if ray.is_initialized():
         ray.shutdown()
 
 
 def backend(cfg: AgentFlowConfig) -> Backend:
-    """The run's backend; for ``ray`` this starts or joins Ray (so a bad address fails here, early)."""
+    """The run's backend; for ``ray`` this joins the cluster (so a bad address fails here, early) or
+    begins starting a private local Ray on a helper thread (the first pool waits for it)."""
     if cfg.pool.backend == "ray":
-        return start_ray(cfg)
+        return start_ray(cfg, wait=False)
     return Backend("inprocess", "this process", max(cfg.pool.num_workers, 1), 1)
 
 

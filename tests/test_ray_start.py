@@ -1,0 +1,57 @@
+"""A private local Ray starts on a helper thread while the command goes on; the first pool waits for it.
+
+Run in a child process: the suite's own Ray (``ray_session``) would make the start a no-op.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import tiny_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import json, sys, time
+import ray
+from agentflow_core.config import AgentFlowConfig
+from tasks.compose import LOCAL_RAY, backend, start_ray, stop_ray
+
+cfg = AgentFlowConfig.model_validate(json.loads(sys.argv[1]))
+began = time.monotonic()
+where = backend(cfg)
+returned_s = time.monotonic() - began
+up_at_return = ray.is_initialized()
+start_ray(cfg)  # what every pool builder calls first: waits for the start under way
+time.sleep(2.0)  # Ray's node processes die with the thread that started them: that thread must outlive the start
+
+@ray.remote(num_cpus=0)
+def pid():
+    import os
+    return os.getpid()
+
+answer = ray.get(pid.remote(), timeout=60)
+stop_ray()
+print(json.dumps({"returned_s": returned_s, "up_at_return": up_at_return, "describe": where.describe(8),
+                  "answered": answer > 0, "up_after_stop": ray.is_initialized()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_local_ray_starts_behind_the_command_and_outlives_its_start(tmp_path: Path) -> None:
+    import json
+
+    params = tiny_params(tmp_path, pool={"num_workers": 2, "backend": "ray"})
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(params)], cwd=REPO, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not out["up_at_return"] and out["returned_s"] < 2.0  # the command went on while Ray came up
+    assert out["describe"] == "ray (local), 2 workers x 4 envs, 1 node(s)"
+    assert out["answered"] and not out["up_after_stop"]
+    assert "SIGTERM handler is not set" not in proc.stderr
