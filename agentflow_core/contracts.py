@@ -1,7 +1,8 @@
 """The shapes that cross the core's layers: the env pool, its batch, a policy function, failure reasons.
 
 This module is the ground floor (in the spirit of Stable-Baselines3's ``type_aliases.py``): it
-imports nothing from the project, and ``pool/``, ``rl/`` and ``evaluation/`` type their seams with
+imports nothing from the project but the vocabulary's type (``semantics``, the other ground-floor
+module), and ``pool/``, ``rl/`` and ``evaluation/`` type their seams with
 it, so mypy checks the contract between the learner and whatever steps its envs
 (:class:`~agentflow_core.pool.inprocess.InProcessPool` or
 :class:`~agentflow_core.pool.ray_pool.RayPool`).
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from agentflow_core.semantics import Vocabulary
 
 # failure_reason values the pool itself assigns (the channel assigns max_steps, user_blocked, ...).
 ENV_CRASH = "env_crash"
@@ -107,6 +111,7 @@ class EnvPool(Protocol):
     """
 
     num_envs: int
+    vocabulary: Vocabulary  # the process the pool's envs speak: observation widths, tokens, actions
 
     @property
     def variants(self) -> Sequence[VariantLike]:

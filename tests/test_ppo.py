@@ -31,7 +31,7 @@ from agentflow_core.rl.losses import (
 )
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec
 
 
@@ -93,6 +93,7 @@ class KeyChainPool:
 
     def __init__(self, num_envs: int, **env_kwargs: Any) -> None:
         self.num_envs = num_envs
+        self.vocabulary = CHECKOUT
         self.envs = [KeyChainEnv(**env_kwargs) for _ in range(num_envs)]
         self.variants = [
             VariantSpec(f"chain-{i}", "keychain", "keychain", {}, f"chain-{i}") for i in range(min(num_envs, 2))

@@ -126,7 +126,7 @@ def _evaluate(
     paid: list[bool] = []
     processed: list[bool] = []
     played: list[VariantRow] = []
-    vocabulary: Vocabulary = getattr(pool, "vocabulary", CHECKOUT)  # the process the pool's envs speak
+    vocabulary = pool.vocabulary
     batch = pool.reset(seed=seed)
     for _ in range(max_pool_steps):
         if (counts >= per_variant).all():

@@ -149,7 +149,7 @@ def run_stress_episodes(
     record is a complete episode. ``reward_fn`` (optional) supplies the shaped reward per step.
     """
     by_id = {v.env_id: v for v in variants}
-    vocabulary: Vocabulary = getattr(pool, "vocabulary", CHECKOUT)  # the process the pool's envs speak
+    vocabulary = pool.vocabulary
     decode_features, decode_tokens = vocabulary.decode_features, vocabulary.decode_tokens
     batch = pool.reset(seed)
     if reward_fn is not None:

@@ -40,7 +40,7 @@ from agentflow_core.pool.base import PoolBatch, RegistryEnvFactory
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
-from agentflow_core.semantics import GOAL_TOKEN, OBS_DIM, TOKEN_INDEX
+from agentflow_core.semantics import CHECKOUT, GOAL_TOKEN, OBS_DIM, TOKEN_INDEX
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants
 
 GOAL_INDEX = TOKEN_INDEX[GOAL_TOKEN]
@@ -108,6 +108,7 @@ class GymVectorPool:
         import agentflow_core.gym_registration  # noqa: F401
 
         self.num_envs = num_envs
+        self.vocabulary = CHECKOUT  # the registered ids are the checkout process's envs
         self.envs = [gymnasium.make(gym_id) for _ in range(num_envs)]
         family = gym_id.split("/")[-1]
         self.variants = [VariantSpec(gym_id, gym_id, family, {}, gym_id)]
