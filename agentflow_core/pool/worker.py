@@ -61,6 +61,8 @@ COMPUTING_MIN_CPU_S = 0.002
 # and the shortest wait before such an item's CPU clock is read again.
 LOAD_GRACE = 4.0
 CPU_RECHECK_S = 0.005
+# Failures a worker's stats keep, newest last (``recent_failures``).
+RECENT_FAILURES = 10
 
 _gc_total_s = 0.0  # seconds spent in finished garbage collections since the callback was installed
 _gc_began: float | None = None  # when the collection in progress began
@@ -425,6 +427,8 @@ class EnvWorker:
             "step_calls": 0,
             "reset_calls": 0,
         }
+        # the last few failures, "<env id>: <reason>: <message>", newest last: why variants are quarantined
+        self.recent_failures: list[str] = []
 
     # ------------------------------------------------------------------ introspection
     def pid(self) -> int:
@@ -451,6 +455,7 @@ class EnvWorker:
             "idle": self._n_idle,
             "catalogue": len(self.variants),
             "abandoned_threads": self.watchdog.abandoned_threads,
+            "recent_failures": list(self.recent_failures),
         }
 
     # ------------------------------------------------------------------ env lifecycle
@@ -669,13 +674,10 @@ class EnvWorker:
         if isinstance(res, EnvError):
             out.step_id[row] = res.step_id
         variant = self.variants.get(variant_index)
-        logger.warning(
-            "worker %d: %s on %s: %s",
-            self.worker_index,
-            reason,
-            getattr(variant, "env_id", variant_index),
-            "no answer within the step timeout" if res is TIMED_OUT else res,
-        )
+        env_id = getattr(variant, "env_id", variant_index)
+        message = "no answer within the step timeout" if res is TIMED_OUT else f"{type(res).__name__}: {res}"
+        logger.warning("worker %d: %s on %s: %s", self.worker_index, reason, env_id, message)
+        self.recent_failures = [*self.recent_failures[-(RECENT_FAILURES - 1) :], f"{env_id}: {reason}: {message[:300]}"]
         if env is not None:
             self._discard(env, hung=res is TIMED_OUT)
 

@@ -168,6 +168,8 @@ def _soak_side(
     stats = pool.stats()
     me = psutil.Process()
     out = {
+        # why healthy variants were quarantined, when they were: the workers' last failures
+        "recent_failures": [f for w in stats.get("workers", []) for f in w.get("recent_failures", [])],
         "seconds": elapsed,
         "env_steps": steps,
         "env_steps_per_s": steps / elapsed,
