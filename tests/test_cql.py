@@ -149,6 +149,9 @@ def test_cql_learns_the_corridor_and_the_actor_follows_it() -> None:
 def test_offline_prior_kl_and_its_linear_decay() -> None:
     torch.manual_seed(0)
     reference, policy = ActorCritic(), ActorCritic()
+    with torch.no_grad():  # two fresh inits are near-uniform: a KL of ~4e-5 is float32 cancellation noise
+        for p in policy.actor.parameters():
+            p.add_(0.5 * torch.randn_like(p))
     prior = OfflinePrior(reference, kl_coef=0.2, decay_updates=10)
     assert [prior.coef(u) for u in (0, 5, 10, 50)] == pytest.approx([0.2, 0.1, 0.0, 0.0])
     obs = torch.randn(6, OBS_DIM)
@@ -159,6 +162,7 @@ def test_offline_prior_kl_and_its_linear_decay() -> None:
         logp = torch.log_softmax(policy.actor(obs)[:, :5], -1)
         ref = torch.log_softmax(reference.actor(obs)[:, :5], -1)
     expected = float((logp.exp() * (logp - ref)).sum(-1).mean())
-    assert kl == pytest.approx(expected, rel=1e-5) and float(term) == pytest.approx(0.1 * expected, rel=1e-5)
+    assert kl > 1e-2  # large enough that float32 rounding cannot decide the comparison
+    assert kl == pytest.approx(expected, rel=1e-4) and float(term.detach()) == pytest.approx(0.1 * expected, rel=1e-4)
     assert float(prior.penalty(reference, obs, mask, update=0)[0]) == pytest.approx(0.0, abs=1e-7)
     assert float(prior.penalty(policy, obs, mask, update=10)[0]) == 0.0
