@@ -195,6 +195,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:  # e.g. a refused body left unread: the client must not reuse the connection
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 

@@ -175,6 +175,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         for name, value in headers.items():
             self.send_header(name, value)
+        if self.close_connection:  # e.g. a refused body left unread: the client must not reuse the connection
+            self.send_header("Connection", "close")
         self.end_headers()
         if payload:
             self.wfile.write(payload)
