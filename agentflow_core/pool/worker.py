@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +109,7 @@ class DetachedStep:
 
     def elapsed(self, now: float) -> float:
         """Wall-clock seconds the step has run by ``now``, garbage collections left out."""
-        return now - self.started - (gc_seconds() - self.gc_started)
+        return _run_time(self.started, self.gc_started, now)
 
 
 @dataclass
@@ -162,9 +162,14 @@ def _item_cpu_s(job: _Job) -> float | None:
     return max(cpu - (gc_seconds() - job.gc_started), 0.0)
 
 
+def _run_time(started: float, gc_started: float, now: float) -> float:
+    """Wall-clock seconds from ``started`` to ``now``, the garbage collections since ``gc_started`` left out."""
+    return now - started - (gc_seconds() - gc_started)
+
+
 def _item_waited(job: _Job) -> float:
     """Wall-clock seconds the item in progress has run, garbage collections left out."""
-    return time.perf_counter() - job.started - (gc_seconds() - job.gc_started)
+    return _run_time(job.started, job.gc_started, time.perf_counter())
 
 
 def _computing(job: _Job) -> bool:
@@ -428,7 +433,7 @@ class EnvWorker:
             "reset_calls": 0,
         }
         # the last few failures, "<env id>: <reason>: <message>", newest last: why variants are quarantined
-        self.recent_failures: list[str] = []
+        self.recent_failures: deque[str] = deque(maxlen=RECENT_FAILURES)
 
     # ------------------------------------------------------------------ introspection
     def pid(self) -> int:
@@ -677,7 +682,7 @@ class EnvWorker:
         env_id = getattr(variant, "env_id", variant_index)
         message = "no answer within the step timeout" if res is TIMED_OUT else f"{type(res).__name__}: {res}"
         logger.warning("worker %d: %s on %s: %s", self.worker_index, reason, env_id, message)
-        self.recent_failures = [*self.recent_failures[-(RECENT_FAILURES - 1) :], f"{env_id}: {reason}: {message[:300]}"]
+        self.recent_failures.append(f"{env_id}: {reason}: {message[:300]}")
         if env is not None:
             self._discard(env, hung=res is TIMED_OUT)
 
