@@ -23,6 +23,7 @@ import gc
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -134,16 +135,33 @@ class AbandonedStep(BaseException):
     """Raised inside an env step the watchdog gave up on, to end its thread (see :func:`interrupt_thread`)."""
 
 
+def _importing(ident: int) -> bool:
+    """Whether the thread ``ident`` is inside an import (a frame of ``importlib._bootstrap`` on its stack)."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def interrupt_thread(thread: threading.Thread | None) -> bool:
-    """Ask ``thread`` to raise :class:`AbandonedStep` at its next Python bytecode; True if the request was set.
+    """Ask ``thread`` to raise :class:`AbandonedStep` at its next Python bytecode; True while it is to be asked again.
 
     CPython's ``PyThreadState_SetAsyncExc``: a step that loops in Python code (a busy-looping env)
     ends at once and its thread exits; one blocked in a C call (``time.sleep``, a socket read) ends
     when the call returns. The env of that step is discarded either way, so the half-done step
-    leaves nothing behind that is used again.
+    leaves nothing behind that is used again -- except an import: an exception that lands between
+    a submodule's execution and its binding on the package leaves it in ``sys.modules`` but never
+    bound, for the rest of the process (seen in the Ray soak: a slow first ``order_db`` reset,
+    importing SQLAlchemy's sqlite dialect, timed out, and every later ``order_db`` reset of that
+    worker failed with "module 'sqlalchemy' has no attribute 'dialects'"). A thread inside an import
+    is therefore not interrupted now; it stays on the list of threads asked again at the next batch.
     """
     if thread is None or thread.ident is None or not thread.is_alive():
         return False
+    if _importing(thread.ident):
+        return True
     import ctypes
 
     set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -321,7 +339,7 @@ class BatchWatchdog:
 
     def _abandon(self, thread: threading.Thread | None) -> None:
         self.abandoned_threads += 1
-        if interrupt_thread(thread):  # a step looping in Python ends now, not never
+        if interrupt_thread(thread):  # a step looping in Python ends now, not never (one importing: later)
             self._stuck.append(thread)  # type: ignore[arg-type]
 
     def close(self) -> None:

@@ -25,6 +25,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.pool import StaticPool
 
+# SQLAlchemy imports a dialect on the first create_engine; an env step is timed (and may be interrupted),
+# so the sqlite one is imported with this module instead of inside the first reset
+import sqlalchemy.dialects.sqlite  # noqa: E402,F401  isort: skip
+
 FAMILY = "order_db"
 VERSION = 1
 
