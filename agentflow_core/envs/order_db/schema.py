@@ -7,6 +7,8 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+# SQLAlchemy imports a dialect on the first create_engine: imported with this module, not inside the first timed reset
+import sqlalchemy.dialects.sqlite  # noqa: F401
 from sqlalchemy import (
     CheckConstraint,
     Column,
@@ -24,10 +26,6 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.pool import StaticPool
-
-# SQLAlchemy imports a dialect on the first create_engine; an env step is timed (and may be interrupted),
-# so the sqlite one is imported with this module instead of inside the first reset
-import sqlalchemy.dialects.sqlite  # noqa: E402,F401  isort: skip
 
 FAMILY = "order_db"
 VERSION = 1
