@@ -185,6 +185,33 @@ def test_learner_on_worker_side_rollouts_resumes_bit_identically(variants: list[
         learner.pool.close()
 
 
+def test_a_rollout_sent_ahead_is_the_rollout_collect_sends(variants: list[Any], ray_rollouts: SlicedRollouts) -> None:
+    """PPO sends the next rollout before it logs and checkpoints an update (``prefetch_next``): Ray's
+    workers roll out meanwhile. The learner learns the same policy on both backends, with or without."""
+    cfg = TrainConfig(num_envs=NUM_ENVS, n_steps=N_STEPS, minibatch_size=64, n_epochs=2, hidden_sizes=[32, 32])
+
+    def learner(rollouts: SlicedRollouts) -> PPO:
+        torch.manual_seed(0)
+        return PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), rollouts, cfg, seed=0, sink=MemorySink())
+
+    plain, local = learner(_inprocess(variants)), learner(_inprocess(variants))
+    ahead = learner(ray_rollouts)
+    try:
+        for _ in range(3):
+            plain.train_iteration()
+            local.train_iteration(prefetch_next=lambda update: True)
+            ahead.train_iteration(prefetch_next=lambda update: update != 2)  # not after the 2nd: collect sends it
+        assert policy_hash(ahead.policy) == policy_hash(local.policy) == policy_hash(plain.policy)
+        assert ahead.rollouts.feedback_state() == plain.rollouts.feedback_state()
+        # one sent for other arguments is dropped: collect sends the rollout it is asked for
+        policy = _policy()
+        local.rollouts.prefetch(policy, N_STEPS, 0, 7)
+        _assert_same(local.rollouts.collect(policy, N_STEPS, 0, 3), plain.rollouts.collect(policy, N_STEPS, 0, 3))
+    finally:
+        plain.pool.close()
+        local.pool.close()
+
+
 def _records(rollouts: SlicedRollouts, eval_variants: list[Any], policy: ActorCritic) -> list[tuple[Any, ...]]:
     from agentflow_core.evaluation.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
 

@@ -9,9 +9,9 @@ never do).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -50,6 +50,27 @@ __all__ = [
 
 class PoolError(AgentFlowError):
     """The pool cannot go on (workers keep dying, every variant is quarantined, ...)."""
+
+
+T = TypeVar("T")
+
+
+class InFlight(Generic[T]):
+    """Work sent to the env workers, answered by :meth:`result`: the caller goes on meanwhile.
+
+    Ray actors start at once; an in-process backend runs the work when :meth:`result` asks (the
+    same work either way, so the same answer).
+    """
+
+    def __init__(self, gather: Callable[[], T]) -> None:
+        self._gather: Callable[[], T] | None = gather
+
+    def result(self) -> T:
+        """Wait for the answer (once: the work is not sent again)."""
+        if self._gather is None:
+            raise PoolError("this work's result was already taken")
+        gather, self._gather = self._gather, None
+        return gather()
 
 
 @runtime_checkable

@@ -36,6 +36,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,7 +44,7 @@ import psutil
 from threadpoolctl import threadpool_limits
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.pool.base import EnvFactory, PoolError, VariantLike, factory_vocabulary
+from agentflow_core.pool.base import EnvFactory, InFlight, PoolError, VariantLike, factory_vocabulary
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
 from agentflow_core.pool.worker import EnvWorker
@@ -199,6 +200,16 @@ def _cpu_nodes() -> list[str]:
     here = ray.get_runtime_context().get_node_id()
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
     return sorted(nodes, key=lambda n: (n != here, n))
+
+
+@dataclass(frozen=True)
+class _Calls:
+    """Calls sent to some workers, not yet answered: the workers in order, their refs, the deadline."""
+
+    workers: list[int]
+    pending: dict[int, Any]
+    timeout_s: float
+    deadline: float
 
 
 class WorkerProcessGone(RuntimeError):
@@ -385,16 +396,23 @@ class RayPool(PoolDriver):
     def _invoke(
         self, calls: dict[int, tuple[str, tuple[Any, ...]]], timeout_s: float | None = None
     ) -> dict[int, Any | None]:
-        import ray
-        from ray.exceptions import GetTimeoutError
+        return self._gather(self._submit(calls, timeout_s))
 
+    def _submit(self, calls: dict[int, tuple[str, tuple[Any, ...]]], timeout_s: float | None = None) -> _Calls:
+        """Send one call per worker now; :meth:`_gather` waits for the answers (and recovers lost workers)."""
         self._settle()
         self._maybe_start_standby()
         pending = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
         if timeout_s is None:
             patient = self.detach_after_s is not None and all(m == "step" for m, _ in calls.values())
             timeout_s = self.stuck_after_s if patient else self.call_timeout_s
-        deadline = time.monotonic() + timeout_s
+        return _Calls(list(calls), pending, timeout_s, time.monotonic() + timeout_s)
+
+    def _gather(self, sent: _Calls) -> dict[int, Any | None]:
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        pending, timeout_s, deadline = dict(sent.pending), sent.timeout_s, sent.deadline
         out: dict[int, Any | None] = {}
         while pending:
             ready, _ = ray.wait(
@@ -420,7 +438,7 @@ class RayPool(PoolDriver):
                 if error is not None:
                     self._recover(w, error)
                     out[w] = None
-        return {w: out[w] for w in calls}
+        return {w: out[w] for w in sent.workers}
 
     def run_rollouts(self, requests: Mapping[int, SliceRequest], weights: Weights) -> dict[int, SliceResult | None]:
         """Every worker runs its rollout slice, in parallel, the weights put in the object store once.
@@ -429,12 +447,19 @@ class RayPool(PoolDriver):
         runs its slice again. A hung one is given up on after ``call_timeout_s`` plus one step
         timeout per step of the rollout (each step may hold one hung env).
         """
+        return self.submit_rollouts(requests, weights).result()
+
+    def submit_rollouts(
+        self, requests: Mapping[int, SliceRequest], weights: Weights
+    ) -> InFlight[dict[int, SliceResult | None]]:
+        """:meth:`run_rollouts` sent now and waited for at ``result()``: the driver works meanwhile."""
         import ray
 
         ref = ray.put(weights)
         steps = max((r.n_steps for r in requests.values()), default=0)
         calls = {w: ("rollout", (request, ref)) for w, request in requests.items()}
-        return self._invoke(calls, timeout_s=self.call_timeout_s + steps * self.config.step_timeout_s)
+        sent = self._submit(calls, timeout_s=self.call_timeout_s + steps * self.config.step_timeout_s)
+        return InFlight(lambda: self._gather(sent))
 
     def run_evaluations(
         self, requests: Mapping[int, EvalRequest], weights: Weights | None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,7 +42,7 @@ from agentflow_core.evaluation.episodes import (
     actor_weights,
     episode_seed,
 )
-from agentflow_core.pool.base import PoolError
+from agentflow_core.pool.base import InFlight, PoolError
 from agentflow_core.pool.slices import (
     RolloutSlice,
     SliceRequest,
@@ -69,6 +70,11 @@ class SliceBackend(Protocol):
     def run_rollouts(self, requests: Mapping[int, SliceRequest], weights: Weights) -> dict[int, SliceResult | None]:
         """Run every worker's request concurrently; ``None`` marks a worker lost (and already replaced)."""
 
+    def submit_rollouts(
+        self, requests: Mapping[int, SliceRequest], weights: Weights
+    ) -> InFlight[dict[int, SliceResult | None]]:
+        """:meth:`run_rollouts`, answered by the returned ticket's ``result()``."""
+
     def run_evaluations(
         self, requests: Mapping[int, EvalRequest], weights: Weights | None
     ) -> dict[int, list[EpisodeRecord] | None]:
@@ -93,6 +99,13 @@ class InProcessSlices:
     def run_rollouts(self, requests: Mapping[int, SliceRequest], weights: Weights) -> dict[int, SliceResult | None]:
         """Each request on its worker, in worker order (an in-process worker cannot be lost)."""
         return {w: self.runners[w].rollout(request, weights) for w, request in requests.items()}
+
+    def submit_rollouts(
+        self, requests: Mapping[int, SliceRequest], weights: Weights
+    ) -> InFlight[dict[int, SliceResult | None]]:
+        """The rollouts, run when the ticket's ``result()`` asks (this process has no one to hand them to)."""
+        requests = dict(requests)
+        return InFlight(lambda: self.run_rollouts(requests, weights))
 
     def run_evaluations(
         self, requests: Mapping[int, EvalRequest], weights: Weights | None
@@ -132,6 +145,16 @@ class _SlicedSchedulers:
 
 
 _COUNTERS = ("steps", "episodes", "successes", "steps_lost")
+
+
+@dataclass(frozen=True)
+class _Prefetched:
+    """A rollout sent ahead: the (n_steps, seed, update) it is for, its requests, weights and ticket."""
+
+    key: tuple[int, int, int]
+    requests: dict[int, SliceRequest]
+    weights: Weights
+    ticket: InFlight[dict[int, SliceResult | None]]
 
 
 class SlicedRollouts:
@@ -175,6 +198,7 @@ class SlicedRollouts:
         self.counters = dict.fromkeys((*_COUNTERS, "worker_lost"), 0)
         self.failure_counters: dict[str, int] = {}
         self._eval_keys: dict[str, int] = {}  # evaluation variant env id -> its workers' catalogue key
+        self._inflight: _Prefetched | None = None  # the next rollout, sent by prefetch
 
     @property
     def variants(self) -> Sequence[VariantLike]:
@@ -186,8 +210,18 @@ class SlicedRollouts:
         """The slices' schedulers, checkpointed together."""
         return _SlicedSchedulers(self)
 
-    def collect(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> list[RolloutSlice]:
-        """One rollout of every slice (policy weights shipped once), in slot order."""
+    def prefetch(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> None:
+        """Send the rollout :meth:`collect` will ask for with these arguments now: Ray's workers start
+        it while the driver logs, checkpoints and reports the update before. ``policy`` must not
+        change until then (the weights go now); the slices' states are those of the previous rollout
+        either way, so the rollout is the same one :meth:`collect` would send."""
+        requests, weights = self._requests(policy, n_steps, seed, update)
+        ticket = self.backend.submit_rollouts(requests, weights)
+        self._inflight = _Prefetched((n_steps, seed, update), requests, weights, ticket)
+
+    def _requests(
+        self, policy: ActorCritic, n_steps: int, seed: int, update: int
+    ) -> tuple[dict[int, SliceRequest], Weights]:
         weights = {k: v.detach().cpu().numpy().copy() for k, v in policy.state_dict().items()}
         requests = {}
         for w, slots in self.slots.items():
@@ -203,10 +237,24 @@ class SlicedRollouts:
                 sample_seed,
                 tuple(policy.hidden_sizes),
             )
+        return requests, weights
+
+    def collect(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> list[RolloutSlice]:
+        """One rollout of every slice (policy weights shipped once), in slot order: the prefetched one
+        when :meth:`prefetch` sent it."""
+        inflight, self._inflight = self._inflight, None
+        ticket: InFlight[dict[int, SliceResult | None]] | None = None
+        if inflight is not None and inflight.key == (n_steps, seed, update):
+            requests, weights, ticket = inflight.requests, inflight.weights, inflight.ticket
+        else:
+            requests, weights = self._requests(policy, n_steps, seed, update)
         results: dict[int, SliceResult] = {}
         pending = dict(requests)
         while pending:
-            for w, res in self.backend.run_rollouts(pending, weights).items():
+            if ticket is None:
+                ticket = self.backend.submit_rollouts(pending, weights)
+            answers, ticket = ticket.result(), None
+            for w, res in answers.items():
                 if res is None:  # lost and replaced: the same request again gives the same slice
                     self.counters["worker_lost"] += len(self.slots[w])
                     self.counters["steps_lost"] += n_steps * len(self.slots[w])
@@ -330,6 +378,9 @@ class CentralRollouts:
     def scheduler(self) -> StatefulScheduler:
         """The pool's scheduler."""
         return self.pool.scheduler
+
+    def prefetch(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> None:
+        """Nothing to send ahead: this process steps the pool itself, in :meth:`collect`."""
 
     def collect(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> list[RolloutSlice]:
         """One slice over every slot, seeded as slice 0."""

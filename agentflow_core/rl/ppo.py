@@ -423,8 +423,13 @@ class PPO:
         scores = np.bincount(inverse, weights=sq_err) / np.bincount(inverse)
         self.rollouts.set_value_loss(variants, scores)
 
-    def train_iteration(self) -> dict[str, float]:
-        """One rollout + one update; records and returns the diagnostics."""
+    def train_iteration(self, prefetch_next: Callable[[int], bool] | None = None) -> dict[str, float]:
+        """One rollout + one update; records and returns the diagnostics.
+
+        ``prefetch_next(update)`` true: the caller will run the next iteration whatever it does in
+        between, so its rollout is sent to the env workers before this one's metrics are recorded
+        (Ray's workers then roll out while the caller logs and checkpoints; same rollout either way).
+        """
         t0 = time.perf_counter()
         rollout = self.collect_rollout()
         t1 = time.perf_counter()
@@ -432,6 +437,8 @@ class PPO:
         self.check_finite(metrics)
         t2 = time.perf_counter()
         self.update += 1
+        if prefetch_next is not None and prefetch_next(self.update):
+            self.rollouts.prefetch(self.policy, self.n_steps, self.seed, self.update)
         metrics.update(rollout.metrics())
         if self.reward_transform is not None:
             metrics.update(self.reward_transform.metrics())

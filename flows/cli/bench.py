@@ -447,13 +447,13 @@ def tune(
 @bench_app.command("soak")
 def soak(
     params: Path = PARAMS_OPTION,
-    seconds: float = typer.Option(45.0, min=1.0, help="Seconds each side (clean, faulty, clean) steps."),
+    seconds: float = typer.Option(45.0, min=1.0, help="Seconds each side (clean, faulty, clean, faulty, clean) steps."),
     num_envs: int = typer.Option(300, min=1, help="Live envs (pool slots)."),
     n_variants: int = typer.Option(300, min=8, help="Catalogue variants sampled for the soak."),
     share: float = typer.Option(0.01, min=0.0, max=0.2, help="Share of the variants faulty per fault kind."),
     step_timeout_s: float = typer.Option(0.25, min=0.01, help="pool.step_timeout_s for the soak."),
     step_patience_s: float = typer.Option(
-        0.1, min=0.0, help="pool.step_patience_s for the soak (0: off, every pool step waits for its env steps)."
+        0.02, min=0.0, help="pool.step_patience_s for the soak (0: off, every pool step waits for its env steps)."
     ),
     isolation: str | None = typer.Option(
         None, help="pool.step_isolation, thread or process [default: the params' pool.step_isolation]."
@@ -491,10 +491,11 @@ def soak(
         target = TARGETS.get(key)
         met = result["met"].get(key)
         typer.echo(f"{key}: {_fmt(result[key])}" + ("" if target is None else f" (target {target}, met: {met})"))
-    faulty = result["runs"]["faulty"]
-    typer.echo(
-        f"faulty side: {faulty['failures']} episodes lost, slowest pool step {faulty['slowest_pool_step_s']:.2f} s"
-    )
+    for name, side in result["runs"].items():
+        typer.echo(
+            f"{name}: {side['env_steps_per_s']:,.0f} env-steps/s, {side['failures'] or 'no'} episodes lost, "
+            f"slowest pool step {side['slowest_pool_step_s']:.2f} s"
+        )
     write_benchmarks_md()
 
 

@@ -13,9 +13,10 @@ The catalogue is the configured one (``agentflow variants``' generator), sampled
 Faults are injected by wrapping the registry factory (:class:`FaultInjectingFactory`): the envs
 under test are the product's, the pool is the product's :class:`InProcessPool` with the configured
 pool settings (``--backend ray``: the product's :class:`RayPool`, a private local Ray started in
-the side's process, not timed), driven with random legal actions. Each side runs in a fresh spawned process, and the
-sides alternate clean, faulty, clean, so the machine's load drifts over both; the ratio is
-faulty env-steps/s over the mean of the two clean runs.
+the side's process, not timed), driven with random legal actions. Each side runs in a fresh spawned
+process, and the sides alternate clean, faulty, clean, faulty, clean (``SIDES``), so a drift of the
+machine's speed weighs on both kinds alike; the ratio is the faulty sides' mean env-steps/s over
+the clean sides' mean.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ FAULT_KINDS = ("raise", "sleep", "spin", "nan")
 # healthy episodes the faulty side loses beyond the worse clean side (a loaded machine times out a few
 # healthy steps on either side; the faults must add none)
 TARGETS = {"throughput_ratio": 0.9, "extra_healthy_episodes_lost": 0}
+# clean and faulty sides alternate: the machine's speed drifts over minutes (other tenants)
+SIDES = ("clean_1", "faulty_1", "clean_2", "faulty_2", "clean_3")
 
 
 class FaultyEnv:
@@ -236,7 +239,7 @@ def run_soak_bench(
     share: float = 0.01,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Clean, faulty, clean soak runs of the configured pool (``app.pool``); the figures and the verdicts."""
+    """Alternating clean and faulty soak runs (``SIDES``) of the configured pool (``app.pool``); figures and verdicts."""
     config: PoolConfig = app.pool
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(variants), size=min(n_variants, len(variants)), replace=False)
@@ -244,14 +247,17 @@ def run_soak_bench(
     faults = pick_faulty(sample, share, rng)
     faulty_factory = FaultInjectingFactory(factory, faults)
     load_before = os.getloadavg()
-    clean_a = _in_fresh_process(sample, factory, num_envs, app, seconds, seed)
-    faulty = _in_fresh_process(sample, faulty_factory, num_envs, app, seconds, seed)
-    clean_b = _in_fresh_process(sample, factory, num_envs, app, seconds, seed)
-    clean_rate = (clean_a["env_steps_per_s"] + clean_b["env_steps_per_s"]) / 2
-    ratio = faulty["env_steps_per_s"] / clean_rate
-    extra_lost = faulty["healthy_episodes_lost"] - max(
-        clean_a["healthy_episodes_lost"], clean_b["healthy_episodes_lost"]
-    )
+    runs: dict[str, dict[str, Any]] = {}
+    for name in SIDES:
+        side_factory = faulty_factory if name.startswith("faulty") else factory
+        runs[name] = _in_fresh_process(sample, side_factory, num_envs, app, seconds, seed)
+    clean = [r for name, r in runs.items() if name.startswith("clean")]
+    faulty_runs = [r for name, r in runs.items() if name.startswith("faulty")]
+    clean_rate = float(np.mean([r["env_steps_per_s"] for r in clean]))
+    faulty_rate = float(np.mean([r["env_steps_per_s"] for r in faulty_runs]))
+    ratio = faulty_rate / clean_rate
+    # the worse faulty side against the worse clean side
+    extra_lost = max(r["healthy_episodes_lost"] for r in faulty_runs) - max(r["healthy_episodes_lost"] for r in clean)
     result = {
         "backend": config.backend,
         "step_isolation": config.step_isolation,
@@ -264,11 +270,12 @@ def run_soak_bench(
         "faulty_variants": {k: sum(v == k for v in faults.values()) for k in FAULT_KINDS},
         "seconds": seconds,
         "clean_env_steps_per_s": clean_rate,
-        "faulty_env_steps_per_s": faulty["env_steps_per_s"],
+        "faulty_env_steps_per_s": faulty_rate,
         "throughput_ratio": ratio,
-        "healthy_episodes_lost": faulty["healthy_episodes_lost"],
+        "healthy_episodes_lost": max(r["healthy_episodes_lost"] for r in faulty_runs),
         "extra_healthy_episodes_lost": extra_lost,
-        "runs": {"clean_1": clean_a, "faulty": faulty, "clean_2": clean_b},
+        "sides": list(SIDES),
+        "runs": runs,
         "load_avg_1m": [load_before[0], os.getloadavg()[0]],
         "cpu_count": os.cpu_count(),
         "targets": TARGETS,
@@ -283,19 +290,21 @@ def run_soak_bench(
 def soak_notes(result: dict[str, Any]) -> list[str]:
     """What a reader needs to judge one soak run's ratio: the machine's load and how far the clean sides differ."""
     runs = result["runs"]
-    a, b = runs["clean_1"]["env_steps_per_s"], runs["clean_2"]["env_steps_per_s"]
+    clean = [r["env_steps_per_s"] for name, r in runs.items() if name.startswith("clean")]
     before, after = result["load_avg_1m"]
+    order = "; ".join(f"{name} {r['env_steps_per_s']:,.0f} env-steps/s" for name, r in runs.items())
     return [
-        f"load average (1 min) {before:.1f} before the sides, {after:.1f} after, on {result['cpu_count']} CPUs; "
-        f"clean sides {a:,.0f} and {b:,.0f} env-steps/s ({max(a, b) / max(min(a, b), 1e-9):.2f}x apart): "
-        "a ratio measured under load is mostly load noise",
-        f"variants quarantined per side (clean, faulty, clean): {runs['clean_1']['quarantined']}, "
-        f"{runs['faulty']['quarantined']}, {runs['clean_2']['quarantined']} (faulty variants: "
-        f"{sum(result['faulty_variants'].values())}; a variant is also quarantined for resets that fail, "
-        "e.g. waiting past the step timeout on a loaded machine)"
+        f"sides in order: {order}; "
+        f"the ratio is the faulty sides' mean over the clean sides' mean (the sides alternate, so a drift of the "
+        f"machine's speed weighs on both alike); clean sides {max(clean) / max(min(clean), 1e-9):.2f}x apart",
+        f"load average (1 min) {before:.1f} before the sides, {after:.1f} after, on {result['cpu_count']} CPUs",
+        "variants quarantined per side: "
+        + ", ".join(f"{name} {r['quarantined']}" for name, r in runs.items())
+        + f" (faulty variants: {sum(result['faulty_variants'].values())}; a variant is also quarantined for "
+        "resets that fail, e.g. waiting past the step timeout on a loaded machine)"
         + "".join(
-            f"; {side} by base env/reason: {runs[side]['quarantined_by']}"
-            for side in ("clean_1", "clean_2")
-            if runs[side].get("quarantined_by")
+            f"; {side} by base env/reason: {r['quarantined_by']}"
+            for side, r in runs.items()
+            if side.startswith("clean") and r.get("quarantined_by")
         ),
     ]

@@ -5,8 +5,11 @@ only ``pool.backend`` changed (and ``--total-steps`` to bound the benchmark's ti
 catalogue, the same exploration dataset for the BC warm start, the same PPO settings. A side's
 env-steps/s is its ``global_step`` over the command's whole wall time (Ray start-up, BC, PPO,
 held-out evaluations and the final evaluation included); ``loop_sps`` is the median of the
-per-update rollout+update throughput. The kill run SIGKILLs one active env worker of a ``ray``
-run after its first checkpoint and reads the pool's recovery record from ``train_summary.json``.
+per-update throughput (an update's steps over the time since the previous one ended). Each backend runs twice, in the order in-process, ray, ray,
+in-process, and its env-steps/s is its steps over its runs' time: the machine's speed drifts over
+minutes here (other tenants), and that order weighs a linear drift on both alike. The kill run
+SIGKILLs one active env worker of a ``ray`` run after the checkpoint of update ``KILL_AFTER_UPDATE``
+and reads the pool's recovery record from ``train_summary.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 import psutil
 import yaml
 
+SIDE_ORDER = ("inprocess", "ray", "ray", "inprocess")
+KILL_AFTER_UPDATE = 20
 TARGETS = {"train_sps_ratio_ray_vs_inprocess": 1.5, "kill_recovery_s": 2.0, "post_kill_sps_ratio": 0.9}
 HIGHER_IS_BETTER = {"train_sps_ratio_ray_vs_inprocess": True, "kill_recovery_s": False, "post_kill_sps_ratio": True}
 
@@ -42,7 +47,7 @@ def _agentflow() -> list[str]:
     return [sys.executable, "-m", "flows.cli"]
 
 
-def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_checkpoint: bool) -> dict[str, Any]:
+def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_update: int | None) -> dict[str, Any]:
     cmd = [
         *_agentflow(),
         "train",
@@ -60,11 +65,13 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_che
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_at_update = None
-    if kill_after_checkpoint:
+    if kill_after_update is not None:
         ckpts = out / "checkpoints"
-        while proc.poll() is None and not any(ckpts.glob("update_*")):
+        while proc.poll() is None and (killed_at_update or 0) < kill_after_update:
             time.sleep(0.1)
-        killed_at_update = len(list(ckpts.glob("update_*")))
+            # the update the newest checkpoint holds: the kill lands in one of the rollouts after it
+            saved = [int(p.name[7:]) for p in ckpts.glob("update_*") if p.name[7:].isdigit()]
+            killed_at_update = max(saved, default=None)
         victim = busy_env_worker(proc.pid, deadline=time.monotonic() + 30)
         if victim is not None:
             os.kill(victim, signal.SIGKILL)
@@ -91,6 +98,17 @@ def busy_env_worker(pid: int, deadline: float) -> int | None:
     return None
 
 
+def iter_runs(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, float, float]]:
+    """(backend, env-steps/s, wall s) of every run, in the order they ran (``SIDE_ORDER``)."""
+    seen = dict.fromkeys(runs, 0)
+    out = []
+    for name in SIDE_ORDER:
+        run = runs[name][seen[name]]
+        seen[name] += 1
+        out.append((name, run["summary"]["global_step"] / run["wall_s"], run["wall_s"]))
+    return out
+
+
 def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any]:
     """Prepare the catalogue and exploration dataset once, then train on each backend and once with a kill."""
     work.mkdir(parents=True, exist_ok=True)
@@ -110,30 +128,41 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
         ],
     ):
         subprocess.run([*_agentflow(), *cmd], check=True, capture_output=True, text=True)
-    sides = {
-        "inprocess": _train(inprocess_params, data, work / "inprocess", total_steps, False),
-        "ray": _train(ray_params, data, work / "ray", total_steps, False),
-    }
-    # the kill run measures recovery, not throughput: a quarter of the steps is enough
-    kill = _train(ray_params, data, work / "ray-kill", max(total_steps // 4, 24 * 512), True)
+    # in-process, ray, ray, in-process: the machine's speed drifts over minutes (other tenants), and
+    # this order puts each backend's runs at the same mean time, so a linear drift cancels in the ratio
+    params_of = {"inprocess": inprocess_params, "ray": ray_params}
+    runs: dict[str, list[dict[str, Any]]] = {"inprocess": [], "ray": []}
+    for i, name in enumerate(SIDE_ORDER):
+        runs[name].append(_train(params_of[name], data, work / f"{name}-{i}", total_steps, None))
+    # the kill run: half the steps, the kill after the checkpoint of update KILL_AFTER_UPDATE, so that
+    # the per-update throughput before and after it is a median over some 20 updates each
+    kill = _train(ray_params, data, work / "ray-kill", max(total_steps // 2, 48 * 2048), KILL_AFTER_UPDATE)
     out: dict[str, Any] = {"total_steps": total_steps, "machine_cpus": os.cpu_count()}
-    for name, side in sides.items():
-        out[f"{name}_env_steps_per_s"] = side["summary"]["global_step"] / side["wall_s"]
-        out[f"{name}_loop_sps"] = statistics.median(side["sps"])
-        out[f"{name}_wall_s"] = side["wall_s"]
-        out[f"{name}_policy_hash"] = side["summary"]["policy_hash"]
+    out["side_order"] = list(SIDE_ORDER)
+    for name, sides in runs.items():
+        steps, wall = sum(r["summary"]["global_step"] for r in sides), sum(r["wall_s"] for r in sides)
+        out[f"{name}_env_steps_per_s"] = steps / wall  # over both runs of the backend
+        out[f"{name}_runs_env_steps_per_s"] = [r["summary"]["global_step"] / r["wall_s"] for r in sides]
+        out[f"{name}_loop_sps"] = statistics.median([x for r in sides for x in r["sps"]])
+        out[f"{name}_wall_s"] = [r["wall_s"] for r in sides]
+        out[f"{name}_policy_hash"] = sorted({r["summary"]["policy_hash"] for r in sides})
     out["train_sps_ratio_ray_vs_inprocess"] = out["ray_env_steps_per_s"] / out["inprocess_env_steps_per_s"]
     out["loop_sps_ratio_ray_vs_inprocess"] = out["ray_loop_sps"] / out["inprocess_loop_sps"]
-    out["same_policy_on_both_backends"] = out["ray_policy_hash"] == out["inprocess_policy_hash"]
+    hashes = out["ray_policy_hash"] + out["inprocess_policy_hash"]
+    out["same_policy_on_both_backends"] = len(set(hashes)) == 1
     pool = kill["summary"]["pool"]
     k = kill["killed_at"] or 1
-    before, after = kill["sps"][:k], kill["sps"][k + 1 :]
+    # update_sps[i] is update i + 1's; the first holds the actors' start-up (not steady state), the
+    # k + 1-th the kill and the recovery
+    before, after = kill["sps"][1:k], kill["sps"][k + 1 :]
     out["kill_worker_restarts"] = pool["worker_restarts"]
     out["kill_recovery_s"] = max((r["recovery_s"] for r in pool["recoveries"]), default=float("nan"))
     out["kill_episodes_lost"] = pool["episodes_lost"]
     out["kill_steps_lost"] = pool["steps_lost"]
     out["kill_update_sps_ratio"] = kill["sps"][k] / statistics.median(before) if k < len(kill["sps"]) else float("nan")
     out["post_kill_sps_ratio"] = statistics.median(after) / statistics.median(before) if after else float("nan")
+    order = iter_runs(runs)
+    out["runs_in_order"] = "; ".join(f"{name} {sps:,.0f} env-steps/s ({wall:.1f} s)" for name, sps, wall in order)
     out["targets"] = TARGETS
     out["targets_met"] = {
         key: bool(out[key] >= bound if HIGHER_IS_BETTER[key] else out[key] <= bound) for key, bound in TARGETS.items()
@@ -141,11 +170,12 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     out["notes"] = [
         "train_sps_ratio_ray_vs_inprocess: end-to-end `agentflow train` (shipped params.yaml, pool.backend the only "
         "difference, train.total_steps unless --total-steps says otherwise) env-steps/s over the command's wall time, "
-        "Ray start-up included.",
-        "kill_*: one active env worker SIGKILLed after the first checkpoint of a ray run (a quarter of the steps); "
-        "kill_recovery_s is the "
-        "pool's loss detection to replacement answering; post_kill_sps_ratio compares the median per-update "
-        "throughput after the kill's update with before it; steps lost are the steps of the episodes the dead "
-        "worker held.",
+        "Ray start-up included; two runs per backend in the order in-process, ray, ray, in-process (a drift of the "
+        "machine's speed over the minutes weighs on both backends alike), each backend's steps over its runs' time.",
+        f"kill_*: one active env worker SIGKILLed after the checkpoint of update {KILL_AFTER_UPDATE} of a ray run "
+        "(half the steps); kill_recovery_s is the pool's loss detection to replacement answering; "
+        "post_kill_sps_ratio compares the median per-update throughput (steps over the time since the previous "
+        "update ended) after the kill's update with the one before it, from the second update on (the first holds "
+        "the actors' start-up); steps lost are the redone slice's rollout steps.",
     ]
     return out

@@ -228,7 +228,10 @@ def run_train(
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     bc_summary: dict[str, Any] = {"used": False}
-    update_sps: list[float] = []  # this process's throughput per update (timing, so not in checkpoints)
+    # this process's throughput per update, its steps over the time since the previous update ended
+    # (the rollout, the update and what the loop does with it: evaluations, checkpoints, logging);
+    # timing, so not in checkpoints
+    update_sps: list[float] = []
     t_start = time.perf_counter()
     stop_reason: str | None = None  # converged | step_budget | time_budget, whichever came first
     try:
@@ -263,9 +266,10 @@ def run_train(
                 {k: v.contiguous() for k, v in untrained.state_dict().items()}, str(ckpt_root / "untrained.safetensors")
             )
         num_updates = tc.num_updates
+        next_rollout_runs = _next_rollout_runs(tc, t_start)
+        t_update = time.perf_counter()
         while ppo.update < num_updates and stop_reason is None:
-            metrics = ppo.train_iteration()
-            update_sps.append(metrics["time/sps"])
+            metrics = ppo.train_iteration(prefetch_next=next_rollout_runs)
             sink.record(ppo.global_step, impedance.observe(metrics))
             curve.append(
                 {
@@ -304,6 +308,8 @@ def run_train(
                     manager.mark_best(path)
             if on_update is not None:
                 on_update(ppo.update, num_updates, metrics)
+            update_sps.append(ppo.batch_size / max(time.perf_counter() - t_update, 1e-9))
+            t_update = time.perf_counter()
         stop_reason = stop_reason or "step_budget"
         best_ckpt = load_intact(ckpt_root, BEST, tc.hidden_sizes, vocab)
         assert best_ckpt is not None
@@ -435,6 +441,20 @@ def impedance_meter(pool: EnvPool | SlicedRollouts, tc: TrainConfig, policy: Act
     workers = len(pool.slots) if isinstance(pool, SlicedRollouts) else 1
     k = max(pool.num_envs // workers, 1)
     return ImpedanceMeter(pool.num_envs, tc.n_steps, workers, time_forward(policy, k))
+
+
+def _next_rollout_runs(tc: TrainConfig, t_start: float) -> Callable[[int], bool]:
+    """Whether the rollout after ``update`` surely runs (PPO sends it ahead): no evaluation follows the
+    update (it may stop training on convergence), and neither the step nor the time budget ends with it."""
+
+    def runs(update: int) -> bool:
+        return (
+            update % tc.eval_every_updates != 0
+            and update < tc.num_updates
+            and time.perf_counter() - t_start < tc.budget_s
+        )
+
+    return runs
 
 
 def _stop_reason(
