@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -197,10 +198,14 @@ def test_a_rollout_sent_ahead_is_the_rollout_collect_sends(variants: list[Any], 
     plain, local = learner(_inprocess(variants)), learner(_inprocess(variants))
     ahead = learner(ray_rollouts)
     try:
-        for _ in range(3):
+        for i in range(3):
             plain.train_iteration()
             local.train_iteration(prefetch_next=lambda update: True)
-            ahead.train_iteration(prefetch_next=lambda update: update != 2)  # not after the 2nd: collect sends it
+            if i == 1:
+                time.sleep(0.2)  # the caller's logging and checkpoints: the rollout sent ahead runs meanwhile
+            metrics = ahead.train_iteration(prefetch_next=lambda update: update != 2)  # not after the 2nd
+            if i == 1:  # its rollout_s counts from when the workers began, before the caller's 0.2 s
+                assert metrics["time/rollout_s"] >= 0.2
         assert policy_hash(ahead.policy) == policy_hash(local.policy) == policy_hash(plain.policy)
         assert ahead.rollouts.feedback_state() == plain.rollouts.feedback_state()
         # one sent for other arguments is dropped: collect sends the rollout it is asked for

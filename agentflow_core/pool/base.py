@@ -9,6 +9,7 @@ never do).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -59,17 +60,21 @@ class InFlight(Generic[T]):
     """Work sent to the env workers, answered by :meth:`result`: the caller goes on meanwhile.
 
     Ray actors start at once; an in-process backend runs the work when :meth:`result` asks (the
-    same work either way, so the same answer).
+    same work either way, so the same answer). ``started_at`` (``time.perf_counter``) is when the
+    work began: at sending, or with ``deferred`` at the first :meth:`result`.
     """
 
-    def __init__(self, gather: Callable[[], T]) -> None:
+    def __init__(self, gather: Callable[[], T], deferred: bool = False) -> None:
         self._gather: Callable[[], T] | None = gather
+        self.started_at: float | None = None if deferred else time.perf_counter()
 
     def result(self) -> T:
         """Wait for the answer (once: the work is not sent again)."""
         if self._gather is None:
             raise PoolError("this work's result was already taken")
         gather, self._gather = self._gather, None
+        if self.started_at is None:
+            self.started_at = time.perf_counter()
         return gather()
 
 

@@ -24,6 +24,7 @@ the other), so they give the same rollouts and policies. Randomness is a pure fu
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -105,7 +106,7 @@ class InProcessSlices:
     ) -> InFlight[dict[int, SliceResult | None]]:
         """The rollouts, run when the ticket's ``result()`` asks (this process has no one to hand them to)."""
         requests = dict(requests)
-        return InFlight(lambda: self.run_rollouts(requests, weights))
+        return InFlight(lambda: self.run_rollouts(requests, weights), deferred=True)
 
     def run_evaluations(
         self, requests: Mapping[int, EvalRequest], weights: Weights | None
@@ -199,6 +200,7 @@ class SlicedRollouts:
         self.failure_counters: dict[str, int] = {}
         self._eval_keys: dict[str, int] = {}  # evaluation variant env id -> its workers' catalogue key
         self._inflight: _Prefetched | None = None  # the next rollout, sent by prefetch
+        self.rollout_started_at = 0.0  # when the workers began the last rollout collected (perf_counter)
 
     @property
     def variants(self) -> Sequence[VariantLike]:
@@ -250,10 +252,13 @@ class SlicedRollouts:
             requests, weights = self._requests(policy, n_steps, seed, update)
         results: dict[int, SliceResult] = {}
         pending = dict(requests)
+        started: float | None = None
         while pending:
             if ticket is None:
                 ticket = self.backend.submit_rollouts(pending, weights)
-            answers, ticket = ticket.result(), None
+            answers = ticket.result()
+            started = ticket.started_at if started is None else started
+            ticket = None
             for w, res in answers.items():
                 if res is None:  # lost and replaced: the same request again gives the same slice
                     self.counters["worker_lost"] += len(self.slots[w])
@@ -262,6 +267,7 @@ class SlicedRollouts:
                     continue
                 results[w] = res
                 del pending[w]
+        self.rollout_started_at = started if started is not None else time.perf_counter()
         for w, res in results.items():
             self.states[w] = res.state
             for name, count in res.counters.items():
@@ -368,6 +374,7 @@ class CentralRollouts:
     def __init__(self, pool: EnvPool) -> None:
         self.pool = pool
         self.num_envs = int(pool.num_envs)
+        self.rollout_started_at = 0.0  # when the last rollout collected began (perf_counter)
 
     @property
     def variants(self) -> Sequence[VariantLike]:
@@ -384,6 +391,7 @@ class CentralRollouts:
 
     def collect(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> list[RolloutSlice]:
         """One slice over every slot, seeded as slice 0."""
+        self.rollout_started_at = time.perf_counter()
         reset_seed, sample_seed = slice_seeds(seed, update, 0)
         device = next(policy.parameters()).device
         generator = torch.Generator(device=device).manual_seed(sample_seed)

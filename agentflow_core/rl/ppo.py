@@ -430,9 +430,9 @@ class PPO:
         between, so its rollout is sent to the env workers before this one's metrics are recorded
         (Ray's workers then roll out while the caller logs and checkpoints; same rollout either way).
         """
-        t0 = time.perf_counter()
         rollout = self.collect_rollout()
         t1 = time.perf_counter()
+        t0 = self.rollouts.rollout_started_at  # a rollout sent ahead began before this call
         metrics = self.update_policy()
         self.check_finite(metrics)
         t2 = time.perf_counter()

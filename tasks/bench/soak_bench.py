@@ -274,7 +274,6 @@ def run_soak_bench(
         "throughput_ratio": ratio,
         "healthy_episodes_lost": max(r["healthy_episodes_lost"] for r in faulty_runs),
         "extra_healthy_episodes_lost": extra_lost,
-        "sides": list(SIDES),
         "runs": runs,
         "load_avg_1m": [load_before[0], os.getloadavg()[0]],
         "cpu_count": os.cpu_count(),

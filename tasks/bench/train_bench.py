@@ -98,17 +98,6 @@ def busy_env_worker(pid: int, deadline: float) -> int | None:
     return None
 
 
-def iter_runs(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, float, float]]:
-    """(backend, env-steps/s, wall s) of every run, in the order they ran (``SIDE_ORDER``)."""
-    seen = dict.fromkeys(runs, 0)
-    out = []
-    for name in SIDE_ORDER:
-        run = runs[name][seen[name]]
-        seen[name] += 1
-        out.append((name, run["summary"]["global_step"] / run["wall_s"], run["wall_s"]))
-    return out
-
-
 def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any]:
     """Prepare the catalogue and exploration dataset once, then train on each backend and once with a kill."""
     work.mkdir(parents=True, exist_ok=True)
@@ -131,9 +120,11 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     # in-process, ray, ray, in-process: the machine's speed drifts over minutes (other tenants), and
     # this order puts each backend's runs at the same mean time, so a linear drift cancels in the ratio
     params_of = {"inprocess": inprocess_params, "ray": ray_params}
-    runs: dict[str, list[dict[str, Any]]] = {"inprocess": [], "ray": []}
-    for i, name in enumerate(SIDE_ORDER):
-        runs[name].append(_train(params_of[name], data, work / f"{name}-{i}", total_steps, None))
+    ordered = [
+        (name, _train(params_of[name], data, work / f"{name}-{i}", total_steps, None))
+        for i, name in enumerate(SIDE_ORDER)
+    ]
+    runs = {backend: [run for name, run in ordered if name == backend] for backend in params_of}
     # the kill run: half the steps, the kill after the checkpoint of update KILL_AFTER_UPDATE, so that
     # the per-update throughput before and after it is a median over some 20 updates each
     kill = _train(ray_params, data, work / "ray-kill", max(total_steps // 2, 48 * 2048), KILL_AFTER_UPDATE)
@@ -161,8 +152,10 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     out["kill_steps_lost"] = pool["steps_lost"]
     out["kill_update_sps_ratio"] = kill["sps"][k] / statistics.median(before) if k < len(kill["sps"]) else float("nan")
     out["post_kill_sps_ratio"] = statistics.median(after) / statistics.median(before) if after else float("nan")
-    order = iter_runs(runs)
-    out["runs_in_order"] = "; ".join(f"{name} {sps:,.0f} env-steps/s ({wall:.1f} s)" for name, sps, wall in order)
+    out["runs_in_order"] = "; ".join(
+        f"{name} {run['summary']['global_step'] / run['wall_s']:,.0f} env-steps/s ({run['wall_s']:.1f} s)"
+        for name, run in ordered
+    )
     out["targets"] = TARGETS
     out["targets_met"] = {
         key: bool(out[key] >= bound if HIGHER_IS_BETTER[key] else out[key] <= bound) for key, bound in TARGETS.items()
