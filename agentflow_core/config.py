@@ -74,10 +74,12 @@ class BaseSection(_Section):
     @field_validator("device")
     @classmethod
     def _device_present(cls, value: str) -> str:
-        # Imported here: torch is heavy, and only this check needs it at config time.
+        if value != "cuda":
+            return value
+        # Imported here, for "cuda" only: torch is heavy, and a command imports it when it needs it.
         import torch
 
-        if value == "cuda" and not torch.cuda.is_available():
+        if not torch.cuda.is_available():
             raise ValueError("device 'cuda' but torch sees no CUDA GPU on this machine (use 'cpu' or 'auto')")
         return value
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from agentflow_core.config import AgentFlowConfig, PoolConfig
@@ -40,13 +40,18 @@ from agentflow_core.contracts import EnvPool
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.pool.base import RegistryEnvFactory
-from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.semantics import TOKENS, Vocabulary
 from agentflow_core.variants import BaseEnvInfo, VariantSpec
 from tasks.process_io import load_process
 from tasks.registry_io import load_registry
+
+if TYPE_CHECKING:  # the rollout module imports torch: a command imports it when it trains, not at start-up
+    from agentflow_core.pool.ray_pool import BlankWorkers
+    from agentflow_core.pool.rollout import SlicedRollouts
+
+logger = logging.getLogger("agentflow.compose")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -174,13 +179,20 @@ class LocalRayStart:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._requests: queue.SimpleQueue[tuple[AgentFlowConfig, threading.Event]] | None = None
+        self._requests: queue.SimpleQueue[tuple[AgentFlowConfig, bool, threading.Event]] | None = None
+        self._blank: BlankWorkers | None = None  # env workers started with Ray, for the first pool to take
         self._pending: threading.Event | None = None  # set once the start asked for has finished
         self._error: BaseException | None = None
+        self.started = False  # a private local Ray started here is running (stop_ray stops it)
         logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
 
-    def begin(self, cfg: AgentFlowConfig) -> None:
-        """Start it (a no-op when Ray runs here already or is being started)."""
+    def begin(self, cfg: AgentFlowConfig, blank_workers: bool = False) -> None:
+        """Start it (a no-op when Ray runs here already or is being started).
+
+        With ``blank_workers`` it then starts ``pool.num_workers`` env-worker actors and a standby
+        (:func:`~agentflow_core.pool.ray_pool.start_blank_workers`): the command's first pool takes them
+        (:meth:`claim`) instead of starting its own after the command's warm-up.
+        """
         import ray
 
         with self._lock:
@@ -193,17 +205,40 @@ class LocalRayStart:
                 self._requests = queue.SimpleQueue()
                 threading.Thread(target=self._serve, args=(self._requests,), name="agentflow-ray", daemon=True).start()
             self._pending, self._error = threading.Event(), None
-            self._requests.put((cfg, self._pending))
+            self._requests.put((cfg, blank_workers, self._pending))
 
-    def _serve(self, requests: queue.SimpleQueue[tuple[AgentFlowConfig, threading.Event]]) -> None:
+    def _serve(self, requests: queue.SimpleQueue[tuple[AgentFlowConfig, bool, threading.Event]]) -> None:
         while True:
-            cfg, done = requests.get()
+            cfg, blank_workers, done = requests.get()
             try:
                 _start_local(cfg)
+                self.started = True
+                if blank_workers:
+                    self._start_blank(cfg)
             except BaseException as exc:  # handed to the thread that waits
                 self._error = exc
             finally:
                 done.set()
+
+    def _start_blank(self, cfg: AgentFlowConfig) -> None:
+        from agentflow_core.pool.ray_pool import start_blank_workers
+
+        pc = cfg.pool
+        try:
+            registry = load_registry(cfg)
+            factory = RegistryEnvFactory({b: registry.get(b) for b in sorted(set(cfg.variants.base_envs))})
+            blank = start_blank_workers(factory, pc.num_workers + 1, pc.max_live_per_worker, pc.step_timeout_s)
+        except Exception:  # an optimisation only: the pool starts its own workers (and reports a real error)
+            logger.debug("blank env workers not started", exc_info=True)
+            return
+        with self._lock:
+            self._blank = blank
+
+    def claim(self) -> BlankWorkers | None:
+        """The blank env workers started with Ray, once (None when there are none, or no longer)."""
+        with self._lock:
+            blank, self._blank = self._blank, None
+        return blank
 
     def wait(self) -> None:
         """Block until the start begun has finished; raise :class:`RayUnavailable` if it failed."""
@@ -224,18 +259,19 @@ class LocalRayStart:
 LOCAL_RAY = LocalRayStart()
 
 
-def start_ray(cfg: AgentFlowConfig, wait: bool = True) -> Backend:
+def start_ray(cfg: AgentFlowConfig, wait: bool = True, blank_workers: bool = False) -> Backend:
     """Start a private local Ray, or join the configured cluster; a no-op when Ray already runs here.
 
     With ``wait=False`` a local Ray comes up on a helper thread (:class:`LocalRayStart`); the next
-    ``start_ray`` (every pool builder calls it) waits for it. A cluster is always joined before this returns.
+    ``start_ray`` (every pool builder calls it) waits for it. ``blank_workers``: a local Ray then
+    starts the env workers of the command's first pool too. A cluster is always joined before this returns.
     """
     import ray
 
     address = ray_address(cfg)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not address:
-        LOCAL_RAY.begin(cfg)
+        LOCAL_RAY.begin(cfg, blank_workers)
         if wait:
             LOCAL_RAY.wait()
         return Backend("ray", "local", cfg.pool.num_workers, 1)  # a private local Ray is this one node
@@ -265,15 +301,37 @@ def stop_ray() -> None:
         return
     with suppress(RayUnavailable):  # one that did not start leaves nothing to stop
         LOCAL_RAY.wait()
+    LOCAL_RAY.claim()  # blank workers no pool took end with the Ray
     if ray.is_initialized():
+        if LOCAL_RAY.started:
+            _kill_autoscaler_monitor()
         ray.shutdown()
+    LOCAL_RAY.started = False
+
+
+def _kill_autoscaler_monitor() -> None:
+    """SIGKILL the private local Ray's autoscaler monitor ahead of ``ray.shutdown`` (Ray 2.60).
+
+    Shutdown stops the GCS first; the monitor's SIGTERM handler then tries to report its end to the
+    gone GCS until Ray's one-second grace runs out (measured here: 1.0 of the shutdown's 1.4 s, on
+    every command). A private Ray has one node and no autoscaling: the monitor holds nothing to keep.
+    """
+    from ray._private import ray_constants, worker
+
+    node = worker._global_node
+    monitors: list[Any] = [] if node is None else node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, [])
+    for info in monitors:
+        if info.process.poll() is None:
+            info.process.kill()
+            with suppress(Exception):
+                info.process.wait(timeout=5)
 
 
 def backend(cfg: AgentFlowConfig) -> Backend:
     """The run's backend; for ``ray`` this joins the cluster (so a bad address fails here, early) or
     begins starting a private local Ray on a helper thread (the first pool waits for it)."""
     if cfg.pool.backend == "ray":
-        return start_ray(cfg, wait=False)
+        return start_ray(cfg, wait=False, blank_workers=cfg.pool.num_workers > 0)
     return Backend("inprocess", "this process", max(cfg.pool.num_workers, 1), 1)
 
 
@@ -323,7 +381,10 @@ def build_pool(
     from agentflow_core.pool.ray_pool import RayPool
 
     start_ray(cfg)
-    return RayPool(variants, factory, num_envs, pool_cfg, seed=seed, standby_workers=1 if standby else 0)
+    standby_workers = 1 if standby else 0
+    return RayPool(
+        variants, factory, num_envs, pool_cfg, seed=seed, standby_workers=standby_workers, blank=LOCAL_RAY.claim()
+    )
 
 
 def build_rollouts(
@@ -342,7 +403,7 @@ def build_rollouts(
     so their env factory also covers ``eval_variants``' base envs; no evaluation pool is started.
     """
     from agentflow_core.pool.inprocess import InProcessPool
-    from agentflow_core.pool.rollout import InProcessSlices, SliceBackend
+    from agentflow_core.pool.rollout import InProcessSlices, SliceBackend, SlicedRollouts
 
     factory = env_factory(cfg, [*variants, *eval_variants])
     backend: SliceBackend
@@ -352,7 +413,7 @@ def build_rollouts(
         from agentflow_core.pool.ray_pool import RayPool
 
         start_ray(cfg)
-        backend = RayPool(variants, factory, num_envs, cfg.pool, seed=seed, standby_workers=1)
+        backend = RayPool(variants, factory, num_envs, cfg.pool, seed=seed, standby_workers=1, blank=LOCAL_RAY.claim())
     return SlicedRollouts(backend, variants, num_envs, cfg.pool, seed=seed)
 
 
@@ -463,4 +524,5 @@ def recovery_summary(pool: EnvPool | SlicedRollouts) -> dict[str, Any]:
         "steps_lost": int(stats["steps_lost"]),
         "recoveries": stats["recoveries"],
         "nodes_used": stats.get("nodes_used", []),  # Ray node ids (the in-process pool has none)
+        "workers_started_ahead": int(stats.get("started_ahead", 0)),  # started with Ray (LocalRayStart)
     }

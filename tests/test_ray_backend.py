@@ -301,6 +301,7 @@ def test_a_sigkilled_env_worker_is_replaced_and_training_completes(tmp_path: Pat
     summary = json.loads((tmp_path / "data" / "checkpoints" / "train_summary.json").read_text())
     assert summary["pool"]["worker_restarts"] >= 1
     assert summary["pool"]["recoveries"][0]["recovery_s"] > 0
+    assert summary["pool"]["workers_started_ahead"] == 3  # both workers and the standby started with Ray
     assert summary["global_step"] >= 24 * 512
 
 

@@ -20,7 +20,7 @@ from ray import cloudpickle
 
 from agentflow_core.config import PoolConfig, VariantsConfig
 from agentflow_core.pool.base import PoolError, RegistryEnvFactory
-from agentflow_core.pool.ray_pool import RayPool
+from agentflow_core.pool.ray_pool import RayPool, start_blank_workers
 from agentflow_core.registry import EnvRegistry
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM, SemanticAction
 from agentflow_core.variants import BaseEnvInfo, generate_variants
@@ -120,6 +120,44 @@ def test_killed_worker_is_restarted_and_its_variants_served_again() -> None:
             assert all(i["failure_reason"] is None for i in batch.infos)
             served_again.update(i["env_id"] for i in batch.infos if pool.worker_of[i["variant_index"]] == 0)
         assert len(served_again) >= 8  # round robin walks on through the victim's slice
+    finally:
+        pool.close()
+
+
+def _episode_rows(pool: RayPool, steps: int) -> list[tuple[str, int, bool]]:
+    batch, rows = pool.reset(seed=3), []
+    for t in range(steps):
+        batch = pool.step(np.full(6, (LOGIN, VIEW, PAY)[t % 3]))
+        rows += [(i["env_id"], int(i["step_id"]), bool(d)) for i, d in zip(batch.infos, batch.done, strict=True)]
+    return rows
+
+
+def test_blank_workers_started_ahead_become_the_pools_workers_and_standby() -> None:
+    """Env workers started with Ray (before the catalogue is read) are taken by the first pool that
+    builds the same envs: they adopt the workers' slices and the standby's place, and the pool
+    gives the records a pool of its own workers gives. A pool building other envs ends them."""
+    variants, config = tiny_variants(12), PoolConfig(num_workers=2, scheduler="round_robin")
+    blank = start_blank_workers(TinyFactory(), 4, config.max_live_per_worker, config.step_timeout_s)
+    started = [a._actor_id for a in blank.actors]
+    pool = RayPool(variants, TinyFactory(), 6, config, seed=0, blank=blank)
+    own = RayPool(variants, TinyFactory(), 6, config, seed=0)
+    try:
+        assert [a._actor_id for a in pool.actors] == started[:2] and [a._actor_id for a in pool._standby] == started[
+            2:3
+        ]
+        assert blank.actors == []  # the fourth was ended
+        assert _episode_rows(pool, 7) == _episode_rows(own, 7)
+        assert [w["worker"] for w in pool.stats()["workers"]] == [0, 1]
+        assert pool.wait_standby() == 1 and pool.worker_restarts == 0
+    finally:
+        pool.close()
+        own.close()
+    other = start_blank_workers(TinyFactory(max_episode_steps=9), 2, config.max_live_per_worker, config.step_timeout_s)
+    ended = {a._actor_id for a in other.actors}
+    pool = RayPool(variants, TinyFactory(), 6, config, seed=0, blank=other, standby_workers=0)
+    try:
+        assert other.actors == [] and not {a._actor_id for a in pool.actors} & ended
+        pool.reset(seed=0)
     finally:
         pool.close()
 

@@ -202,6 +202,58 @@ def _cpu_nodes() -> list[str]:
     return sorted(nodes, key=lambda n: (n != here, n))
 
 
+def _worker_class() -> Any:
+    """The env worker as a remote class (Any: Ray's stubs type its methods as plain callables, no ``.remote``)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RayEnvWorker)
+
+
+@dataclass
+class BlankWorkers:
+    """Env-worker actors started before their pool, each with no catalogue slice yet (``worker_index`` -1).
+
+    A command starts them as soon as its Ray is up (:func:`start_blank_workers`): their processes
+    start and import torch and the rollout code while the driver still opens its tracking run and
+    warm-starts its policy. The pool built next takes them (:class:`RayPool`'s ``blank``) when
+    they build the same envs: each adopts its worker's slice, or warms up as the pool's standby.
+    """
+
+    factory: Any  # what their envs are built with
+    max_live: int
+    step_timeout_s: float
+    actors: list[Any]
+
+    def fit(self, factory: Any, max_live: int, step_timeout_s: float) -> bool:
+        """True when they build ``factory``'s envs (their factory covers every base env it has) the same way."""
+        mine, theirs = getattr(self.factory, "entries", None), getattr(factory, "entries", None)
+        same_envs = (
+            mine is not None and theirs is not None and all(mine.get(k) == v for k, v in theirs.items())
+        ) or self.factory == factory
+        return same_envs and self.max_live == max_live and self.step_timeout_s == step_timeout_s
+
+    def kill(self) -> None:
+        """End them (none was taken)."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+
+
+def start_blank_workers(factory: EnvFactory, n: int, max_live: int, step_timeout_s: float) -> BlankWorkers:
+    """Start ``n`` blank env-worker actors on the driver's node and have them warm up (torch imported); returns at once."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = _cpu_nodes()
+    strategy: Any = NodeAffinitySchedulingStrategy(nodes[0], soft=True) if nodes else "DEFAULT"
+    cls = _worker_class().options(scheduling_strategy=strategy, max_restarts=0)
+    actors = [cls.remote(factory, {}, max_live, step_timeout_s, -1) for _ in range(n)]
+    for actor in actors:
+        actor.warm_up.remote()
+    return BlankWorkers(factory, max_live, step_timeout_s, actors)
+
+
 @dataclass(frozen=True)
 class _Calls:
     """Calls sent to some workers, not yet answered: the workers in order, their refs, the deadline."""
@@ -233,6 +285,7 @@ class RayPool(PoolDriver):
         standby_delay_s: float = 1.5,
         poll_s: float = 0.02,
         stop_grace_s: float = 0.5,
+        blank: BlankWorkers | None = None,
     ) -> None:
         import ray
 
@@ -260,8 +313,7 @@ class RayPool(PoolDriver):
             float(standby_delay_s),
             float(poll_s),
         )
-        # Any: Ray's stubs type a remote class's methods as plain callables (no ``.remote``)
-        self._actor_cls: Any = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RayEnvWorker)
+        self._actor_cls = _worker_class()
         # Constructor arguments live in the object store under refs this pool holds: a restarted
         # actor re-reads them, and Ray frees an argument once no one references it.
         self._factory_ref = ray.put(factory)
@@ -270,10 +322,23 @@ class RayPool(PoolDriver):
             for w, part in enumerate(catalogue_slices(self.variants, self.worker_of, self.n_workers))
         ]
         nodes = _cpu_nodes()
-        self.actors: list[Any] = [
-            self._new_actor(*args, node=nodes[w % len(nodes)] if nodes else None)
-            for w, args in enumerate(self._actor_args)
-        ]
+        # Blank workers started ahead, on one node, building these envs: the first adopt the workers'
+        # slices (one lost later is rebuilt afresh: they have no restarts), the next become standbys.
+        taken: list[Any] = []
+        if blank is not None:
+            if len(nodes) <= 1 and blank.fit(factory, config.max_live_per_worker, config.step_timeout_s):
+                taken, blank.actors = blank.actors, blank.actors[len(self._actor_args) + self.standby_workers :]
+            blank.kill()  # those not taken
+        as_workers = taken[: len(self._actor_args)]
+        as_standbys = taken[len(self._actor_args) : len(self._actor_args) + self.standby_workers]
+        self.started_ahead = len(as_workers) + len(as_standbys)
+        self.actors: list[Any] = []
+        for w, args in enumerate(self._actor_args):
+            if w < len(as_workers):
+                self.actors.append(as_workers[w])
+                as_workers[w].adopt.remote(args[1], w)
+            else:
+                self.actors.append(self._new_actor(*args, node=nodes[w % len(nodes)] if nodes else None))
         self._host = _host()
         self.stop_grace_s = float(stop_grace_s)
         self._stopped_since: dict[int, float] = {}  # worker -> when its process was first seen stopped
@@ -287,6 +352,9 @@ class RayPool(PoolDriver):
         self._prewarm_ref = ray.put(self._prewarm_sample(factory, num_envs))
         self._standby: list[Any] = []
         self._standby_warm: list[Any] = []  # refs of the standbys' prewarm calls
+        for actor in as_standbys:
+            self._standby_warm.append(actor.prewarm_standby.remote(self._prewarm_ref))
+            self._standby.append(actor)
         self._standby_due: float | None = time.monotonic() if self.standby_workers > 0 else None
         self._maybe_start_standby()
 
@@ -557,9 +625,10 @@ class RayPool(PoolDriver):
         return ray.get([a.pid.remote() for a in self.actors], timeout=self.call_timeout_s)
 
     def stats(self) -> dict[str, Any]:
-        """The driver's stats plus ``nodes_used``: the Ray nodes that hosted a worker during the run."""
+        """The driver's stats plus ``nodes_used`` (the Ray nodes that hosted a worker during the run) and
+        ``started_ahead`` (workers and standbys it took from :func:`start_blank_workers`)."""
         self._settle()
-        return {**super().stats(), "nodes_used": sorted(self.nodes_used)}
+        return {**super().stats(), "nodes_used": sorted(self.nodes_used), "started_ahead": self.started_ahead}
 
     def close(self) -> None:
         """Close the envs and end the actors, standbys included (no restart)."""

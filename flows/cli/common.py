@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import threading
 from pathlib import Path
 
 import typer
@@ -42,24 +40,6 @@ def phase_config_or_exit(params: Path) -> AgentFlowConfig:
     cfg = config_or_exit(params)
     make_deterministic(cfg.base.seed)
     return cfg
-
-
-def prefetch(*modules: str) -> threading.Thread:
-    """Import ``modules`` on a helper thread, for a command to overlap with a wait (Ray's start-up); join it before use.
-
-    An import that fails here is left to fail, with its real error, where the command imports it.
-    """
-
-    def run() -> None:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001,S112 (re-raised by the command's own import)
-                continue
-
-    thread = threading.Thread(target=run, name="agentflow-prefetch", daemon=True)
-    thread.start()
-    return thread
 
 
 def phase_progress(phase: str, console: Console) -> Progress:

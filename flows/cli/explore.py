@@ -7,15 +7,17 @@ it standalone (``python -m flows.cli.explore --help``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from agentflow_core.errors import AgentFlowError
-from agentflow_core.rl.exploration import ExploreProgress
 from flows.cli.common import one_line, phase_config_or_exit, phase_progress
-from tasks.steps.explore import run_explore
+
+if TYPE_CHECKING:  # exploration imports torch: imported when the command runs, not when the CLI starts
+    from agentflow_core.rl.exploration import ExploreProgress
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -40,6 +42,8 @@ def explore_command(
 
     Exits 1 after writing them when state_coverage_ratio stays below explore.min_state_coverage.
     """
+    from tasks.steps.explore import run_explore
+
     cfg = phase_config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})

@@ -18,7 +18,7 @@ from rich.markup import escape
 from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
-from flows.cli.common import config_or_exit, one_line, phase_progress, prefetch
+from flows.cli.common import config_or_exit, one_line, phase_progress
 from tasks.bench_runs import run_repeated
 from tasks.compose import backend
 from tasks.config_io import flatten_params
@@ -61,21 +61,19 @@ def train_command(
     Tracked in MLflow like the flow's train phase: a top-level run of kind ``train`` (``--resume``
     reopens the interrupted one over the same checkpoints and params).
     """
-    from tasks.tracked import tracked_train
-
     cfg = config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": total_steps})})
-    # Ray's start-up is seconds spent waiting on its own processes: training's modules (torch, and the
-    # inductor config that torch's deterministic mode sets) import meanwhile.
-    imports = prefetch("tasks.tracked", "tasks.steps.train", "torch._inductor.config")
+    # First, before training's modules (torch, MLflow) import: a cluster address is checked at once, and
+    # a private local Ray comes up on a helper thread (seconds spent mostly waiting on its own processes)
+    # while this thread imports them, opens the MLflow run and runs the warm start.
     try:
         pool = backend(cfg)
     except AgentFlowError as exc:
         err_console.print(f"[bold red]train failed[/]: {exc}")
         raise typer.Exit(code=1) from None
-    finally:
-        imports.join()
+    from tasks.tracked import tracked_train
+
     make_deterministic(cfg.base.seed)
     console.print(f"envs: {pool.describe(cfg.train.num_envs)}")
     data = Path(cfg.base.data_dir)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,13 +109,12 @@ def offline_start(cfg: AgentFlowConfig, offline_dir: Path | None, warm_start: Pa
 
 
 def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The training curves as a PNG (a bare ``Figure``, no pyplot: drawn on a helper thread)."""
+    from matplotlib.figure import Figure
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    ax_s, ax_r = fig.subplots(1, 2)
     steps = [c["global_step"] for c in curve]
     ax_s.plot(steps, [c.get("rollout/success_rate", np.nan) for c in curve], label="training rollouts")
     ax_r.plot(steps, [c.get("rollout/episode_return", np.nan) for c in curve], label="training rollouts")
@@ -135,7 +135,6 @@ def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], p
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def run_train(
@@ -311,6 +310,10 @@ def run_train(
             update_sps.append(ppo.batch_size / max(time.perf_counter() - t_update, 1e-9))
             t_update = time.perf_counter()
         stop_reason = stop_reason or "step_budget"
+        # the curves are final now: drawn while the test episodes play (the driver mostly waits on them)
+        plot = resources.enter_context(ThreadPoolExecutor(1, thread_name_prefix="agentflow-plot")).submit(
+            _plot_curves, curve, evals, out_dir / "plots" / "train_curves.png"
+        )
         best_ckpt = load_intact(ckpt_root, BEST, tc.hidden_sizes, vocab)
         assert best_ckpt is not None
         best = best_ckpt.path
@@ -383,7 +386,7 @@ def run_train(
     write_json(out_dir / "curve.json", {"curve": curve, "evals": evals})
     write_json(out_dir / "train_summary.json", summary)
     write_curve_csv(evals, out_dir / "validation_curve.csv")
-    _plot_curves(curve, evals, out_dir / "plots" / "train_curves.png")
+    plot.result()
     if metrics_path is not None:
         write_json(metrics_path, train_metrics(summary))
     return summary
