@@ -53,3 +53,19 @@ def test_the_checker_catches_a_planted_violation(tmp_path: Path) -> None:
     pkg.mkdir()
     (pkg / "bad.py").write_text("import mlflow\nfrom prefect import flow\n")
     assert offenders("agentflow_core", FORBIDDEN_IN_CORE, tmp_path) == {"agentflow_core/bad.py": {"mlflow", "prefect"}}
+
+
+def test_the_cli_starts_without_importing_torch_mlflow_or_ray(repo_root: Path) -> None:
+    """A command reaches its own code in about a second: torch, MLflow, Prefect and Ray are imported
+    by the commands that use them (``agentflow train`` starts its Ray before importing torch)."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys; import flows.cli.app; from flows.cli.common import config_or_exit; "
+        "config_or_exit(__import__('pathlib').Path('params.yaml')); "
+        "print(json.dumps(sorted(m for m in ('torch', 'mlflow', 'prefect', 'ray') if m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
