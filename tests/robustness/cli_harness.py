@@ -1,7 +1,7 @@
 """Run ``agentflow`` invocations in forked children of one warm interpreter, each under limits.
 
-Importing the CLI (torch, prefect, ray) takes seconds; the cost of a hostile input is what the
-command does after that. So this harness imports :mod:`flows.cli` once, then forks one child per
+Importing the CLI and what its commands import (torch) takes seconds; the cost of a hostile input
+is what the command does after that. So this harness imports them once, then forks one child per
 case with ``RLIMIT_AS`` set to its current address space plus ``--memory-mb`` (an allocation past
 it fails in the child) and kills a child still running after ``--timeout-s``. Usage::
 
@@ -92,7 +92,12 @@ def main() -> None:
     parser.add_argument("--memory-mb", type=int, default=500)
     parser.add_argument("--timeout-s", type=float, default=5.0)
     args = parser.parse_args()
-    import flows.cli.app  # noqa: F401 - warm the imports once, before any fork
+    # Warm the imports once, before any fork: the CLI's own, and the heavy ones its commands import
+    # when they run (the CLI starts without them): the limits then weigh the input's cost alone.
+    import flows.cli.app  # noqa: F401
+    import tasks.steps.explore  # noqa: F401
+    import tasks.steps.variants  # noqa: F401
+    import torch  # noqa: F401
 
     cases = json.loads(args.cases.read_text())
     results = [run_case(case, args.memory_mb << 20, args.timeout_s) for case in cases]
