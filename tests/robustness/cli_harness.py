@@ -94,10 +94,11 @@ def main() -> None:
     args = parser.parse_args()
     # Warm the imports once, before any fork: the CLI's own, and the heavy ones its commands import
     # when they run (the CLI starts without them): the limits then weigh the input's cost alone.
+    import torch  # noqa: F401
+
     import flows.cli.app  # noqa: F401
     import tasks.steps.explore  # noqa: F401
     import tasks.steps.variants  # noqa: F401
-    import torch  # noqa: F401
 
     cases = json.loads(args.cases.read_text())
     results = [run_case(case, args.memory_mb << 20, args.timeout_s) for case in cases]
