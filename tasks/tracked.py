@@ -1,20 +1,22 @@
 """Training with its MLflow record, the same for ``agentflow train`` (so the DVC stage) and the Prefect task.
 
-The train run gets one ``log_batch`` per PPO update (``train/*`` curves), then the summary metrics
-(the keys of ``data/metrics/train.json``), the policy hash, the curves and plots. An exception
-closes it as FAILED; a killed process leaves it RUNNING until the next start closes it as KILLED
-(:meth:`tasks.tracking.MlflowTracker.close_orphans`), and ``--resume`` reopens it.
+The train run gets one ``log_batch`` per PPO update (``train/*`` curves, sent by the sink's writer
+thread), then the summary metrics (the keys of ``data/metrics/train.json``), the policy hash, the
+curves and plots. An exception closes it as FAILED; a killed process leaves it RUNNING until the
+next start closes it as KILLED (:meth:`tasks.tracking.MlflowTracker.close_orphans`), and
+``--resume`` reopens it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agentflow_core.config import AgentFlowConfig
 from tasks.paths import DataPaths
-from tasks.tracking import MlflowTracker
+from tasks.tracking import MlflowSink, MlflowTracker
 
 UpdateHook = Callable[[int, int, dict[str, float]], None]
 
@@ -44,14 +46,16 @@ def tracked_train(
     paths = DataPaths.of(cfg)
     out = out or paths.checkpoints
     cfg, tuning = tuned_config(cfg, paths.tuning)  # the auto-tuner's choice when tune.enabled
+    sink: MlflowSink | None = None
     try:
+        sink = tracker.sink(run_id, prefix="train/")
         summary = run_train(
             cfg,
             catalogue or paths.variants,
             trajectories or paths.trajectories,
             out,
             resume=resume,
-            sink=tracker.sink(run_id, prefix="train/"),
+            sink=sink,
             metrics_path=paths.metrics_file("train"),
             on_update=on_update,
             seed=seed,
@@ -59,7 +63,11 @@ def tracked_train(
             ewc=ewc,
             tuning=tuning,
         )
+        sink.close()  # every update's metrics in the store before the run's summary
     except BaseException:
+        if sink is not None:
+            with contextlib.suppress(Exception):  # what the run recorded before it failed, as far as it goes
+                sink.close()
         tracker.end(run_id, "FAILED")
         raise
     tracker.log_metrics(run_id, train_metrics(summary))

@@ -1,4 +1,4 @@
-"""The MLflow record at the edge: runs of dead processes are closed, every update is sent at once,
+"""The MLflow record at the edge: runs of dead processes are closed, every update is sent (by a writer thread),
 a resumed run continues each metric's history, and the hashes a run names are DVC's."""
 
 from __future__ import annotations
@@ -36,13 +36,46 @@ def test_each_record_is_sent_at_once_and_a_resumed_run_skips_what_it_holds(track
     sink.record(1, {"loss": 1.0})
     sink.record(1, {"eval": 0.5})  # a second record at the same step (the held-out evaluation)
     sink.record(2, {"loss": 0.9})
+    sink.flush()
     assert [m.step for m in tracker.client.get_metric_history(run_id, "train/loss")] == [1, 2]  # nothing buffered
     resumed = tracker.sink(run_id, prefix="train/")  # a killed run replays updates after its checkpoint
     resumed.record(1, {"loss": 1.0, "eval": 0.5})
     resumed.record(2, {"loss": 0.9, "eval": 0.6})  # eval at step 2 never reached the store: logged now
     resumed.record(3, {"loss": 0.8, "eval": 0.7})
+    resumed.close()
     assert [m.step for m in tracker.client.get_metric_history(run_id, "train/loss")] == [1, 2, 3]
     assert [m.step for m in tracker.client.get_metric_history(run_id, "train/eval")] == [1, 2, 3]
+
+
+def test_the_sink_does_not_wait_for_the_store_and_reports_what_the_writer_hit(tracker: MlflowTracker) -> None:
+    import threading
+    import time
+
+    from tasks.tracking import TrackingError
+
+    run_id = tracker.start_cycle("slow store", {})
+    sink = tracker.sink(run_id)
+    store, released = tracker.client.log_batch, threading.Event()
+
+    def slow_log_batch(*args: object, **kwargs: object) -> None:
+        released.wait(10)
+        store(*args, **kwargs)
+
+    tracker.client.log_batch = slow_log_batch  # type: ignore[method-assign]
+    try:
+        started = time.perf_counter()
+        for step in range(1, 4):
+            sink.record(step, {"loss": 1.0 / step})
+        assert time.perf_counter() - started < 0.5  # handed over, not written
+        released.set()
+        sink.flush()
+        assert [m.step for m in tracker.client.get_metric_history(run_id, "loss")] == [1, 2, 3]
+    finally:
+        tracker.client.log_batch = store  # type: ignore[method-assign]
+    tracker.client.delete_run(run_id)
+    sink.record(4, {"loss": 0.1})  # the store refuses a deleted run's metrics
+    with pytest.raises(TrackingError, match=run_id):
+        sink.close()
 
 
 def test_dvc_md5_of_a_folder_is_the_hash_of_its_sorted_listing(tmp_path: Path) -> None:

@@ -55,12 +55,20 @@ class MetricsSink(Protocol):
     def record(self, step: int, metrics: dict[str, float]) -> None:
         """Take the diagnostics of one update, keyed by name; ``step`` is the env steps so far."""
 
+    def flush(self) -> None:
+        """Make what was recorded durable: the trainer calls it before each checkpoint, the point a resumed
+        run restarts from (a sink that writes in the background waits here)."""
+
 
 class NullSink:
     """Discards metrics."""
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
         """Drop them."""
+        return None
+
+    def flush(self) -> None:
+        """Nothing to keep."""
         return None
 
 
@@ -73,6 +81,10 @@ class MemorySink:
     def record(self, step: int, metrics: dict[str, float]) -> None:
         """Keep a copy, so a caller reusing its dict cannot change the record."""
         self.rows.append((step, dict(metrics)))
+
+    def flush(self) -> None:
+        """Every record is kept already."""
+        return None
 
     def series(self, key: str) -> list[float]:
         """All recorded values of one metric, in order."""

@@ -302,6 +302,7 @@ def run_train(
                     "bc": bc_summary,
                     "stop_reason": stop_reason,
                 }
+                sink.flush()  # the metrics up to here in the store: a resumed run restarts after this checkpoint
                 path = manager.save(ppo, best_metric=tracker.best_metric if evals else None, extra=extra)
                 if new_best:
                     manager.mark_best(path)
