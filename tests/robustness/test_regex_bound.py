@@ -2,18 +2,26 @@
 
 With Python's ``re``, ``(.*.*)*XQZ`` on a page text hangs the step (and, holding the GIL, the
 whole pool); the ``regex`` package answers it at once, and a pattern it does backtrack on,
-``(a|aa)+$``, stops at ``REGEX_TIMEOUT_S`` with a MappingError naming the rule. No wall-clock
-assertion here (2-core CI): a regression hangs the test into pytest's timeout instead.
+``(a|aa)+$``, stops at ``REGEX_TIMEOUT_S`` with a MappingError naming the rule. Each costs at
+most one step timeout (the pool's default, 5 s: a hundred times the 0.05 s search bound, so a loaded
+2-core CI does not trip it) and leaves no thread or process behind: the search runs on the
+calling thread.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentflow_core.adapters.web import WebAdapter
+from agentflow_core.config import PoolConfig
 from agentflow_core.errors import MappingError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,14 +37,29 @@ def _page(text: str) -> dict[str, object]:
     return {"page": "cart", "text": text, "buttons": [], "links": [], "fields": {}, "forms": [], "banner": None}
 
 
+@contextmanager
+def within_one_step_timeout() -> Iterator[None]:
+    """The block takes less than the pool's default step timeout and starts no thread or process."""
+    threads, children = threading.active_count(), len(psutil.Process().children(recursive=True))
+    started = time.perf_counter()
+    yield
+    assert time.perf_counter() - started < PoolConfig().step_timeout_s
+    assert threading.active_count() == threads
+    assert len(psutil.Process().children(recursive=True)) == children
+
+
 def test_nested_star_pattern_from_the_issue_is_answered_at_once() -> None:
     adapter = _adapter("(.*.*)*XQZ")
-    for _ in range(20):  # re.search would not return from the first of these
-        assert adapter.adapt_observation(_page("Checkout: your cart holds 2 items. " * 40)) is not None
+    with within_one_step_timeout():
+        for _ in range(20):  # re.search would not return from the first of these
+            assert adapter.adapt_observation(_page("Checkout: your cart holds 2 items. " * 40)) is not None
 
 
 def test_a_backtracking_pattern_stops_at_the_timeout_naming_the_rule() -> None:
     adapter = _adapter("(a|aa)+$")
-    with pytest.raises(MappingError, match=r"hostile\.json: at \$\.token_rules\[0\]\.when\.text_regex: .*ran past"):
+    with (
+        within_one_step_timeout(),
+        pytest.raises(MappingError, match=r"hostile\.json: at \$\.token_rules\[0\]\.when\.text_regex: .*ran past"),
+    ):
         adapter.adapt_observation(_page("a" * 80 + "!"))
     assert adapter.adapt_observation(_page("no runs of that letter here")) is not None
