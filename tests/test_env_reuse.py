@@ -258,3 +258,34 @@ def test_standby_worker_prewarms_then_adopts_a_slice() -> None:
     assert stats["worker"] == 0 and stats["catalogue"] == len(slice_)
     assert stats["reused"] == len(picks) and stats["created"] == len(sample)  # nothing built after adoption
     spare.close()
+
+
+def test_a_workers_warm_up_imports_the_env_classes_and_builds_the_adapters_a_first_build_would(
+    tmp_path: Path,
+) -> None:
+    """A fresh worker process (a Ray actor unpickles its factory) pays them before its first timed reset.
+
+    Importing the order-database env alone costs ~0.23 s of CPU: inside the first reset of a soak's
+    0.25 s step timeout it ended a healthy variant's first episode as ``env_timeout`` on every side.
+    """
+    import pickle
+    import subprocess
+    import sys
+
+    entries, factory, _ = registry_catalogue(1)
+    blob = tmp_path / "factory.pkl"
+    blob.write_bytes(pickle.dumps(factory))
+    code = (
+        "import pickle, sys\n"
+        f"factory = pickle.loads(open({str(blob)!r}, 'rb').read())\n"
+        "from agentflow_core.pool.worker import EnvWorker\n"
+        "worker = EnvWorker(factory, {}, 4, 1.0)\n"
+        "before = 'agentflow_core.envs.order_db.env' in sys.modules\n"
+        "worker.prepare_factory()\n"
+        "print(before, 'agentflow_core.envs.order_db.env' in sys.modules, *sorted(factory._adapters))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    before, after, *adapters = out.stdout.split()
+    assert (before, after) == ("False", "True")
+    assert adapters == sorted(e.env_id for e in entries)

@@ -131,8 +131,10 @@ class RayEnvWorker(EnvWorker):
         return self._player.play(request, weights)
 
     def warm_up(self) -> int:
-        """Import torch and the rollout code now (the pool asks at start-up, without waiting); returns the index."""
+        """Import torch, the rollout code and the envs' classes now (the pool asks at start-up, without
+        waiting; the first reset queues behind it, outside the step watchdog); returns the index."""
         self._slice_runner()
+        self.prepare_factory()
         return self.worker_index
 
     def _slice_runner(self) -> SliceRunner:
@@ -154,6 +156,7 @@ class RayEnvWorker(EnvWorker):
         """
         self._saved_priority = _idle_priority()
         self._slice_runner()  # torch and the rollout code imported now, not during a recovery
+        self.prepare_factory()
         return self.prewarm(variants, seed)
 
     def adopt(self, variants: Mapping[int, VariantLike], worker_index: int) -> int:

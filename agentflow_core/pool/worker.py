@@ -43,6 +43,7 @@ from agentflow_core.pool.base import (
     WORKER_LOST,
     EnvFactory,
     PoolEnv,
+    PreparingEnvFactory,
     VariantLike,
     factory_vocabulary,
 )
@@ -546,6 +547,11 @@ class EnvWorker:
         self.variants = dict(variants)
         self.worker_index = int(worker_index)
         return self.worker_index
+
+    def prepare_factory(self) -> None:
+        """Let the factory pay its one-off costs now (:class:`PreparingEnvFactory`), not in a timed reset."""
+        if isinstance(self.factory, PreparingEnvFactory):
+            self.factory.prepare()
 
     def prewarm(self, variants: Mapping[int, VariantLike], seed: int = 0) -> int:
         """Build, reset once and park an env per given variant (imports, adapters, templates warmed).

@@ -31,7 +31,7 @@ import numpy as np
 
 from agentflow_core.config import AgentFlowConfig, PoolConfig
 from agentflow_core.contracts import POOL_FAILURES
-from agentflow_core.pool.base import EnvFactory, PoolEnv, VariantLike
+from agentflow_core.pool.base import EnvFactory, PoolEnv, PreparingEnvFactory, VariantLike
 from agentflow_core.pool.inprocess import InProcessPool
 
 FAULT_KINDS = ("raise", "sleep", "spin", "nan")
@@ -96,6 +96,11 @@ class FaultInjectingFactory:
         env = self.inner(variant)
         kind = self.faults.get(variant.env_id)
         return env if kind is None else FaultyEnv(env, kind, self.at_step, self.hang_s)
+
+    def prepare(self) -> None:
+        """The product factory's one-off costs, paid before the first timed reset (as without faults)."""
+        if isinstance(self.inner, PreparingEnvFactory):
+            self.inner.prepare()
 
     def reuse(self, env: PoolEnv, variant: VariantLike) -> PoolEnv | None:
         """Re-target through the product factory; never into or out of a faulty variant."""
