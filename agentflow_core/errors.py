@@ -70,9 +70,9 @@ class EnvInvalidError(EnvError):
 class NonFiniteError(AgentFlowError):
     """The learner met NaN or inf; it stops rather than train on (or checkpoint) garbage."""
 
-    def __init__(self, update: int, quantity: str, detail: str) -> None:
-        self.update, self.quantity = update, quantity
-        super().__init__(f"update {update}: non-finite {quantity} ({detail}); training stopped, nothing checkpointed")
+    def __init__(self, update: int, quantity: str, detail: str, *, stage: str = "update") -> None:
+        self.update, self.quantity, self.stage = update, quantity, stage
+        super().__init__(f"{stage} {update}: non-finite {quantity} ({detail}); training stopped, nothing checkpointed")
 
 
 class DataFileError(AgentFlowError, ValueError):

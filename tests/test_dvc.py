@@ -1,10 +1,11 @@
 """`dvc repro` in a temporary clone, as the README writes it (`.venv/bin/dvc repro` in a shell whose PATH
 holds no virtualenv). One scenario first: `agentflow run` is SIGKILLed mid-training and continued with
 `--resume` (records survive: no RUNNING run, one continuous metric history, no orphaned Prefect
-server); `agentflow reproduce` on that run reports every metric identical; `dvc repro --force` gives
-the same metrics and checkpoints, and dvc.lock records the md5s the MLflow run names. Then: a second
-repro runs nothing, a changed parameter re-runs only the stages that use it, push/pull go through the
-local remote, and a failed stress gate fails the pipeline."""
+server; pickles planted in the state dir's result storage run nothing); `agentflow reproduce` on that
+run reports every metric identical; `dvc repro --force` gives the same metrics and checkpoints, and
+dvc.lock records the md5s the MLflow run names. Then: a second repro runs nothing, a changed parameter
+re-runs only the stages that use it, push/pull go through the local remote, and a failed stress gate
+fails the pipeline."""
 
 from __future__ import annotations
 
@@ -121,7 +122,29 @@ def kill_mid_training(clone: Path) -> list[psutil.Process]:
     return servers
 
 
+def plant_pickles(state_dir: Path) -> tuple[Path, set[Path]]:
+    """Pickle payloads where Prefect keeps persisted results (``<state_dir>/prefect/storage``): as a result
+    record naming the pickle serializer (what a cached task would read) and as bare pickles. Unpickling
+    any of them creates the returned marker (tests/test_flow.py shows such a record is live)."""
+    import base64
+    import pickle
+
+    from tests.test_flow import Touch
+
+    marker, storage = state_dir.parent / "pwned", state_dir / "prefect" / "storage"
+    storage.mkdir(parents=True)
+    payload = pickle.dumps(Touch(marker))
+    record = {"serializer": {"type": "pickle"}, "prefect_version": "3"}
+    for name in ("planted", "calibrate", "train", "stress"):
+        record["storage_key"] = str(storage / name)
+        text = {"metadata": record, "result": base64.encodebytes(payload).decode()}
+        (storage / name).write_text(json.dumps(text))
+        (storage / f"{name}.pickle").write_bytes(payload)
+    return marker, set(storage.iterdir())
+
+
 def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) -> None:
+    marker, planted = plant_pickles(clone / ".agentflow")
     servers = kill_mid_training(clone)
     assert servers, "the run had no Prefect temporary server to check"
     _, alive = psutil.wait_procs(servers, timeout=30)
@@ -138,6 +161,8 @@ def test_killed_run_resumes_reproduces_and_agrees_with_dvc_repro(clone: Path) ->
     assert len(train) == 1 and train[0].data.tags["mlflow.parentRunId"] == run_id
     kl = client.get_metric_history(train[0].info.run_id, "train/losses/approx_kl")
     assert [m.step for m in kl] == [512 * (u + 1) for u in range(UPDATES)]  # every update once, none lost
+    # every phase ran (twice, with the resume) beside the planted pickles: none was read, nothing was persisted
+    assert not marker.exists() and set((clone / ".agentflow" / "prefect" / "storage").iterdir()) == planted
 
     by_flow, flow_checkpoints = metrics(clone), checkpoint_hashes(clone)
     assert set(by_flow) == {"calibrate", "variants", "explore", "offline", "validator", "tune", "train", "stress"}

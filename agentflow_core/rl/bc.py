@@ -13,7 +13,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.errors import NonFiniteError
+from agentflow_core.rl.policy import ActorCritic, require_finite_parameters
+
+STAGE = "behaviour-cloning epoch"
 
 
 @dataclass(frozen=True)
@@ -41,12 +44,16 @@ def behaviour_cloning(
     """Fit the actor to (obs, action) pairs by masked cross-entropy; returns the loss curve.
 
     Runs at least ``min_steps`` gradient steps (more epochs on small datasets), so a few hundred
-    demonstration rows are not left underfit by a fixed epoch count.
+    demonstration rows are not left underfit by a fixed epoch count. A non-finite observation,
+    epoch loss or final weight raises :class:`NonFiniteError` naming it.
     """
     n = len(actions)
     if n == 0:
         return BCResult(0, 0, [], float("nan"))
     epochs = max(epochs, -(-min_steps // -(-n // batch_size)))
+    bad_rows = np.flatnonzero(~np.isfinite(np.asarray(obs, dtype=np.float32)).all(axis=1))
+    if len(bad_rows):
+        raise NonFiniteError(1, "observations", f"{len(bad_rows)} rows, first row {int(bad_rows[0])}", stage=STAGE)
     device = next(policy.parameters()).device
     obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device)
     act_t = torch.as_tensor(actions, dtype=torch.long, device=device)
@@ -66,6 +73,9 @@ def behaviour_cloning(
             optimizer.step()
             epoch_loss += loss.detach() * len(idx)
         losses.append(float(epoch_loss) / n)
+        if not np.isfinite(losses[-1]):
+            raise NonFiniteError(len(losses), "loss", f"mean over the epoch {losses[-1]}", stage=STAGE)
+    require_finite_parameters(policy.actor, epochs, STAGE)
     with torch.no_grad():
         accuracy = float((policy.masked_logits(obs_t, mask_t).argmax(-1) == act_t).float().mean())
     return BCResult(n, epochs, losses, accuracy)

@@ -23,6 +23,7 @@ linearly to zero.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,10 +31,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from agentflow_core.errors import NonFiniteError
 from agentflow_core.rl.offline_data import Transitions
-from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic, layer_init
+from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic, layer_init, require_finite_parameters
 from agentflow_core.rl.replay import PrioritizedReplay
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+
+CQL_STAGE, IMPROVE_STAGE = "CQL gradient step", "actor-improvement step"
 
 
 class QNetwork(nn.Module):
@@ -147,6 +151,11 @@ def train_cql(data: Transitions, settings: CQLSettings, seed: int, device: torch
         else None
     )
     t = _tensors(data, device)
+    for name in ("obs", "reward", "next_obs"):
+        bad = ~torch.isfinite(t[name].reshape(len(data), -1)).all(dim=1)
+        if bool(bad.any()):
+            detail = f"{int(bad.sum())} transitions, first {int(torch.nonzero(bad)[0])}"
+            raise NonFiniteError(1, f"{name} in the data", detail, stage=CQL_STAGE)
     result = CQLResult(q)
     window_td, window_cql, newest = [], [], 0
     for step in range(settings.gradient_steps):
@@ -173,7 +182,10 @@ def train_cql(data: Transitions, settings: CQLSettings, seed: int, device: torch
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(q.parameters(), settings.max_grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(q.parameters(), settings.max_grad_norm)
+        for name, value in (("TD loss", td), ("CQL penalty", penalty), ("gradient norm", grad_norm)):
+            if not math.isfinite(float(value)):
+                raise NonFiniteError(step + 1, name, f"{float(value)}", stage=CQL_STAGE)
         optimizer.step()
         if replay is not None:
             replay.update(idx_np, td_error.cpu().numpy())
@@ -185,6 +197,7 @@ def train_cql(data: Transitions, settings: CQLSettings, seed: int, device: torch
             result.td_loss.append(float(np.mean(window_td)))
             result.cql_penalty.append(float(np.mean(window_cql)))
             window_td, window_cql = [], []
+    require_finite_parameters(q, settings.gradient_steps, CQL_STAGE)
     result.replay_draws_newest_share = newest / (settings.gradient_steps * settings.batch_size)
     return result
 
@@ -263,6 +276,10 @@ def improve_actor(
         optimizer.step()
     with torch.no_grad():
         kl_after = float(_kl_to_actor(actor, obs_t, mask_t, target_logp))
+    if not math.isfinite(kl_after):
+        raise NonFiniteError(steps, "KL to the improved policy", f"{kl_after}", stage=IMPROVE_STAGE)
+    require_finite_parameters(actor.actor, steps, IMPROVE_STAGE)
+    with torch.no_grad():
         agreement = float((actor.masked_logits(obs_t, mask_t).argmax(-1) == target_logp.argmax(-1)).float().mean())
     return ImproveResult(steps, kl_before, kl_after, agreement)
 

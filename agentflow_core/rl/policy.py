@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from agentflow_core.errors import NonFiniteError
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 
 MASKED_LOGIT = -1e9
@@ -113,6 +114,14 @@ class ActorCritic(nn.Module):
             mask_t = None if mask_t is None else mask_t.unsqueeze(0)
         actions = self.masked_logits(obs_t, mask_t).argmax(-1).cpu().numpy()
         return actions[0] if single else actions
+
+
+def require_finite_parameters(model: nn.Module, step: int, stage: str) -> None:
+    """Raise :class:`NonFiniteError` naming ``model``'s first parameter that holds NaN/inf."""
+    for name, param in model.named_parameters():
+        bad = int((~torch.isfinite(param.detach())).sum())
+        if bad:
+            raise NonFiniteError(step, f"parameter {name}", f"{bad} entries", stage=stage)
 
 
 def policy_hash(model: nn.Module, length: int = 12) -> str:

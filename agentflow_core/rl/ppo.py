@@ -44,7 +44,7 @@ from agentflow_core.errors import NonFiniteError
 from agentflow_core.pool.rollout import RolloutSlice, SlicedRollouts, rollout_source
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.losses import STAT_KEYS, LossCoefficients, compute_gae, explained_variance, ppo_minibatch_loss
-from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.rl.policy import ActorCritic, require_finite_parameters
 from agentflow_core.rl.reward import COMPONENTS
 
 
@@ -488,9 +488,7 @@ class PPO:
                 raise NonFiniteError(update, key.removeprefix("losses/"), f"mean over minibatches {metrics[key]}")
         if not bool(torch.isfinite(self.grad_norm)):
             raise NonFiniteError(update, "gradients", "in the last minibatch step")
-        for name, param in self.policy.named_parameters():
-            if not bool(torch.isfinite(param).all()):
-                raise NonFiniteError(update, f"parameter {name}", f"{int((~torch.isfinite(param)).sum())} entries")
+        require_finite_parameters(self.policy, update, "update")
 
     # ---------------------------------------------------------------- state
     def state_json(self) -> dict[str, Any]:

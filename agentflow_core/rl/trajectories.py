@@ -182,10 +182,27 @@ def read_steps(path: Path, verify: bool = True, vocabulary: Vocabulary = CHECKOU
         if verify and _sha256(file) != shard.get("sha256"):
             raise DataFileError(file, f"sha256 does not match {META_FILE}")
         try:
-            tables.append(pq.read_table(file, schema=steps))
+            table = pq.read_table(file, schema=steps)
         except (*DATA_ERRORS, pa.ArrowException) as exc:
             raise DataFileError(file, f"{type(exc).__name__}: {exc}") from None
+        _require_finite(table, file)
+        tables.append(table)
     return pa.concat_tables(tables) if tables else steps.empty_table()
+
+
+FINITE_COLUMNS = ("obs", "reward", "env_reward", "base_reward", "shaping_reward")
+
+
+def _require_finite(table: pa.Table, file: Path) -> None:
+    """A shard whose numbers hold NaN/inf is damaged, whatever its checksum says (a card is data too)."""
+    for name in FINITE_COLUMNS:
+        column = table.column(name).combine_chunks()
+        values = column.flatten() if pa.types.is_fixed_size_list(column.type) else column
+        finite = np.isfinite(values.to_numpy(zero_copy_only=False))
+        if not finite.all():
+            width = len(finite) // max(table.num_rows, 1)
+            row = int(np.flatnonzero(~finite)[0]) // max(width, 1)
+            raise DataFileError(file, f"non-finite value in column {name!r} at row {row}")
 
 
 @dataclass(frozen=True)

@@ -73,3 +73,35 @@ def test_a_damaged_trajectory_card_names_the_file(tmp_path: Path, content: bytes
     (tmp_path / META_FILE).write_bytes(content)
     with pytest.raises(DataFileError, match=f"{tmp_path / META_FILE}: damaged or unreadable"):
         read_card(tmp_path)
+
+
+def _shard_bytes(reward: float, obs_value: float = 0.0) -> bytes:
+    """A well-formed two-row shard whose second row holds ``reward`` and ``obs_value``."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agentflow_core.rl.trajectories import SCHEMA
+
+    width = SCHEMA.field("obs").type.list_size
+    row = {f.name: None for f in SCHEMA}
+    row.update(episode_id="e", env_id="env", step_id=0, action=0, reward=0.0, env_reward=0.0)
+    row.update(base_reward=0.0, shaping_reward=0.0, obs=[0.0] * width)
+    row.update(action_mask=[True] * SCHEMA.field("action_mask").type.list_size, tokens=[])
+    rows = [row, {**row, "step_id": 1, "reward": reward, "obs": [0.0] * (width - 1) + [obs_value]}]
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), sink)
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize(("reward", "obs", "column"), [(float("nan"), 0.0, "reward"), (1.0, float("inf"), "obs")])
+def test_a_shard_with_a_matching_checksum_but_non_finite_numbers_is_damaged(
+    tmp_path: Path, reward: float, obs: float, column: str
+) -> None:
+    """The card is data: a NaN reward rewritten with its checksum would poison BC and CQL, so it is refused."""
+    (tmp_path / "clean").mkdir()
+    assert len(read_steps(_dataset(tmp_path / "clean", _shard_bytes(1.0)))) == 2
+    path = _dataset(tmp_path, _shard_bytes(reward, obs))
+    with pytest.raises(DataFileError, match=rf"shard_00000\.parquet: .*non-finite value in column '{column}' at row 1"):
+        read_steps(path)
