@@ -17,13 +17,15 @@ import time
 
 import psutil
 
+from agentflow_core.procs import start_time
+
 SERVER_MARKER = "prefect.server.api.server:create_app"
 _bound: set[int] = set()
 
 
 def _identity(process: psutil.Process) -> str:
     """``pid:start_time``: a pid alone may be reused by an unrelated process."""
-    return f"{process.pid}:{process.create_time():.2f}"
+    return f"{process.pid}:{start_time(process.pid):.2f}"
 
 
 def bind_ephemeral_servers() -> list[int]:
@@ -49,7 +51,7 @@ def _alive(identity: str) -> psutil.Process | None:
     pid, _, started = identity.partition(":")
     try:
         process = psutil.Process(int(pid))
-        return process if f"{process.create_time():.2f}" == started and process.is_running() else None
+        return process if f"{start_time(process.pid):.2f}" == started and process.is_running() else None
     except psutil.NoSuchProcess:
         return None
 

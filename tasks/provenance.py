@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from agentflow_core.procs import start_time
 from tasks.stages import REPO_ROOT
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's standard tag: the UI links it
@@ -65,7 +66,7 @@ def process_tags() -> dict[str, str]:
     return {
         HOST_TAG: socket.gethostname(),
         PID_TAG: str(os.getpid()),
-        PID_START_TAG: f"{psutil.Process().create_time():.2f}",
+        PID_START_TAG: f"{start_time(os.getpid()):.2f}",
     }
 
 
@@ -74,7 +75,6 @@ def holder_alive(tags: dict[str, str]) -> bool:
     if tags.get(HOST_TAG) != socket.gethostname() or PID_TAG not in tags:
         return True
     try:
-        process = psutil.Process(int(tags[PID_TAG]))
-        return f"{process.create_time():.2f}" == tags.get(PID_START_TAG)
+        return f"{start_time(int(tags[PID_TAG])):.2f}" == tags.get(PID_START_TAG)
     except (psutil.NoSuchProcess, ValueError):
         return False

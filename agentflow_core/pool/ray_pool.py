@@ -16,7 +16,7 @@ watchdog answers without its stuck envs, so an actor that does not is stuck in a
 GIL, which no thread can interrupt, and is killed and replaced by the standby). A dead
 actor counts as a lost worker as soon as the driver sees it: Ray's own report
 (``RayActorError``) takes ~1.2 s, so while waiting on a call the driver also polls the actor's
-process (same host only, pid + start time through psutil) and treats a vanished or zombie process
+process (same host only: pid + start time since boot, which no clock step moves) and treats a vanished or zombie process
 as dead at once, and one stopped (SIGSTOP) for ``stop_grace_s`` as hung: it is killed and replaced
 instead of holding the pool for the call timeout. A lost (dead or hung) worker is replaced by a *standby* actor started ahead of
 time, already warmed with idle envs of every base env (:meth:`RayEnvWorker.prewarm_standby`, at
@@ -48,6 +48,7 @@ from agentflow_core.pool.base import EnvFactory, InFlight, PoolError, VariantLik
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import catalogue_slices, default_scheduler
 from agentflow_core.pool.worker import EnvWorker
+from agentflow_core.procs import start_time
 
 if TYPE_CHECKING:  # the rollout module pulls in torch: actors import it on their first rollout (or standby warm-up)
     from agentflow_core.evaluation.episodes import EpisodePlayer, EpisodeRecord, EvalRequest
@@ -172,7 +173,7 @@ class RayEnvWorker(EnvWorker):
         import ray
 
         me = psutil.Process()
-        return _host(), me.pid, me.create_time(), ray.get_runtime_context().get_node_id()
+        return _host(), me.pid, start_time(me.pid), ray.get_runtime_context().get_node_id()
 
 
 def _host() -> str:
@@ -448,7 +449,7 @@ class RayPool(PoolDriver):
         try:
             p = psutil.Process(proc[0])
             status = p.status()
-            if status == psutil.STATUS_ZOMBIE or abs(p.create_time() - proc[1]) >= 1e-3:
+            if status == psutil.STATUS_ZOMBIE or abs(start_time(p.pid) - proc[1]) >= 1e-3:
                 return False
             if status not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
                 self._stopped_since.pop(worker, None)

@@ -1,0 +1,34 @@
+"""Process identity that survives a stepped wall clock.
+
+psutil's ``create_time()`` is the boot time (``btime`` in /proc/stat, read again at each call)
+plus the process's start in clock ticks since boot. When the wall clock is stepped (NTP, a VM
+resumed or migrated), ``btime`` moves with it: the same live process then reports another start
+time, and a (pid, start time) check calls it gone -- every env worker of a pool at once (seen in
+CI). On Linux the start is read in ticks since boot, which no clock step moves; elsewhere
+psutil's value is used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+_PROC = Path("/proc")
+
+
+def start_time(pid: int) -> float:
+    """When ``pid`` started: seconds since boot on Linux, psutil's ``create_time()`` elsewhere.
+
+    Raises ``psutil.NoSuchProcess`` when there is no such process.
+    """
+    if not (_PROC / "self" / "stat").exists():
+        return psutil.Process(pid).create_time()
+    try:
+        stat = (_PROC / str(int(pid)) / "stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    # the fields after the command name (which may hold spaces and parentheses): state is field 3,
+    # starttime field 22
+    return int(stat.rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
