@@ -227,7 +227,9 @@ class LocalRayStart:
         try:
             registry = load_registry(cfg)
             factory = RegistryEnvFactory({b: registry.get(b) for b in sorted(set(cfg.variants.base_envs))})
-            blank = start_blank_workers(factory, pc.num_workers + 1, pc.max_live_per_worker, pc.step_timeout_s)
+            blank = start_blank_workers(
+                factory, pc.num_workers + 1, pc.max_live_per_worker, pc.step_timeout_s, active=pc.num_workers
+            )
         except Exception:  # an optimisation only: the pool starts its own workers (and reports a real error)
             logger.debug("blank env workers not started", exc_info=True)
             return
