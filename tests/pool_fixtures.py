@@ -9,6 +9,8 @@ fixture runs in-process and inside Ray actors.
 from __future__ import annotations
 
 import ctypes
+import os
+import resource
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -163,3 +165,9 @@ def registry_catalogue(samples_per_combination: int = 1) -> tuple[list[Any], Any
         seed=0,
     )
     return entries, RegistryEnvFactory({e.env_id: e for e in entries}), variants
+
+
+def may_leave_ray_nice() -> bool:
+    """Whether a process of this user may go from Ray's worker nice 15 back to 0 (root, or RLIMIT_NICE >= 20)."""
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 20

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pool_fixtures import may_leave_ray_nice
 
 from tests.tiny import tiny_params
 
@@ -17,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys, time
+import psutil
 import ray
 from agentflow_core.config import AgentFlowConfig
 from tasks.compose import LOCAL_RAY, backend, start_ray, stop_ray
@@ -35,9 +37,13 @@ def pid():
     return os.getpid()
 
 answer = ray.get(pid.remote(), timeout=60)
+blank = LOCAL_RAY.claim()  # the env workers started with Ray for the command's first pool
+located = [] if blank is None else ray.get([a.locate.remote() for a in blank.actors], timeout=120)
+nice = [psutil.Process(pid).nice() for _, pid, _, _ in located]
 stop_ray()
 print(json.dumps({"returned_s": returned_s, "up_at_return": up_at_return, "describe": where.describe(8),
-                  "answered": answer > 0, "up_after_stop": ray.is_initialized()}))
+                  "answered": answer > 0, "up_after_stop": ray.is_initialized(),
+                  "blank_nice": nice}))
 """
 
 
@@ -54,4 +60,8 @@ def test_a_local_ray_starts_behind_the_command_and_outlives_its_start(tmp_path: 
     assert not out["up_at_return"] and out["returned_s"] < 2.0  # the command went on while Ray came up
     assert out["describe"] == "ray (local), 2 workers x 4 envs, 1 node(s)"
     assert out["answered"] and not out["up_after_stop"]
+    # the 2 workers' blank actors warm up at normal priority, the standby's at Ray's nice 15
+    nice = out["blank_nice"]
+    assert len(nice) == 3 and nice[2] > 0
+    assert nice[:2] == ([0, 0] if may_leave_ray_nice() else [nice[2]] * 2)
     assert "SIGTERM handler is not set" not in proc.stderr
