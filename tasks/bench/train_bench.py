@@ -27,6 +27,8 @@ from typing import Any
 import psutil
 import yaml
 
+from tasks.bench.machine import MachineLoad
+
 SIDE_ORDER = ("inprocess", "ray", "ray", "inprocess")
 KILL_AFTER_UPDATE = 20
 TARGETS = {"train_sps_ratio_ray_vs_inprocess": 1.5, "kill_recovery_s": 2.0, "post_kill_sps_ratio": 0.9}
@@ -98,6 +100,24 @@ def busy_env_worker(pid: int, deadline: float) -> int | None:
     return None
 
 
+def post_kill_ratios(kill_sps: list[float], control_sps: list[list[float]], k: int) -> tuple[float, float]:
+    """Median per-update throughput after the kill over before it, in the kill run and in the control runs.
+
+    ``kill_sps[i]`` is update ``i + 1``'s; the first holds the actors' start-up (not steady state),
+    the ``k + 1``-th the kill and the recovery. The uninterrupted runs (same seed, same updates) over
+    the same updates are the control: a policy that ends episodes sooner later in training, or an
+    evaluation landing on one side, changes per-update throughput with no kill at all.
+    """
+    n = min([len(kill_sps), *(len(s) for s in control_sps)])
+
+    def ratio(after: list[float], before: list[float]) -> float:
+        return statistics.median(after) / statistics.median(before) if after and before else float("nan")
+
+    raw = ratio(kill_sps[k + 1 : n], kill_sps[1:k])
+    control = ratio([x for s in control_sps for x in s[k + 1 : n]], [x for s in control_sps for x in s[1:k]])
+    return raw, control
+
+
 def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any]:
     """Prepare the catalogue and exploration dataset once, then train on each backend and once with a kill."""
     work.mkdir(parents=True, exist_ok=True)
@@ -120,6 +140,7 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     # in-process, ray, ray, in-process: the machine's speed drifts over minutes (other tenants), and
     # this order puts each backend's runs at the same mean time, so a linear drift cancels in the ratio
     params_of = {"inprocess": inprocess_params, "ray": ray_params}
+    machine = MachineLoad()
     ordered = [
         (name, _train(params_of[name], data, work / f"{name}-{i}", total_steps, None))
         for i, name in enumerate(SIDE_ORDER)
@@ -128,7 +149,7 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     # the kill run: half the steps, the kill after the checkpoint of update KILL_AFTER_UPDATE, so that
     # the per-update throughput before and after it is a median over some 20 updates each
     kill = _train(ray_params, data, work / "ray-kill", max(total_steps // 2, 48 * 2048), KILL_AFTER_UPDATE)
-    out: dict[str, Any] = {"total_steps": total_steps, "machine_cpus": os.cpu_count()}
+    out: dict[str, Any] = {"total_steps": total_steps, "machine_cpus": os.cpu_count(), "machine_load": machine.result()}
     out["side_order"] = list(SIDE_ORDER)
     for name, sides in runs.items():
         steps, wall = sum(r["summary"]["global_step"] for r in sides), sum(r["wall_s"] for r in sides)
@@ -143,15 +164,16 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     out["same_policy_on_both_backends"] = len(set(hashes)) == 1
     pool = kill["summary"]["pool"]
     k = kill["killed_at"] or 1
-    # update_sps[i] is update i + 1's; the first holds the actors' start-up (not steady state), the
-    # k + 1-th the kill and the recovery
-    before, after = kill["sps"][1:k], kill["sps"][k + 1 :]
+    before = kill["sps"][1:k]
     out["kill_worker_restarts"] = pool["worker_restarts"]
     out["kill_recovery_s"] = max((r["recovery_s"] for r in pool["recoveries"]), default=float("nan"))
     out["kill_episodes_lost"] = pool["episodes_lost"]
     out["kill_steps_lost"] = pool["steps_lost"]
     out["kill_update_sps_ratio"] = kill["sps"][k] / statistics.median(before) if k < len(kill["sps"]) else float("nan")
-    out["post_kill_sps_ratio"] = statistics.median(after) / statistics.median(before) if after else float("nan")
+    raw, control = post_kill_ratios(kill["sps"], [r["sps"] for r in runs["ray"]], k)
+    out["post_kill_sps_ratio_raw"] = raw
+    out["uninterrupted_sps_ratio_same_updates"] = control
+    out["post_kill_sps_ratio"] = raw / control
     out["runs_in_order"] = "; ".join(
         f"{name} {run['summary']['global_step'] / run['wall_s']:,.0f} env-steps/s ({run['wall_s']:.1f} s)"
         for name, run in ordered
@@ -167,8 +189,11 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
         "machine's speed over the minutes weighs on both backends alike), each backend's steps over its runs' time.",
         f"kill_*: one active env worker SIGKILLed after the checkpoint of update {KILL_AFTER_UPDATE} of a ray run "
         "(half the steps); kill_recovery_s is the pool's loss detection to replacement answering; "
-        "post_kill_sps_ratio compares the median per-update throughput (steps over the time since the previous "
+        "post_kill_sps_ratio_raw compares the median per-update throughput (steps over the time since the previous "
         "update ended) after the kill's update with the one before it, from the second update on (the first holds "
-        "the actors' start-up); steps lost are the redone slice's rollout steps.",
+        "the actors' start-up); uninterrupted_sps_ratio_same_updates is the same ratio over the same updates of the "
+        "two ray runs without a kill, and post_kill_sps_ratio the first over the second (1.0: the kill left no lasting "
+        "slowdown); steps lost are the redone slice's rollout steps.",
+        machine.note(),
     ]
     return out

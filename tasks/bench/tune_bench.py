@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from tasks.bench.machine import MachineLoad
+
 TARGETS = {"sps_ratio_2_workers": 1.2, "sps_ratio_cluster": 1.2}
 
 
@@ -112,6 +114,7 @@ def run_tune_bench(
         if not needed.exists():
             raise FileNotFoundError(f"{needed} is missing: run `agentflow variants` and `agentflow explore` first")
     work.mkdir(parents=True, exist_ok=True)
+    machine = MachineLoad()
     setups = {"2_workers": (None, None), "cluster": (cluster_cpus, cluster_workers)}
     out: dict[str, Any] = {
         "total_steps": total_steps,
@@ -144,13 +147,14 @@ def run_tune_bench(
         ]
     out["targets"] = TARGETS
     out["targets_met"] = {key: bool(out[key] >= bound) for key, bound in TARGETS.items()}
+    out["machine_load"] = machine.result()
     out["notes"] = [
         "env-steps/s: train's global_step over the `agentflow train` command's wall time (mean over rounds); "
         "*_with_probe adds the `agentflow tune` command's wall time (its process start-up included) to the tuned side.",
         f"cluster: a local Ray advertising {cluster_cpus} logical CPUs on {out['machine_cores']} cores; its static "
         f"side runs {cluster_workers} env workers, one per advertised CPU.",
         "test_process_success: the lowest over the rounds (the cadence the tuner picks changes learning).",
-        "measured on a shared machine (other sessions' load): noisy, re-measure on a quiet one.",
+        machine.note(),
     ]
     for setup in setups:
         out["notes"] += [f"{setup} tuned: {line}" for line in sides[f"{setup}_tuned"][-1].get("decisions", [])]
