@@ -42,8 +42,9 @@ def fisher_diagonal(
     if len(obs) == 0:
         return fisher
     actor = {k: v.detach() for k, v in policy.actor.named_parameters()}
-    obs_t = torch.as_tensor(obs, dtype=torch.float32)
-    mask_t = torch.as_tensor(masks, dtype=torch.bool)
+    # copies: the arrays may be read-only views (a parquet read), which torch must not wrap
+    obs_t = torch.tensor(np.asarray(obs), dtype=torch.float32)
+    mask_t = torch.tensor(np.asarray(masks), dtype=torch.bool)
 
     def log_prob(p: dict[str, torch.Tensor], o: torch.Tensor, m: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         logits = functional_call(policy.actor, p, (o.unsqueeze(0),)).masked_fill(~m.unsqueeze(0), MASKED_LOGIT)

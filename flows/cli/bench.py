@@ -27,7 +27,8 @@ BENCH_DIR = Path("data/bench")
 # kept verbatim after the generated tables so regenerating BENCHMARKS.md does not drop them.
 MEASUREMENTS_DIR = Path("docs/measurements")
 BENCHMARKS_MD = Path("BENCHMARKS.md")
-FORGETTING = ("forgetting", "forgetting_family")  # agentflow bench forgetting --shift catalogue / family
+# agentflow bench forgetting --shift catalogue / family / recovery
+FORGETTING = ("forgetting", "forgetting_family", "forgetting_recovery")
 REPEAT_OPTION = typer.Option(
     1, "--repeat", min=1, help="Run the benchmark this many times; a target is met only if every run meets it."
 )
@@ -47,6 +48,7 @@ COMMANDS = {
     "validator": "agentflow bench validator",
     "forgetting": "agentflow bench forgetting",
     "forgetting_family": "agentflow bench forgetting",
+    "forgetting_recovery": "agentflow bench forgetting",
     "tune": "agentflow bench tune",
     "onboarding": "agentflow bench onboarding",
 }
@@ -64,6 +66,7 @@ TITLES = {
     "validator": "Reward validator: planted reward-hacking episodes caught vs honest episodes flagged",
     "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
     "forgetting_family": "Forgetting: a retrain on the SQL channel alone, with and without EWC, on the previous test split",
+    "forgetting_recovery": "Forgetting: a retrain on failure-free variants, with and without EWC, on the previous test split",
     "tune": "Auto-tuner (impedance matching): `agentflow train` with its choice vs the static settings",
     "onboarding": "Onboarding: OpenAPI spec to a trainable env for the refund service; the refund process's expert",
 }
@@ -539,22 +542,27 @@ def forgetting(
     steps: int | None = typer.Option(
         None, "--steps", min=1024, help="PPO steps of the champion and of each retrain [default: train.total_steps]."
     ),
-    shift: str = typer.Option("catalogue", "--shift", help="catalogue (dimensions + balances) or family (SQL only)."),
+    shift: str = typer.Option(
+        "catalogue",
+        "--shift",
+        help="catalogue (dimensions + balances), family (SQL only) or recovery (no failures to recover from).",
+    ),
 ) -> None:
     """Cycle A, a shifted catalogue B, retrains on B without and with EWC; forgetting on A's test variants."""
-    from tasks.bench.forgetting_bench import run_forgetting_bench
+    from tasks.bench.forgetting_bench import SHIFTS, run_forgetting_bench
+    from tasks.bench.machine import MachineLoad
 
     cfg = phase_config_or_exit(params)
-    from tasks.bench.forgetting_bench import SHIFTS
-
     if shift not in SHIFTS:
         raise typer.BadParameter(f"--shift must be one of {sorted(SHIFTS)}")
+    machine = MachineLoad()
     result = run_forgetting_bench(cfg, steps, progress=typer.echo, shift=shift)
+    result["machine_load"] = machine.result()
     result["notes"] = [
         f"shift {result['shift_name']}: {result['shift']}",
         f"EWC lam {result['ewc_lam']:g} over {result['ewc_samples']} states of A's trajectories "
         f"(Fisher {result['fisher_s']:.1f} s); same retrain seed for both sides; {result['test_episodes']} test episodes",
-        "shared machine: timings are noisy",
+        machine.note(),
     ]
     name = "forgetting" if shift == "catalogue" else f"forgetting_{shift}"
     write_json(BENCH_DIR / f"{name}.json", result)

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.evaluation.policy_eval import evaluate_policy, greedy_policy, stratified_eval_variants
+from agentflow_core.evaluation.policy_eval import (
+    EvalResult,
+    evaluate_policy,
+    greedy_policy,
+    stratified_eval_variants,
+)
 from agentflow_core.rl.checkpoint import load_checkpoint
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.splits import read_splits
@@ -45,6 +50,14 @@ SHIFTS: dict[str, dict[str, Any]] = {
     "catalogue": SHIFT,
     # B holds one channel only: a retrain that sees the SQL channel alone may drift on the other two
     "family": {"variants.base_envs": ["order_db_v1"]},
+    # B holds none of the failures A's recovery handles: standard users on a normal network with
+    # balances of 2,000-3,000, over 17 units at the highest unit price (115): no blocked user to
+    # escalate, no lost packet, no top-up
+    "recovery": {
+        "variants.dimensions.user_tier": ["standard"],
+        "variants.dimensions.network": ["normal"],
+        "variants.perturbations.balance": {"kind": "uniform", "low": 2000.0, "high": 3000.0},
+    },
 }
 TARGETS = {"forgetting_points_ewc": (2.0, False)}
 RETRAIN_SEED = 7919
@@ -58,6 +71,18 @@ def shifted(cfg: AgentFlowConfig, data_dir: Path, shift: Mapping[str, Any] = SHI
 
 
 def _success_on(cfg: AgentFlowConfig, catalogue: Path, checkpoint: Path, episodes: int) -> float:
+    return float(_evaluate(cfg, catalogue, checkpoint, episodes).process_success_rate)
+
+
+def _by_value(result: EvalResult) -> dict[str, float]:
+    """Process success per family and per dimension value (``family/web``, ``user_tier/blocked``, ...)."""
+    process = result.process
+    by_family = {f"family/{family}": prop.rate for family, prop in process.by_family.items()}
+    cells = {f"{d}/{v}": prop.rate for d, values in process.by_dimension.items() for v, prop in values.items()}
+    return {**by_family, **cells}
+
+
+def _evaluate(cfg: AgentFlowConfig, catalogue: Path, checkpoint: Path, episodes: int) -> EvalResult:
     dimensions = sorted(cfg.variants.dimensions)
     test = stratified_eval_variants(read_splits(catalogue)["test"], episodes, dimensions, cfg.base.seed)
     policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
@@ -67,7 +92,7 @@ def _success_on(cfg: AgentFlowConfig, catalogue: Path, checkpoint: Path, episode
         result = evaluate_policy(pool, greedy_policy(policy), episodes, seed=cfg.base.seed + 11, dimensions=dimensions)
     finally:
         pool.close()
-    return float(result.process_success_rate)
+    return result
 
 
 def run_forgetting_bench(
@@ -115,8 +140,10 @@ def run_forgetting_bench(
                 ewc=ewc,
             )
         say("evaluate on A's and B's test variants")
-        before = _success_on(cfg_a, a / "variants", champion, TEST_EPISODES)
-        after = {n: _success_on(cfg_a, a / "variants", root / f"retrain-{n}", TEST_EPISODES) for n in retrains}
+        on_a = {"champion": _evaluate(cfg_a, a / "variants", champion, TEST_EPISODES)}
+        on_a.update({n: _evaluate(cfg_a, a / "variants", root / f"retrain-{n}", TEST_EPISODES) for n in retrains})
+        before = float(on_a["champion"].process_success_rate)
+        after = {n: float(on_a[n].process_success_rate) for n in retrains}
         on_b = {n: _success_on(cfg_b, b / "variants", root / f"retrain-{n}", TEST_EPISODES) for n in retrains}
         champion_on_b = _success_on(cfg_b, b / "variants", champion, TEST_EPISODES)
     result: dict[str, Any] = {
@@ -125,6 +152,8 @@ def run_forgetting_bench(
         "a_test_process_success_champion": before,
         "a_test_process_success_retrain_ewc": after["ewc"],
         "a_test_process_success_retrain_no_ewc": after["no_ewc"],
+        # where on A's test split each policy succeeds: what a retrain forgot, by family and dimension value
+        "a_test_process_success_by_value": {name: _by_value(res) for name, res in on_a.items()},
         "b_test_process_success_champion": champion_on_b,
         "b_test_process_success_retrain_ewc": on_b["ewc"],
         "b_test_process_success_retrain_no_ewc": on_b["no_ewc"],
