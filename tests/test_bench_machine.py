@@ -29,3 +29,11 @@ def test_on_this_machine_the_figures_are_in_range() -> None:
     got = load.result()
     assert 0.0 <= got["cpu_steal_share"] <= 1.0
     assert got["load_avg_1m_before"] >= 0.0 and got["load_avg_1m_after"] >= 0.0
+
+
+def test_guest_time_is_not_counted_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Linux's /proc/stat already counts guest and guest_nice inside user and nice
+    guest = namedtuple("guest", "user nice system idle iowait irq softirq steal guest guest_nice")
+    readings = iter([guest(0, 0, 0, 0, 0, 0, 0, 0, 0, 0), guest(60, 0, 10, 20, 0, 0, 0, 10, 50, 0)])
+    monkeypatch.setattr(machine.psutil, "cpu_times", lambda: next(readings))
+    assert MachineLoad().result()["cpu_steal_share"] == pytest.approx(10 / 100)

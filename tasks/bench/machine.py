@@ -14,7 +14,8 @@ import psutil
 
 
 def _total(times: Any) -> float:
-    return float(sum(times))
+    """All CPU time in ``times``; Linux counts guest time inside user time too, so it is left out once."""
+    return float(sum(times)) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
 
 
 class MachineLoad:
