@@ -36,10 +36,33 @@ def make_deterministic(seed: int) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
     torch.set_num_threads(TORCH_THREADS)
     threadpool_limits(limits=TORCH_THREADS)  # NumPy's BLAS: kept for the process, not a context
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_kernels()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def deterministic_kernels() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` without its import of TorchInductor.
+
+    The public call also sets ``torch._inductor.config.deterministic``, and importing that config
+    costs about 2 s of CPU here (2.0 s measured on the 2-core machine, once per process) on every
+    command's start -- beside a private Ray's start-up and its env workers' imports. The flag only
+    steers ``torch.compile``, which AgentFlow never calls; the kernels are chosen by the C-level
+    switch alone. An inductor config some other code imported already gets its flag set as well.
+    """
+    import sys
+
+    import torch
+
+    set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if set_flag is None:  # another torch: the public call, import and all
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        setattr(inductor, "deterministic", True)  # noqa: B010 (a module attribute mypy cannot see)
+    set_flag(True, warn_only=True)
 
 
 def determinism_tags() -> dict[str, str]:
