@@ -518,9 +518,15 @@ def map_chunks(
 
 
 def recovery_summary(pool: EnvPool | SlicedRollouts) -> dict[str, Any]:
-    """A pool's worker losses and their cost: restarts, per-loss recovery time, episodes and steps lost."""
+    """A pool's worker losses and their cost: restarts, per-loss recovery time, episodes and steps lost.
+
+    Worker-side rollouts add how long each worker stepped its slice in every rollout (workers in
+    ``rollout_workers`` order) and the rollouts in which a worker was lost: whether a replacement
+    runs at the speed of the worker it replaced shows against the others in the same rollouts."""
+    from agentflow_core.pool import rollout
+
     stats = pool.stats()
-    return {
+    summary = {
         "worker_restarts": int(stats["worker_restarts"]),
         "episodes_lost": int(stats["worker_lost"]),
         "steps_lost": int(stats["steps_lost"]),
@@ -528,3 +534,8 @@ def recovery_summary(pool: EnvPool | SlicedRollouts) -> dict[str, Any]:
         "nodes_used": stats.get("nodes_used", []),  # Ray node ids (the in-process pool has none)
         "workers_started_ahead": int(stats.get("started_ahead", 0)),  # started with Ray (LocalRayStart)
     }
+    if isinstance(pool, rollout.SlicedRollouts):
+        summary["rollout_workers"] = list(pool.slots)
+        summary["worker_rollout_s"] = pool.worker_rollout_s
+        summary["lost_in_rollouts"] = pool.lost_in_rollouts
+    return summary

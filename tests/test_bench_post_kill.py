@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tasks.bench.train_bench import post_kill_ratios
+from tasks.bench.train_bench import post_kill_ratios, replacement_speed
 
 
 def test_a_drift_shared_with_the_uninterrupted_runs_is_not_counted_as_the_kills() -> None:
@@ -31,3 +31,30 @@ def test_updates_only_the_kill_run_has_are_left_out_and_no_data_is_nan() -> None
     raw, uninterrupted = post_kill_ratios(kill, [[10.0, 100.0, 100.0, 100.0, 100.0]], 3)
     assert (raw, uninterrupted) == (pytest.approx(1.0), pytest.approx(1.0))
     assert all(math.isnan(x) for x in post_kill_ratios([10.0, 100.0], [[10.0, 100.0]], 3))
+
+
+def _pool(seconds: list[list[float]], lost_at: int, worker: int = 1) -> dict:
+    return {
+        "rollout_workers": [0, 1],
+        "worker_rollout_s": seconds,
+        "lost_in_rollouts": [lost_at],
+        "recoveries": [{"worker": worker, "recovery_s": 0.05}],
+    }
+
+
+def test_a_machine_slowing_down_after_the_kill_is_not_the_replacements_fault() -> None:
+    # row 0: start-up; row 3: the kill (worker 1's slice redone on its replacement); from row 4 on the
+    # machine runs 40% slower, both workers alike: throughput drops, the replacement is at full speed
+    seconds = [[5.0, 6.0], [1.0, 1.1], [1.0, 1.1], [1.0, 3.3], [1.4, 1.54], [1.4, 1.54]]
+    ratio, redone = replacement_speed(_pool(seconds, 3))
+    assert ratio == pytest.approx(1.0)
+    assert redone == pytest.approx(3.0)  # the redone rollout: 3.3 s against 1.0, where 1.1 was usual
+
+
+def test_a_replacement_slower_than_the_worker_it_replaced_shows() -> None:
+    seconds = [[5.0, 6.0], [1.0, 1.0], [1.0, 1.0], [1.0, 2.0], [1.0, 1.25], [1.0, 1.25], [1.0, 1.25]]
+    ratio, _ = replacement_speed(_pool(seconds, 3))
+    assert ratio == pytest.approx(0.8)
+    # the column is the lost worker's, whichever it was
+    swapped = [[b, a] for a, b in seconds]
+    assert replacement_speed(_pool(swapped, 3, worker=0))[0] == pytest.approx(0.8)

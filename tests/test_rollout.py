@@ -31,6 +31,7 @@ from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
 from tasks.bench.ppo_bench import _packaged_factory, demo_catalogue
+from tasks.compose import recovery_summary
 
 NUM_ENVS, N_STEPS = 8, 16
 POOL = PoolConfig(num_workers=2)
@@ -148,6 +149,12 @@ def test_ray_slices_equal_in_process_slices_and_survive_a_killed_worker(
         assert stats["worker_lost"] == len(ray_rollouts.slots[0])
         assert stats["steps_lost"] == N_STEPS * len(ray_rollouts.slots[0])
         _assert_same(ray_rollouts.collect(policy, N_STEPS, 0, 2), local.collect(policy, N_STEPS, 0, 2))
+        # each rollout's seconds per worker (the replacement's in the redone one) and where the loss fell
+        summary = recovery_summary(ray_rollouts)
+        assert summary["rollout_workers"] == [0, 1] and summary["lost_in_rollouts"] == [1]
+        assert len(summary["worker_rollout_s"]) == 3
+        assert all(len(row) == 2 and min(row) > 0.0 for row in summary["worker_rollout_s"])
+        assert recovery_summary(local)["worker_rollout_s"] and recovery_summary(local)["lost_in_rollouts"] == []
     finally:
         local.close()
 

@@ -201,6 +201,11 @@ class SlicedRollouts:
         self._eval_keys: dict[str, int] = {}  # evaluation variant env id -> its workers' catalogue key
         self._inflight: _Prefetched | None = None  # the next rollout, sent by prefetch
         self.rollout_started_at = 0.0  # when the workers began the last rollout collected (perf_counter)
+        # seconds each worker spent stepping its slice, one row per rollout collected (workers in slot
+        # order), and the rows in which a worker was lost: a replacement's speed against the other
+        # workers' in the same rollouts, which a drift of the machine's speed moves alike
+        self.worker_rollout_s: list[list[float]] = []
+        self.lost_in_rollouts: list[int] = []
 
     @property
     def variants(self) -> Sequence[VariantLike]:
@@ -261,6 +266,7 @@ class SlicedRollouts:
             ticket = None
             for w, res in answers.items():
                 if res is None:  # lost and replaced: the same request again gives the same slice
+                    self.lost_in_rollouts.append(len(self.worker_rollout_s))
                     self.counters["worker_lost"] += len(self.slots[w])
                     self.counters["steps_lost"] += n_steps * len(self.slots[w])
                     logger.warning("pool: worker %d lost mid-rollout; its slice runs again on the replacement", w)
@@ -268,6 +274,7 @@ class SlicedRollouts:
                 results[w] = res
                 del pending[w]
         self.rollout_started_at = started if started is not None else time.perf_counter()
+        self.worker_rollout_s.append([round(results[w].elapsed_s, 4) for w in self.slots])
         for w, res in results.items():
             self.states[w] = res.state
             for name, count in res.counters.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,11 +195,13 @@ class SliceRequest:
 
 @dataclass
 class SliceResult:
-    """What a worker returns: its transitions, its slice's new state and the rollout's pool counters."""
+    """What a worker returns: its transitions, its slice's new state, the rollout's pool counters and the
+    seconds the worker spent stepping it (its own clock: no transfer or queueing in it)."""
 
     rollout: RolloutSlice
     state: SliceState
     counters: dict[str, int]
+    elapsed_s: float = 0.0
 
 
 class SlicePool(PoolDriver):
@@ -277,5 +280,6 @@ class SliceRunner:
                 self._policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, request.hidden_sizes)
         self._policy.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         generator = torch.Generator().manual_seed(request.sample_seed)
+        began = time.perf_counter()
         rollout = collect_slice(pool, self._policy, request.n_steps, request.reset_seed, generator, pool.global_index)
-        return SliceResult(rollout, pool.dump(), dict(pool.counters))
+        return SliceResult(rollout, pool.dump(), dict(pool.counters), time.perf_counter() - began)
