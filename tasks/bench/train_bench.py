@@ -68,6 +68,7 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_upd
         "--total-steps",
         str(total_steps),
     ]
+    machine = MachineLoad()
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_at_update = None
@@ -86,7 +87,13 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_upd
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-3000:]}")
     summary = json.loads((out / "train_summary.json").read_text(encoding="utf-8"))
-    return {"wall_s": wall, "summary": summary, "sps": summary["update_sps"], "killed_at": killed_at_update}
+    return {
+        "wall_s": wall,
+        "summary": summary,
+        "sps": summary["update_sps"],
+        "killed_at": killed_at_update,
+        "steal": machine.result()["cpu_steal_share"],
+    }
 
 
 def busy_env_worker(pid: int, deadline: float) -> int | None:
@@ -202,7 +209,8 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     out["post_kill_sps_ratio"] = raw / control
     out["post_kill_worker_speed_ratio"], out["kill_redone_rollout_relative_time"] = replacement_speed(pool)
     out["runs_in_order"] = "; ".join(
-        f"{name} {run['summary']['global_step'] / run['wall_s']:,.0f} env-steps/s ({run['wall_s']:.1f} s)"
+        f"{name} {run['summary']['global_step'] / run['wall_s']:,.0f} env-steps/s ({run['wall_s']:.1f} s, "
+        f"{run['steal']:.1%} steal)"
         for name, run in ordered
     )
     out["targets"] = TARGETS
