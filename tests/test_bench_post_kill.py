@@ -58,3 +58,9 @@ def test_a_replacement_slower_than_the_worker_it_replaced_shows() -> None:
     # the column is the lost worker's, whichever it was
     swapped = [[b, a] for a, b in seconds]
     assert replacement_speed(_pool(swapped, 3, worker=0))[0] == pytest.approx(0.8)
+
+
+def test_no_loss_in_a_rollout_or_none_before_it_is_nan() -> None:
+    seconds = [[5.0, 6.0], [1.0, 3.0], [1.0, 1.0]]
+    assert all(math.isnan(x) for x in replacement_speed({**_pool(seconds, 1), "lost_in_rollouts": []}))
+    assert all(math.isnan(x) for x in replacement_speed(_pool(seconds, 1)))

@@ -10,7 +10,7 @@ import torch
 from tasks.determinism import TORCH_THREADS, deterministic_kernels, make_deterministic
 
 PROBE = """
-import sys, time, torch
+import sys, torch
 from tasks.determinism import make_deterministic
 make_deterministic(0)
 assert torch.are_deterministic_algorithms_enabled()

@@ -302,6 +302,10 @@ def test_a_sigkilled_env_worker_is_replaced_and_training_completes(tmp_path: Pat
     assert summary["pool"]["worker_restarts"] >= 1
     assert summary["pool"]["recoveries"][0]["recovery_s"] > 0
     assert summary["pool"]["workers_started_ahead"] == 3  # both workers and the standby started with Ray
+    # each rollout's seconds per worker, measured in the worker, and the rollout the kill fell in
+    rows = summary["pool"]["worker_rollout_s"]
+    assert len(rows) == summary["updates"] and all(len(row) == 2 and min(row) > 0.0 for row in rows)
+    assert summary["pool"]["rollout_workers"] == [0, 1] and len(summary["pool"]["lost_in_rollouts"]) >= 1
     assert summary["global_step"] >= 24 * 512
 
 

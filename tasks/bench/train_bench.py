@@ -139,7 +139,10 @@ def replacement_speed(pool: dict[str, Any]) -> tuple[float, float]:
     rollout it redid over that median before). The first rollout holds the actors' start-up and is
     left out; the redone one is reported apart. A drift of the machine's speed moves every worker of
     a rollout alike, so it cancels here, where a before/after throughput ratio of one run takes it in.
+    NaN where no rollout lost a worker or none came between the start-up and the loss.
     """
+    if not pool["lost_in_rollouts"] or pool["lost_in_rollouts"][0] < 2:
+        return float("nan"), float("nan")
     seconds, lost_at = pool["worker_rollout_s"], pool["lost_in_rollouts"][0]
     col = pool["rollout_workers"].index(pool["recoveries"][0]["worker"])
 
