@@ -40,10 +40,14 @@ answer = ray.get(pid.remote(), timeout=60)
 blank = LOCAL_RAY.claim()  # the env workers started with Ray for the command's first pool
 located = [] if blank is None else ray.get([a.locate.remote() for a in blank.actors], timeout=120)
 nice = [psutil.Process(pid).nice() for _, pid, _, _ in located]
+from ray._private import worker
+head = sorted(worker._global_node.all_processes)  # what the private Ray's head runs
+scripts = sorted({part.rsplit("/", 1)[-1] for c in psutil.Process().children(recursive=True)
+                  for part in c.cmdline() if part.endswith(".py")})
 stop_ray()
 print(json.dumps({"returned_s": returned_s, "up_at_return": up_at_return, "describe": where.describe(8),
                   "answered": answer > 0, "up_after_stop": ray.is_initialized(),
-                  "blank_nice": nice}))
+                  "blank_nice": nice, "head": head, "scripts": scripts}))
 """
 
 
@@ -65,3 +69,22 @@ def test_a_local_ray_starts_behind_the_command_and_outlives_its_start(tmp_path: 
     assert len(nice) == 3 and nice[2] > 0
     assert nice[:2] == ([0, 0] if may_leave_ray_nice() else [nice[2]] * 2)
     assert "SIGTERM handler is not set" not in proc.stderr
+    # a lean head: GCS, raylet and the agents the raylet needs, no autoscaler monitor, log monitor or API server
+    assert {"gcs_server", "raylet"} <= set(out["head"]), out["head"]
+    assert not {"monitor", "log_monitor", "dashboard"} & set(out["head"]), out["head"]
+    assert not {"monitor.py", "log_monitor.py", "dashboard.py"} & set(out["scripts"]), out["scripts"]
+
+
+@pytest.mark.parametrize(("dashboard", "skipped"), [(False, 3), (True, 2)])
+def test_the_lean_head_skips_only_what_a_private_ray_never_uses_and_restores_ray(dashboard: bool, skipped: int) -> None:
+    """The autoscaler and log monitors always; the API server only with the dashboard off; Ray's own methods after."""
+    from ray._private.node import Node
+
+    from tasks.compose import _lean_head
+
+    before = {name: Node.__dict__[name] for name in ("start_monitor", "start_log_monitor", "start_api_server")}
+    with _lean_head(include_dashboard=dashboard) as names:
+        assert len(names) == skipped and ("start_api_server" in names) is not dashboard
+        assert all(Node.__dict__[name] is not before[name] for name in names)
+        assert all(getattr(Node, name)(object()) is None for name in names)
+    assert {name: Node.__dict__[name] for name in before} == before
