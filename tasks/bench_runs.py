@@ -10,8 +10,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def combine_runs(results: list[dict[str, Any]], target_keys: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The last run's full result plus ``runs`` ({metric: [value per run]}) for the target metrics.
+    """The last run's full result plus ``runs`` ({metric: [value per run]}) for the target metrics
+    and for the keys a benchmark lists in ``repeat_keys`` (numbers, or one line of text per run).
 
     ``targets_met`` (where the benchmark reports verdicts) becomes "met in every run".
     """
@@ -21,12 +26,14 @@ def combine_runs(results: list[dict[str, Any]], target_keys: Mapping[str, Any] |
     out["repeats"] = len(results)
     if len(results) == 1:
         return out
-    keys = set(target_keys or {}) | set(out.get("targets", {}))
-    out["runs"] = {
-        key: [float(r[key]) for r in results]
-        for key in sorted(keys)
-        if all(isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool) for r in results)
-    }
+    keys = set(target_keys or {}) | set(out.get("targets", {})) | set(out.get("repeat_keys", []))
+    out["runs"] = {}
+    for key in sorted(keys):
+        values = [r.get(key) for r in results]
+        if all(_number(v) for v in values):
+            out["runs"][key] = [float(v) for v in values]  # type: ignore[arg-type]
+        elif all(isinstance(v, str) for v in values):
+            out["runs"][key] = values
     if isinstance(out.get("targets_met"), dict):
         out["targets_met"] = {
             key: all(bool(r.get("targets_met", {}).get(key, False)) for r in results) for key in out["targets_met"]

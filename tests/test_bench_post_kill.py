@@ -64,3 +64,28 @@ def test_no_loss_in_a_rollout_or_none_before_it_is_nan() -> None:
     seconds = [[5.0, 6.0], [1.0, 3.0], [1.0, 1.0]]
     assert all(math.isnan(x) for x in replacement_speed({**_pool(seconds, 1), "lost_in_rollouts": []}))
     assert all(math.isnan(x) for x in replacement_speed(_pool(seconds, 1)))
+
+
+def test_the_split_ceiling_divides_only_the_rollouts_among_the_workers() -> None:
+    from tasks.bench.train_bench import split_ceiling
+
+    # 80 s runs whose rollouts took 60 s: two workers at best take 80 - 30 = 50 s -> 1.6x
+    assert split_ceiling([80.0], [60.0], 2) == pytest.approx(1.6)
+    # over two runs as the benchmark weighs them: their time over their ideal time, not a mean of ratios
+    assert split_ceiling([80.0, 60.0], [60.0, 40.0], 2) == pytest.approx(140.0 / (50.0 + 40.0))
+    assert split_ceiling([80.0], [60.0], 1) == pytest.approx(1.0)  # one worker divides nothing
+    assert split_ceiling([80.0], [60.0], 4) == pytest.approx(80.0 / 35.0)
+    assert all(
+        math.isnan(split_ceiling(w, r, n)) for w, r, n in (([], [], 2), ([80.0], [60.0, 1.0], 2), ([1.0], [9.0], 2))
+    )
+
+
+def test_repeated_runs_keep_the_keys_a_benchmark_lists_per_run() -> None:
+    from tasks.bench_runs import combine_runs
+
+    runs = [
+        {"ratio": r, "ceiling": c, "order": f"run {i}", "targets": {"ratio": 1.5}, "repeat_keys": ["ceiling", "order"]}
+        for i, (r, c) in enumerate(((1.4, 1.5), (1.6, 1.7)))
+    ]
+    out = combine_runs(runs)
+    assert out["runs"] == {"ratio": [1.4, 1.6], "ceiling": [1.5, 1.7], "order": ["run 0", "run 1"]}
