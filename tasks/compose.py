@@ -219,7 +219,6 @@ class LocalRayStart:
         self._blank: BlankWorkers | None = None  # env workers started with Ray, for the first pool to take
         self._pending: threading.Event | None = None  # set once the start asked for has finished
         self._error: BaseException | None = None
-        self.started = False  # a private local Ray started here is running (stop_ray stops it)
         logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
 
     def begin(self, cfg: AgentFlowConfig, blank_workers: bool = False) -> None:
@@ -248,7 +247,6 @@ class LocalRayStart:
             cfg, blank_workers, done = requests.get()
             try:
                 _start_local(cfg)
-                self.started = True
                 if blank_workers:
                     self._start_blank(cfg)
             except BaseException as exc:  # handed to the thread that waits
@@ -344,7 +342,6 @@ def stop_ray() -> None:
     LOCAL_RAY.claim()  # blank workers no pool took end with the Ray
     if ray.is_initialized():
         ray.shutdown()
-    LOCAL_RAY.started = False
 
 
 def backend(cfg: AgentFlowConfig) -> Backend:
