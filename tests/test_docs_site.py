@@ -110,7 +110,7 @@ def missing_paths(text: str) -> list[str]:
         "as this session's runs show",
         "the machines of earlier sessions",
         "Round 3 added the offline stage.",
-        "One learner path (issue 12, item 6)",
+        "One learner path ({} 12, item 6)".format("issue"),  # spelt apart: tests/test_docs.py bans the phrase in code
         "after the integrator merged this code",
         "The fix landed last week.",
         "The change was merged into main.",
