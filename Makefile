@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export DVC_NO_ANALYTICS ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install run test test-fast lint bench lock clean clean-state
+.PHONY: install run test test-fast test-timing lint docs bench lock clean clean-state
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ lint: $(STAMP)
 	$(BIN)/mypy agentflow_core agentflow_refund tasks flows
 	$(BIN)/lint-imports
 
+# The docs/ site (mkdocs.yml) into site/; --strict fails on a missing page, a broken link or anchor.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: $(STAMP)
 	$(BIN)/agentflow bench all --repeat 3
 
@@ -49,7 +53,7 @@ lock: $(STAMP)
 
 # Only what a rebuild recreates: the virtualenv, tool caches, bytecode and the flow's phase cache.
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info .agentflow/phase-cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info .agentflow/phase-cache site
 	find agentflow_core tasks flows tests -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # History that nothing rebuilds: the DVC remote, MLflow runs and registry, Prefect runs (all of .agentflow).

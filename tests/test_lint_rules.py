@@ -1,4 +1,4 @@
-"""The lint gate the README describes: docstrings for public names and McCabe complexity <= 15 are on."""
+"""The lint gate docs/usage.md describes: docstrings for public names and McCabe complexity <= 15 are on."""
 
 from __future__ import annotations
 

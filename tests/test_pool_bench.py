@@ -89,7 +89,11 @@ def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: 
     notes.mkdir()
     (notes / "one-off.md").write_text("## A removed path, measured once\n\n| x | 1 |\n")
     text = render_benchmarks(tmp_path, notes)
-    assert text.rstrip().endswith("## A removed path, measured once\n\n| x | 1 |")  # kept verbatim, last
+    # listed last by title and path; the narrative itself stays in its file
+    assert text.rstrip().endswith(
+        f"## One-off measurements\n\n- A removed path, measured once: `{notes.as_posix()}/one-off.md`"
+    )
+    assert "| x | 1 |" not in text
     assert "`agentflow bench pool --repeat 3`" in text and "`agentflow bench ppo --repeat 2`" in text
     assert "| `semantic_overhead` | 0.15 | 0.25 | **no** | 0.18 / 0.27 / 0.15 |" in text
     assert "| `sps_ratio_vs_sb3` | 3.6 | 3 | yes | 3.4 / 3.6 |" in text

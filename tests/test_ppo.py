@@ -399,7 +399,7 @@ def _shipped_train() -> TrainConfig:
 
 def test_adaptive_kl_fires_several_times_in_a_shipped_run() -> None:
     shipped = _shipped_train()
-    assert shipped.num_updates // shipped.kl_check_every == 19  # README: about 19 checks in a 200k-step run
+    assert shipped.num_updates // shipped.kl_check_every == 19  # docs/learning.md "PPO": about 19 checks in 200k steps
 
 
 @pytest.mark.parametrize(("learning_rate", "action"), [(None, 0.0), (0.05, 1.0)])

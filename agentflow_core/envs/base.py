@@ -22,7 +22,7 @@ START_STAGES = ("login", "product_detail", "checkout", "payment")
 NETWORK_LATENCY_S = {"normal": 0.02, "latency_500ms": 0.5, "packet_loss_5%": 0.05}
 NETWORK_DROP_RATE = {"normal": 0.0, "latency_500ms": 0.0, "packet_loss_5%": 0.05}
 
-# The shared business reward table (docs/ARCHITECTURE.md): every family's step earns exactly one.
+# The shared business reward table (docs/architecture.md): every family's step earns exactly one.
 STEP_REWARD = -0.01
 INAPPLICABLE_REWARD = -0.05  # an action that does not apply in the current state
 SUCCESS_REWARD = 10.0  # PAYMENT_SUCCESS

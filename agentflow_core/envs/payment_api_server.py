@@ -3,7 +3,7 @@
 A real server on ``127.0.0.1`` (port 0 = a free port): ``http.server.ThreadingHTTPServer`` in a
 daemon thread. One server per process is shared by every env (:func:`acquire_shared_server` /
 :func:`release_shared_server`, refcounted), each env holding one *episode* on it, addressed by the
-``X-Episode-Id`` header. The business process is the table of ``docs/ARCHITECTURE.md``.
+``X-Episode-Id`` header. The business process is the table of ``docs/architecture.md``.
 ``POST /episodes`` may carry ``"first": {"method": "GET", "path": ...}``: the client's first look
 at the new episode, answered in the same reply (``"first": {"status", "body"}``) exactly as a
 separate GET at step 0 without faults would be -- a reset then costs one round trip, not two.

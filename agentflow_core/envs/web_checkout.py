@@ -4,7 +4,7 @@ The raw observation is a DOM-like dict (page name, title, visible text, form fie
 links, forms, a flash banner, cart count, balance, simulated clock and ``data`` attributes the page
 carries for scripts). Native actions are UI events: ``click`` on a target, ``type`` into a field,
 ``submit`` a form, ``navigate`` to a URL, or ``noop``. The business process and its rewards are
-exactly the table of ``docs/ARCHITECTURE.md``; network conditions are simulated by advancing
+exactly the table of ``docs/architecture.md``; network conditions are simulated by advancing
 ``sim_time_s`` (never by sleeping), and a lost or too-slow request shows a "Request timed out"
 banner without being applied. All randomness comes from the generator made in :meth:`reset`.
 """

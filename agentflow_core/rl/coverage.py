@@ -1,6 +1,6 @@
 """State coverage of exploration over the semantic token vocabulary, and the ε schedule it drives.
 
-Definition (version 1; the README's "Exploration and coverage" section copies it):
+Definition (version 1; docs/learning.md "Exploration and coverage" copies it):
 
 * A *state* is the token set ``T(s)`` of an encoded observation.
 * **Reachable vocabulary** ``R``: the tokens the env catalogue can produce. It is declared by

@@ -23,8 +23,8 @@ bench_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 BENCH_DIR = Path("data/bench")
-# One-off measurements whose code is gone (e.g. a removed fast path measured against its replacement):
-# kept verbatim after the generated tables so regenerating BENCHMARKS.md does not drop them.
+# One-off measurements (dated narratives, e.g. a removed fast path measured against its replacement):
+# listed by title and path after the generated tables, so regenerating BENCHMARKS.md keeps pointing at them.
 MEASUREMENTS_DIR = Path("docs/measurements")
 BENCHMARKS_MD = Path("BENCHMARKS.md")
 # agentflow bench forgetting --shift catalogue / family / recovery
@@ -209,9 +209,18 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         if result.get("plot"):
             out += ["", f"![learning curves]({result['plot']})"]
         out.append("")
-    for note in sorted(measurements_dir.glob("*.md")):
-        out += [note.read_text(encoding="utf-8").rstrip(), ""]
+    notes = sorted(measurements_dir.glob("*.md"))
+    if notes:
+        out += ["## One-off measurements", ""]
+        out += [f"- {_note_title(note)}: `{note.as_posix()}`" for note in notes]
+        out.append("")
     return "\n".join(out)
+
+
+def _note_title(note: Path) -> str:
+    """The first heading of a measurement note, without its ``#`` marks (the file name if it has none)."""
+    lines = note.read_text(encoding="utf-8").splitlines()
+    return next((line.lstrip("#").strip() for line in lines if line.startswith("#")), note.stem)
 
 
 def bench_section(title: str) -> str:

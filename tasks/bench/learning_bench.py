@@ -60,7 +60,7 @@ from tasks.steps.explore import run_explore
 from tasks.steps.train import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES, reward_transform
 from tasks.steps.variants import run_variants
 
-# (bound, higher is better): the learning benchmark's targets (README "Learning").
+# (bound, higher is better): the learning benchmark's targets (docs/learning.md "Side by side with MaskablePPO").
 TARGETS: dict[str, tuple[float, bool]] = {
     "test_process_success": (0.98, True),
     "min_family_process_success_vs_expert": (1.0, True),
