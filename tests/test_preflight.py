@@ -61,7 +61,7 @@ def _agentflow(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     return proc, time.perf_counter() - started
 
 
-@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("command", ["validate", "run", "stress"])
 def test_a_missing_browser_stops_validate_and_run_with_one_line(tmp_path: Path, command: str) -> None:
     missing = tmp_path / "no-such-chromium"
     params = _params_with_browser(tmp_path, missing)
