@@ -9,20 +9,24 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export DVC_NO_ANALYTICS ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install run test test-fast test-timing lint docs bench lock clean clean-state
+.PHONY: install run test test-fast test-timing lint docs bench lock clean clean-state system-deps
 
-$(STAMP): pyproject.toml constraints.txt
+# What the cycle needs from the OS (Chromium): installed as root, else one line and exit 2, before any pip work.
+system-deps:
+	@PY=$(PY) VENV=$(VENV) bin/ensure-system-deps
+
+$(STAMP): pyproject.toml constraints.txt | system-deps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: system-deps $(STAMP)
 
-run: $(STAMP)
+run: system-deps $(STAMP)
 	$(BIN)/agentflow run
 
-test: $(STAMP)
+test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-fast: $(STAMP)

@@ -85,3 +85,49 @@ class DataFileError(AgentFlowError, ValueError):
 
 # What readers of JSON/parquet raise on damaged bytes (pyarrow's errors subclass these too).
 DATA_ERRORS = (OSError, ValueError, KeyError, TypeError, RecursionError)
+
+
+class RequirementError(AgentFlowError):
+    """Something the configured cycle needs outside Python is missing: a binary, a service, a port, a folder.
+
+    ``problems`` holds one line per missing requirement, each saying what to install or change.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+# Failures a rerun of the same phase meets again: a missing file or binary, a refused permission, a bad
+# configuration, damaged data, a learner that diverged (every run is seeded), a programming error.
+# A crashed env, a lost worker or a refused connection is not among them: those may pass.
+NOT_TRANSIENT: tuple[type[BaseException], ...] = (
+    ConfigError,
+    MappingError,
+    RegistryError,
+    RequirementError,
+    DataFileError,
+    NonFiniteError,
+    FileNotFoundError,
+    PermissionError,
+    NotADirectoryError,
+    IsADirectoryError,
+    ImportError,
+    NotImplementedError,
+    AttributeError,
+    LookupError,
+    TypeError,
+    ValueError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying what raised ``exc`` may succeed: no for it or any explicit cause of it in ``NOT_TRANSIENT``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NOT_TRANSIENT):
+            return False
+        seen.add(id(current))
+        current = current.__cause__
+    return True

@@ -41,6 +41,7 @@ from tasks.prefect_tasks import (
     tune_task,
     variants_task,
 )
+from tasks.preflight import require
 from tasks.provenance import git_tags
 from tasks.retrain_tasks import plan_retrain_task
 from tasks.runtime import mlflow_uri
@@ -113,6 +114,7 @@ def training_cycle(
         )
     params_path = resolve_params(params_path, overrides)  # a bad override fails here, naming the key
     cfg = load_config(params_path)  # a bad params.yaml fails here, before any run exists
+    require(cfg)  # so does a missing browser, database binary, service or folder (a deployment skips the CLI's check)
     make_deterministic(cfg.base.seed)
     bind_ephemeral_servers()  # a killed run must not leave Prefect's temporary server behind
     logger = get_run_logger()

@@ -22,12 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
 
 from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.errors import is_transient
 from tasks.config_io import load_config
 from tasks.determinism import make_deterministic
 from tasks.paths import DataPaths
@@ -36,6 +38,20 @@ from tasks.stages import dvc_md5, stage_fingerprint
 from tasks.tracking import MlflowTracker
 
 NOT_PERSISTED: dict[str, Any] = {"persist_result": False, "cache_policy": NO_CACHE}
+
+
+def retry_if_transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Prefect's ``retry_condition_fn``: retry a failed phase only when its failure may pass on a rerun.
+
+    A missing binary, a configuration or requirement error, damaged data or a bug fails the same way
+    twice (``agentflow_core.errors.is_transient``): the phase fails at once instead of redoing its work.
+    """
+    failure = state.data
+    return not isinstance(failure, BaseException) or is_transient(failure)
+
+
+# One more try for a phase whose failure may pass (a lost worker, a crashed env service), none otherwise.
+RETRY_TRANSIENT: dict[str, Any] = {"retries": 1, "retry_condition_fn": retry_if_transient}
 
 
 class GateFailed(RuntimeError):
@@ -101,7 +117,7 @@ def cached(
     return summary
 
 
-@task(name="calibrate", retries=1, retry_delay_seconds=2, **NOT_PERSISTED)
+@task(name="calibrate", retry_delay_seconds=2, **RETRY_TRANSIENT, **NOT_PERSISTED)
 def calibrate_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, Any]:
     """Phase 0: the calibration gate."""
     from tasks.steps.calibrate import run_calibrate
@@ -117,7 +133,7 @@ def calibrate_task(params_path: str, parent_run_id: str, tracking_uri: str, expe
     return summary
 
 
-@task(name="variants", retries=1, **NOT_PERSISTED)
+@task(name="variants", **RETRY_TRANSIENT, **NOT_PERSISTED)
 def variants_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
     """Variant generation (deterministic for its deps and params: reused across reruns)."""
     from tasks.steps.variants import run_variants
@@ -135,7 +151,7 @@ def variants_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
     return summary
 
 
-@task(name="explore", retries=1, **NOT_PERSISTED)
+@task(name="explore", **RETRY_TRANSIENT, **NOT_PERSISTED)
 def explore_task(params_path: str, use_cache: bool = True, retrain_plan: str | None = None) -> dict[str, Any]:
     """Phase 1: coverage-driven exploration into trajectory shards (reused for the same inputs).
 
@@ -176,7 +192,7 @@ def explore_task(params_path: str, use_cache: bool = True, retrain_plan: str | N
     return summary
 
 
-@task(name="offline", retries=1, **NOT_PERSISTED)
+@task(name="offline", **RETRY_TRANSIENT, **NOT_PERSISTED)
 def offline_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
     """Phase 1b: BC -> discrete CQL (prioritized replay) -> BC actor improved by Q (reused for the same inputs)."""
     from tasks.steps.offline import run_offline
@@ -284,7 +300,7 @@ def train_task(
     return {**summary, "train_run_id": run_id}
 
 
-@task(name="stress", retries=1, **NOT_PERSISTED)
+@task(name="stress", **RETRY_TRANSIENT, **NOT_PERSISTED)
 def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, Any]:
     """Phase 3: stress validation of the best checkpoint."""
     from tasks.steps.stress import run_stress
@@ -307,7 +323,7 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
     return summary
 
 
-@task(name="report", retries=1, **NOT_PERSISTED)
+@task(name="report", **RETRY_TRANSIENT, **NOT_PERSISTED)
 def report_task(
     params_path: str,
     parent_run_id: str,

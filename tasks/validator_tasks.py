@@ -6,11 +6,11 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from tasks.prefect_tasks import NOT_PERSISTED, _numeric, _open, _publish
+from tasks.prefect_tasks import NOT_PERSISTED, RETRY_TRANSIENT, _numeric, _open, _publish
 from tasks.steps.validator import run_validator, validator_dir
 
 
-@task(name="validator", retries=1, **NOT_PERSISTED)
+@task(name="validator", **RETRY_TRANSIENT, **NOT_PERSISTED)
 def validator_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, Any]:
     """After explore: fit the discriminator on the exploration data; train and stress then use it."""
     cfg, paths, tracker = _open(params_path, tracking_uri, experiment)

@@ -17,10 +17,10 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.errors import AgentFlowError, ConfigError, MappingError, RegistryError
+from agentflow_core.errors import AgentFlowError, ConfigError, MappingError, RegistryError, RequirementError
 from flows.cli.bench import bench_app
 from flows.cli.calibrate import calibrate_command
-from flows.cli.common import PARAMS_OPTION, config_or_exit, one_line
+from flows.cli.common import PARAMS_OPTION, config_or_exit, exit_on_unmet, one_line, requirements_or_exit
 from flows.cli.envs import envs_app
 from flows.cli.explore import explore_command
 from flows.cli.offline import export_minari_command, offline_command
@@ -31,6 +31,7 @@ from flows.cli.tune import tune_command
 from flows.cli.validator import validator_command
 from flows.cli.variants import variants
 from flows.reproduce import reproduce_command
+from tasks.preflight import Check, preflight
 
 app = typer.Typer(
     help="AgentFlow: train one decision policy across web, SQL and HTTP channels.",
@@ -83,11 +84,24 @@ def _root() -> None:
     """AgentFlow: calibrate -> variants -> explore -> offline -> validator -> tune -> train -> stress -> report."""
 
 
+def requirements_node(tree: Tree, checks: list[Check]) -> Tree:
+    """The external requirements under the plan: each met one ticked, each unmet one with what to do."""
+    node = tree.add("requirements (outside Python)")
+    for check in checks:
+        if check.problem is None:
+            node.add(f"[green]ok[/] {escape(check.requirement)}")
+        else:
+            node.add(f"[bold red]missing[/] {escape(check.problem)}")
+    return tree
+
+
 @app.command()
 def validate(params: Path = PARAMS_OPTION) -> None:
-    """Validate params.yaml and print the planned cycle with every gate it enforces."""
+    """Validate params.yaml, check the cycle's external requirements, print the planned cycle and its gates."""
     cfg = config_or_exit(params)
-    console.print(plan_tree(cfg))
+    checks = preflight(cfg)
+    console.print(requirements_node(plan_tree(cfg), checks))
+    exit_on_unmet(checks)
     console.print(f"[green]{escape(str(params))} is valid[/]")
 
 
@@ -113,6 +127,7 @@ def run(
     from tasks.runtime import configure_services
 
     cfg, overrides = overrides_or_exit(params, sets)
+    requirements_or_exit(cfg)  # a missing browser, database binary, service or folder stops here, in seconds
     services = configure_services(cfg)  # before prefect/mlflow are imported (and before Ray's processes start)
     pool = backend(cfg)  # joins a Ray cluster first: an unreachable one fails before anything is written
     console.print(plan_tree(cfg))
@@ -272,7 +287,7 @@ def main() -> None:
         app(prog_name="agentflow")
     except AgentFlowError as exc:
         err_console.print(f"[bold red]error[/]: {one_line(exc)}")
-        sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError) else 1)
+        sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError | RequirementError) else 1)
     finally:
         stop_ray()
         # The interpreter's exit collects every object the command imported (torch, MLflow, Prefect,

@@ -13,6 +13,7 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError, MappingError
 from tasks.config_io import load_config
 from tasks.determinism import make_deterministic
+from tasks.preflight import Check, preflight
 from tasks.process_io import load_process
 
 err_console = Console(stderr=True, soft_wrap=True)
@@ -33,6 +34,22 @@ def config_or_exit(params: Path) -> AgentFlowConfig:
     except (ConfigError, MappingError) as exc:
         err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
+
+
+def requirements_or_exit(cfg: AgentFlowConfig) -> list[Check]:
+    """The cycle's external requirements (:mod:`tasks.preflight`); any unmet: one line each on stderr, exit 2."""
+    checks = preflight(cfg)
+    exit_on_unmet(checks)
+    return checks
+
+
+def exit_on_unmet(checks: list[Check]) -> None:
+    """Print each unmet requirement as one line on stderr and exit 2; nothing when all are met."""
+    failed = [c.problem for c in checks if c.problem is not None]
+    for problem in failed:
+        err_console.print(f"[bold red]missing requirement[/]: {escape(problem)}")
+    if failed:
+        raise typer.Exit(code=2)
 
 
 def phase_config_or_exit(params: Path) -> AgentFlowConfig:

@@ -18,7 +18,7 @@ from rich.tree import Tree
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from flows.cli.common import one_line, phase_config_or_exit
+from flows.cli.common import one_line, phase_config_or_exit, requirements_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -69,6 +69,7 @@ def stress_command(
     from tasks.steps.stress import run_stress
 
     cfg = phase_config_or_exit(params)
+    requirements_or_exit(cfg)  # the real channels of the sim-to-real check: refused in seconds, not after the episodes
     with Progress(
         TextColumn("[bold]stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
