@@ -91,7 +91,6 @@ def tiny_refund_params(root: Path, **section_overrides: dict[str, Any]) -> dict[
     params = tiny_params(root)
     params["process"] = "refund"
     params["base"]["env_config_dir"] = str(REPO / "configs" / "refund" / "envs")
-    params["calibrate"]["handled_outcomes"] = ["escalated"]
     params["variants"] = {
         "base_envs": ["refund_db_v1", "refund_api_v1"],
         "dimensions": {

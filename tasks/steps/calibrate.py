@@ -21,7 +21,7 @@ import numpy as np
 
 from agentflow_core.adapters.audit import audit_entry
 from agentflow_core.atomic import atomic_dir, write_json
-from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
+from agentflow_core.calibration import CalibrationReport, Target, VariantCalibration, calibrate
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.gates import calibrate_gate, evaluate_gate
@@ -54,15 +54,25 @@ def sample_variants(cfg: AgentFlowConfig, per_family: int, rng: np.random.Genera
     return picked
 
 
-def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[tuple[Callable[..., Any], Any]]:
-    """(factory, expert policy) pairs for the sampled variants."""
+def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[Target]:
+    """(factory, expert policy, accepted outcome tokens) for the sampled variants.
+
+    The accepted tokens are the process's goal and the handled outcomes it declares for the variant;
+    a ``calibrate.handled_outcomes`` list of failure reasons replaces the declared handled outcomes.
+    """
     registry = load_registry(cfg)
-    pairs = []
+    process = load_process(cfg)
+    targets: list[Target] = []
     for spec in variants:
         entry = registry.get(spec.base_env_id)
-        expert = load_process(cfg).expert(entry.family)
-        pairs.append(((lambda e=entry, s=spec: e.make(s.params, s.env_id)), expert.act))
-    return pairs
+        expert = process.expert(entry.family)
+        accepted = (
+            process.vocabulary.accepted_outcomes(spec.params)
+            if cfg.calibrate.handled_outcomes is None
+            else frozenset({process.vocabulary.goal})
+        )
+        targets.append(((lambda e=entry, s=spec: e.make(s.params, s.env_id)), expert.act, accepted))
+    return targets
 
 
 def run_calibrate(
@@ -76,12 +86,11 @@ def run_calibrate(
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
     c = cfg.calibrate
-    goal = load_process(cfg).vocabulary.goal
 
-    def calibrate_chunk(pairs: list[tuple[Callable[..., Any], Any]]) -> list[VariantCalibration]:
+    def calibrate_chunk(targets: list[Target]) -> list[VariantCalibration]:
         thresholds = (c.max_reward_variance, c.max_failed_fraction, c.min_expert_success)
-        outcomes = frozenset(c.handled_outcomes)
-        return calibrate(pairs, c.resets, cfg.base.seed, *thresholds, outcomes, goal=goal).variants
+        outcomes = frozenset(c.handled_outcomes or ())
+        return calibrate(targets, c.resets, cfg.base.seed, *thresholds, outcomes).variants
 
     # one chunk of variants per env worker: Ray tasks on the Ray backend, in this process otherwise
     results = map_chunks(cfg, calibrate_chunk, calibration_envs(cfg, variants), progress)

@@ -33,7 +33,6 @@ from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
 from agentflow_core.evaluation.stress import StressRollout, stratified_sample
 from agentflow_core.gates import evaluate_gate, stress_gate
-from agentflow_core.semantics import ACTIONS
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
@@ -102,7 +101,7 @@ def _params_json(params: Mapping[str, Any]) -> str:
 
 
 def write_records(
-    out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], actions: Sequence[str] = ACTIONS
+    out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], actions: Sequence[str]
 ) -> None:
     """``steps.parquet`` and ``episodes.parquet``: the records the analysis was computed from."""
     pq.write_table(
@@ -246,4 +245,5 @@ def validator_flags(cfg: AgentFlowConfig, rollout: StressRollout) -> dict[str, A
     model = load_validator(cfg)
     if model is None:
         return None
-    return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold).to_dict()
+    vocabulary = load_process(cfg).vocabulary
+    return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold, vocabulary).to_dict()
