@@ -445,17 +445,6 @@ class TrainConfig(_Section):
         return -(-self.total_steps // (self.num_envs * self.n_steps))
 
 
-def _checkout_only(enabled: bool, info: ValidationInfo) -> bool:
-    """Refuse switching on a phase built on the checkout vocabulary under another process.
-
-    The validation context carries the selected process's vocabulary only when it is not checkout
-    (``tasks.config_io``).
-    """
-    if enabled and isinstance(info.context, dict) and info.context.get("vocabulary") is not None:
-        raise ValueError("supported for process 'checkout' only (set it to false)")
-    return enabled
-
-
 class SimToRealConfig(_Section):
     """Sim-to-real validation in Phase 3: the policy on the real channels next to the simulated ones.
 
@@ -470,13 +459,11 @@ class SimToRealConfig(_Section):
     max_gap: Fraction = Field(
         0.02, description="Gate: sim minus real process success, per family, at most this (when enabled)."
     )
-    families: list[Literal["web_checkout", "order_db", "payment_api"]] = ["web_checkout", "order_db", "payment_api"]
+    families: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] = Field(
+        ["web_checkout", "order_db", "payment_api"],
+        description="Families to pair with their real channel (each needs one: see tasks/real_channels.py).",
+    )
     env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
-
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)
 
 
 class OfflineReplay(_Section):
@@ -530,11 +517,6 @@ class OfflineConfig(_Section):
     replay: OfflineReplay = OfflineReplay()
     gate: OfflineGate = OfflineGate()
     budget_s: BudgetS = 120.0
-
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)
 
 
 class StressConfig(_Section):
@@ -592,11 +574,6 @@ class ValidatorConfig(_Section):
     )
     budget_s: BudgetS = 60.0
 
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)
-
 
 class TuneConfig(_Section):
     """`tune`: the impedance-matching auto-tuner before train (docs/design.md §7.1; agentflow_core.tuning)."""
@@ -621,11 +598,6 @@ class TuneConfig(_Section):
     min_epochs: Annotated[int, Field(gt=0, le=1000)] = 4
     budget_s: BudgetS = 20.0
 
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)
-
 
 class AgentFlowConfig(_Section):
     """The whole of ``params.yaml``."""
@@ -646,23 +618,6 @@ class AgentFlowConfig(_Section):
     report: ReportConfig = ReportConfig()
     validator: ValidatorConfig = ValidatorConfig()
     tune: TuneConfig = TuneConfig()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _checkout_only_phases_default_off(cls, data: Any) -> Any:
-        # the offline stage, the reward validator, the auto-tuner and sim-to-real read the checkout
-        # vocabulary's widths (agentflow_core/rl/cql.py, evaluation/validator.py, tasks/steps/tune.py):
-        # for another process they default to off (switching one on is refused by _checkout_only)
-        if not isinstance(data, dict) or data.get("process", "checkout") == "checkout":
-            return data
-        data = dict(data)
-        if isinstance(data.get("stress"), dict):
-            data["stress"] = dict(data["stress"])
-        for owner, key in ((data, "offline"), (data, "validator"), (data, "tune"), (data.get("stress"), "sim_to_real")):
-            section = owner.get(key) if isinstance(owner, dict) else None
-            if isinstance(owner, dict) and (section is None or isinstance(section, dict)):
-                owner[key] = {"enabled": False, **(section or {})}
-        return data
 
     @property
     def phases(self) -> tuple[str, ...]:

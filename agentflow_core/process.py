@@ -16,6 +16,8 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
     channels:                          # env family -> its base env and mapping file
       web_checkout: {env: web_checkout_v2, mapping: web_checkout_v2.json}
     escape_action: ESCALATE            # legal whenever a channel maps no other action
+    exclusive_tokens:                  # token groups no state may hold two of (the mapping audit checks)
+      - [LOGGED_OUT, LOGGED_IN]
     expert:                            # the scripted expert: first rule whose token is present wins
       rules: [{when: USER_BLOCKED, act: ESCALATE}, ...]
       fallback: VIEW_PRODUCT
@@ -60,6 +62,7 @@ TOP_KEYS = frozenset(
         "expert",
         "probes",
         "escape_action",
+        "exclusive_tokens",
     }
 )
 REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action"})
@@ -175,7 +178,8 @@ class _Parser:
         goal = self.member("goal", doc["goal"], tokens, "token")
         outcomes = self.outcomes(doc.get("handled_outcomes"), tokens)
         escape = self.member("escape_action", doc["escape_action"], actions, "action")
-        vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes, escape)
+        exclusive = self.exclusive(doc.get("exclusive_tokens"), tokens)
+        vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes, escape, exclusive)
         rules, fallback = self.expert(doc["expert"], tokens, actions)
         return ProcessSpec(
             name=name,
@@ -217,6 +221,17 @@ class _Parser:
                 raise self.fail(f"handled_outcomes.{i}", [dimension, dim_value], "one entry per (dimension, value)")
             out[(dimension, dim_value)] = frozenset(names)
         return out
+
+    def exclusive(self, value: Any, tokens: tuple[str, ...]) -> tuple[frozenset[str], ...]:
+        groups = []
+        for i, entry in enumerate(self.items("exclusive_tokens", value, allow_empty=True)):
+            names = self.names(f"exclusive_tokens.{i}", entry)
+            if len(names) < 2:
+                raise self.fail(f"exclusive_tokens.{i}", entry, "a group of at least two tokens")
+            for j, token in enumerate(names):
+                self.member(f"exclusive_tokens.{i}.{j}", token, tokens, "token")
+            groups.append(frozenset(names))
+        return tuple(groups)
 
     def channels(self, value: Any) -> tuple[ChannelSpec, ...]:
         if value is None:

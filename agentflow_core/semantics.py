@@ -84,6 +84,16 @@ ACTION_RISK: dict[SemanticAction, float] = {
     SemanticAction.SUBMIT_PAYMENT: 0.1,
 }
 
+# Meanings that cannot hold at once (one session, one cart, one order, one payment outcome): the mapping
+# audit flags a reading that holds two of one group, since the policy cannot know which is true.
+EXCLUSIVE_TOKENS: tuple[frozenset[str], ...] = (
+    frozenset({"LOGGED_OUT", "LOGGED_IN"}),
+    frozenset({"CART_EMPTY", "CART_FILLED"}),
+    frozenset({"ORDER_PENDING", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
+    frozenset({"PAYMENT_SUCCESS", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
+    frozenset({"PAYMENT_SUCCESS", "PAYMENT_FAILED", "INVALID_CARD", "INSUFFICIENT_FUNDS"}),
+)
+
 # Numeric features, each scaled to roughly [0, 1] by the adapter.
 FEATURES: tuple[str, ...] = (
     "user_logged_in",
@@ -164,6 +174,7 @@ class Vocabulary:
     goal: str
     handled_outcomes: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict, hash=False)
     escape_action: str = "ESCALATE"  # legal whenever a channel maps no other action (never no legal move)
+    exclusive: tuple[frozenset[str], ...] = ()  # token groups no state may hold two of (the mapping audit)
 
     @property
     def n_tokens(self) -> int:
@@ -240,4 +251,5 @@ CHECKOUT = Vocabulary(
     action_risk=tuple(ACTION_RISK.get(a, 0.0) for a in SemanticAction),
     goal=GOAL_TOKEN,
     handled_outcomes=HANDLED_OUTCOMES,
+    exclusive=EXCLUSIVE_TOKENS,
 )

@@ -42,7 +42,7 @@ from agentflow_core.errors import AgentFlowError
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
-from agentflow_core.semantics import TOKENS, Vocabulary
+from agentflow_core.semantics import Vocabulary
 from agentflow_core.variants import BaseEnvInfo, VariantSpec
 from tasks.process_io import load_process
 from tasks.registry_io import load_registry
@@ -463,7 +463,7 @@ def vocabulary(cfg: AgentFlowConfig) -> Vocabulary:
     return load_process(cfg).vocabulary
 
 
-def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKENS) -> list[str]:
+def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str]) -> list[str]:
     """Tokens some env family of the catalogue can reach: its ``RAW_STATES`` tokens less its ``UNREACHABLE_TOKENS``.
 
     ``RAW_STATES`` lists every token the family's mapping can emit; ``UNREACHABLE_TOKENS`` declares
@@ -479,7 +479,7 @@ def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKEN
     return sorted(found) or list(tokens)
 
 
-def unreachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKENS) -> dict[str, str]:
+def unreachable_tokens(class_paths: Collection[str], tokens: Sequence[str]) -> dict[str, str]:
     """Declared unreachable tokens (with reasons) that no family of the catalogue reaches."""
     reachable = set(reachable_tokens(class_paths, tokens))
     out: dict[str, str] = {}

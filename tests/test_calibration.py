@@ -94,7 +94,11 @@ def test_a_crashing_env_fails_with_its_reason(registry: EnvRegistry) -> None:
         return env
 
     report = calibrate(
-        [(crashing, expert_for("web_checkout").act, ACCEPTED)], resets=3, seed=0, max_variance=0.05, max_failed_fraction=0.0
+        [(crashing, expert_for("web_checkout").act, ACCEPTED)],
+        resets=3,
+        seed=0,
+        max_variance=0.05,
+        max_failed_fraction=0.0,
     )
     assert report.env_stability_score == 0.0 and not report.passed
     assert "env_crash" in (report.failed[0].reason or "") and "renderer died" in (report.failed[0].reason or "")

@@ -8,6 +8,7 @@ import pytest
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion, reward_gain, slice_position
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec, content_hash
 
 
@@ -69,7 +70,7 @@ def test_real_slice_evaluation_keeps_and_promotes(repo_root: Path, tmp_path: Pat
     untrained = save_checkpoint(
         tmp_path / "ckpt",
         "update_00000000",
-        ActorCritic().state_dict(),
+        ActorCritic(OBS_DIM, N_ACTIONS).state_dict(),
         {},
         {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
     )

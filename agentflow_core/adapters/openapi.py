@@ -31,7 +31,7 @@ from typing import Any
 from agentflow_core.adapters.schema import validate_mapping
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import ACTIONS, CHECKOUT, FEATURES, Vocabulary
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 DEFAULT_CLASS_PATH = "agentflow_core.envs.payment_api:PaymentAPIEnv"
 HTTP_METHODS = ("get", "post", "put", "patch", "delete")
@@ -210,7 +210,7 @@ def _example_body(spec: Mapping[str, Any], operation: Mapping[str, Any]) -> dict
 def _action_of(path: str, method: str, operation: Mapping[str, Any]) -> str | None:
     explicit = operation.get("x-agentflow-action")
     if explicit:
-        return str(explicit) if explicit in ACTIONS else None
+        return str(explicit) if explicit in CHECKOUT.actions else None
     if "{" in path:  # parameterised reads (order by id) are not a semantic action
         return None
     words = _words(str(operation.get("operationId", ""))) | _words(path)
@@ -234,7 +234,7 @@ def _actions(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             native["body"] = {}
         actions[action] = native
     actions["RETRY"] = {"type": "retry"}
-    return {name: actions[name] for name in ACTIONS if name in actions}
+    return {name: actions[name] for name in CHECKOUT.actions if name in actions}
 
 
 def _status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -316,7 +316,7 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
         feature = prop.get("x-agentflow-feature") or next(
             (f for f, names in FEATURE_NAMES.items() if path[-1] in names), None
         )
-        if feature not in FEATURES or feature in rules:
+        if feature not in CHECKOUT.features or feature in rules:
             continue
         rules[feature] = _feature_rule(feature, path, prop)
     rules["retries_used"] = {
@@ -325,7 +325,7 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
         "source": "@.client.retries",
         "scale": 0.2,
     }
-    return [rules[f] for f in FEATURES if f in rules]
+    return [rules[f] for f in CHECKOUT.features if f in rules]
 
 
 def _declared_status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from agentflow_core.splits import read_splits
 from tasks.compose import build_pool
 from tasks.config_io import parse_config
 from tasks.overrides import apply_overrides
+from tasks.process_io import load_process
 from tasks.retrain import champion_fisher
 from tasks.rollout import resolve_checkpoint
 from tasks.steps.explore import run_explore
@@ -85,8 +86,10 @@ def _by_value(result: EvalResult) -> dict[str, float]:
 def _evaluate(cfg: AgentFlowConfig, catalogue: Path, checkpoint: Path, episodes: int) -> EvalResult:
     dimensions = sorted(cfg.variants.dimensions)
     test = stratified_eval_variants(read_splits(catalogue)["test"], episodes, dimensions, cfg.base.seed)
-    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    policy.load_state_dict(load_checkpoint(Path(resolve_checkpoint(cfg, checkpoint)), cfg.train.hidden_sizes).model)
+    vocabulary = load_process(cfg).vocabulary
+    policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
+    ckpt = load_checkpoint(Path(resolve_checkpoint(cfg, checkpoint)), cfg.train.hidden_sizes, vocabulary)
+    policy.load_state_dict(ckpt.model)
     pool = build_pool(cfg, test, min(16, len(test)), seed=cfg.base.seed + 2, scheduler="round_robin", standby=False)
     try:
         result = evaluate_policy(pool, greedy_policy(policy), episodes, seed=cfg.base.seed + 11, dimensions=dimensions)

@@ -36,10 +36,10 @@ from agentflow_core.rl.cql import OfflinePrior, QNetwork, load_actor, masked_q
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
-from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from tasks.bench.learning_bench import Evaluator, LearnerRun, TrainingClock, machine_info
 from tasks.compose import build_pool, build_rollouts, reward_function
+from tasks.process_io import load_process
 from tasks.steps.explore import run_explore
 from tasks.steps.offline import offline_actor
 from tasks.steps.train import reward_transform
@@ -63,7 +63,8 @@ def q_greedy_policy(q: QNetwork) -> PolicyFn:
 
 def _fresh_policy(cfg: AgentFlowConfig, seed: int) -> ActorCritic:
     torch.manual_seed(seed)
-    return ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    vocabulary = load_process(cfg).vocabulary
+    return ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
 
 
 def _ppo_to_expert(
@@ -141,8 +142,9 @@ def run_setting(
         bc = LearnerRun("bc")
         started = time.perf_counter()
         policy = _fresh_policy(cfg, seed)
-        accepted = {v.content_hash: accepted_outcomes(v.params) for v in read_splits(catalogue)["train"]}
-        behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted), seed=seed)
+        vocabulary = load_process(cfg).vocabulary
+        accepted = {v.content_hash: vocabulary.accepted_outcomes(v.params) for v in read_splits(catalogue)["train"]}
+        behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted, vocabulary), seed=seed)
         bc.setup_s["bc_s"] = time.perf_counter() - started
         _ppo_to_expert(cfg, bc, policy, catalogue, evaluator, expert, eval_every, None)
         cql = LearnerRun("bc_cql")

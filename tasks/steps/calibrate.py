@@ -11,6 +11,7 @@ metric ``env_stability_score`` also goes to ``data/metrics/calibrate.json``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -71,7 +72,7 @@ def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[
             if cfg.calibrate.handled_outcomes is None
             else frozenset({process.vocabulary.goal})
         )
-        targets.append(((lambda e=entry, s=spec: e.make(s.params, s.env_id)), expert.act, accepted))
+        targets.append((functools.partial(entry.make, spec.params, spec.env_id), expert.act, accepted))
     return targets
 
 

@@ -35,10 +35,10 @@ from agentflow_core.rl.cql import CQLSettings, QNetwork, actor_state, improve_ac
 from agentflow_core.rl.offline_data import load_transitions
 from agentflow_core.rl.policy import ActorCritic, resolve_device
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
-from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool
+from tasks.process_io import load_process
 from tasks.steps.train import EVAL_NUM_ENVS
 
 ACTOR_FILE = "actor.safetensors"
@@ -87,10 +87,12 @@ def cql_settings(cfg: AgentFlowConfig) -> CQLSettings:
 def bc_actor(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path, seed: int) -> tuple[ActorCritic, int]:
     """The actor ``agentflow train`` clones: ``manual_seed(seed)``, a fresh network, BC on the train split."""
     train_variants = read_splits(catalogue_path)["train"]
+    vocabulary = load_process(cfg).vocabulary
     torch.manual_seed(seed)
-    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
-    result = behaviour_cloning(policy, *behaviour_cloning_arrays(Path(trajectories_dir), accepted), seed=seed)
+    policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
+    accepted = {v.content_hash: vocabulary.accepted_outcomes(v.params) for v in train_variants}
+    arrays = behaviour_cloning_arrays(Path(trajectories_dir), accepted, vocabulary)
+    result = behaviour_cloning(policy, *arrays, seed=seed)
     return policy, result.samples
 
 
@@ -108,14 +110,15 @@ def offline_actor(
     bc, bc_samples = bc_actor(cfg, catalogue_path, trajectories_dir, seed)
     bc_s = lap()
     train_hashes = {v.content_hash for v in read_splits(catalogue_path)["train"]}
-    data = load_transitions(Path(trajectories_dir), train_hashes)
+    vocabulary = load_process(cfg).vocabulary
+    data = load_transitions(Path(trajectories_dir), vocabulary, train_hashes)
     fit, heldout = data.split(o.heldout_share, np.random.default_rng(seed))
     settings = cql_settings(cfg)
     data_s = lap()
     result = train_cql(fit, settings, seed=seed, device=device)
     cql_s = lap()
     diagnostics = td_error_on(result.q, heldout, settings.gamma, settings.alpha) if len(heldout) else {}
-    actor = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    actor = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
     actor.load_state_dict(bc.state_dict())
     improved = improve_actor(
         actor, result.q, data.obs, data.mask, temperature=o.temperature, steps=o.improve_steps, seed=seed

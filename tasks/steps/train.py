@@ -101,7 +101,8 @@ def offline_start(cfg: AgentFlowConfig, offline_dir: Path | None, warm_start: Pa
     if not cfg.offline.enabled or warm_start is not None or not path.is_file():
         return None
     actor = load_file(str(path))
-    reference = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    vocabulary = load_process(cfg).vocabulary
+    reference = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
     load_actor(reference, actor)
     o = cfg.offline
     prior = OfflinePrior(reference, o.kl_coef, o.kl_decay_updates)

@@ -37,7 +37,6 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.pool.rollout import CentralRollouts
 from agentflow_core.rl.losses import LossCoefficients, ppo_minibatch_loss
 from agentflow_core.rl.policy import ActorCritic
-from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM
 from agentflow_core.splits import read_splits
 from agentflow_core.tuning import (
     CHOICE_VERSION,
@@ -53,6 +52,7 @@ from agentflow_core.tuning import (
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import build_pool, ray_address, start_ray
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 
 CHOICE_FILE = "choice.json"
@@ -102,7 +102,8 @@ def time_workers(
         torch.set_num_threads(1)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            policy = TimedPolicy(hidden_sizes=cfg.train.hidden_sizes)
+            vocabulary = load_process(cfg).vocabulary
+            policy = TimedPolicy(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
         rollouts = {k: CentralRollouts(pool) for k, pool in pools.items()}
         for source in rollouts.values():
             source.collect(policy, WARMUP_STEPS, seed, 0)  # envs created and reset once before timing
@@ -123,15 +124,16 @@ def time_workers(
 def time_update_step(cfg: AgentFlowConfig, seed: int, repeats: int = 8) -> UpdateTiming:
     """Fastest time of one PPO gradient step at the shipped minibatch size, on random data of the real shapes."""
     mb = cfg.train.minibatch_size
+    vocabulary = load_process(cfg).vocabulary
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+        policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.train.learning_rate, eps=1e-5)
-    obs = torch.rand((mb, OBS_DIM), generator=gen)
-    masks = torch.ones((mb, N_ACTIONS), dtype=torch.bool)
-    actions = torch.randint(0, N_ACTIONS, (mb,), generator=gen)
-    logprobs = torch.full((mb,), -float(np.log(N_ACTIONS)))
+    obs = torch.rand((mb, vocabulary.obs_dim), generator=gen)
+    masks = torch.ones((mb, vocabulary.n_actions), dtype=torch.bool)
+    actions = torch.randint(0, vocabulary.n_actions, (mb,), generator=gen)
+    logprobs = torch.full((mb,), -float(np.log(vocabulary.n_actions)))
     advantages, returns = torch.randn(mb, generator=gen), torch.randn(mb, generator=gen)
     coef = LossCoefficients(cfg.train.clip_range, cfg.train.ent_coef, cfg.train.vf_coef, 0.0)
     times = []
@@ -149,12 +151,13 @@ def time_update_step(cfg: AgentFlowConfig, seed: int, repeats: int = 8) -> Updat
 def measure_sparsity(cfg: AgentFlowConfig, trajectories: Path, variants: Sequence[VariantSpec]) -> Sparsity:
     """Steps, rewarded steps and goal events in the exploration shards; the longest episode the variants allow."""
     steps = rewarded = goals = 0
+    goal = load_process(cfg).vocabulary.goal
     for shard in sorted(Path(trajectories).rglob("*.parquet")):
         table = pq.read_table(shard, columns=["env_reward", "tokens"])
         reward = table.column("env_reward").to_numpy(zero_copy_only=False)
         steps += len(reward)
         rewarded += int(np.count_nonzero(reward))
-        goals += sum(GOAL_TOKEN in (tokens or ()) for tokens in table.column("tokens").to_pylist())
+        goals += sum(goal in (tokens or ()) for tokens in table.column("tokens").to_pylist())
     registry = load_registry(cfg)
     longest = max(registry.get(v.base_env_id).scenario(v.params).max_episode_steps for v in variants[:200])
     return Sparsity(steps=steps, rewarded_steps=rewarded, goals=goals, max_episode_steps=int(longest))
