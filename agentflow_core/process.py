@@ -11,6 +11,10 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
       - {name: CANCEL_ORDER, risk: 0.5}
     features: [user_logged_in, ...]    # numeric features (after the tokens)
     goal: PAYMENT_SUCCESS
+    scenario:                          # the business parameters a variant sets (agentflow_core/scenario.py)
+      user_tier: {type: str, values: [standard, vip, blocked], default: standard, role: dimension}
+      price_factor: {type: float, range: [0.01, 10], default: 1.0, role: perturbation}
+      max_episode_steps: {type: int, range: [1, 100000], default: 50}
     handled_outcomes:                  # other terminal tokens that are the right outcome for a variant
       - {dimension: user_tier, value: blocked, tokens: [ESCALATED]}
     channels:                          # env family -> its base env and mapping file
@@ -25,7 +29,7 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
       - {name: logged_out, tokens: [LOGGED_OUT], logged_in: false}
 
 :meth:`ProcessSpec.from_document` checks everything -- unknown keys, types, duplicates, and that
-every token, action and feature a rule, outcome or probe names is declared -- and raises one
+every token, action, feature and scenario field a rule, outcome or probe names is declared -- and raises one
 :class:`~agentflow_core.errors.ConfigError` naming the file and the key. The result is frozen and
 picklable (plain tuples), so it travels to workers as data.
 """
@@ -41,6 +45,7 @@ from typing import Any
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import ConfigError
 from agentflow_core.evaluation.consistency import CanonicalState
+from agentflow_core.scenario import FIELD_TYPES, ROLES, STEP_LIMIT_FIELD, ScenarioField, ScenarioSpec
 from agentflow_core.semantics import Vocabulary
 
 MAX_NAMES = 256  # tokens, actions or features per process
@@ -63,9 +68,13 @@ TOP_KEYS = frozenset(
         "probes",
         "escape_action",
         "exclusive_tokens",
+        "scenario",
     }
 )
-REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action"})
+REQUIRED = frozenset(
+    {"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action", "scenario"}
+)
+FIELD_KEYS = frozenset({"type", "values", "range", "default", "role", "description"})
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,10 @@ class ProcessSpec:
     def from_document(cls, document: Any, source: str = "<process>") -> ProcessSpec:
         """Validate a parsed process document; the first problem raises a ConfigError naming ``source`` and key."""
         return _Parser(source).parse(document)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class _Parser:
@@ -176,10 +189,13 @@ class _Parser:
         features = self.names("features", doc["features"])
         actions, risks = self.actions(doc["actions"])
         goal = self.member("goal", doc["goal"], tokens, "token")
-        outcomes = self.outcomes(doc.get("handled_outcomes"), tokens)
+        scenario = self.scenario(doc["scenario"])
+        outcomes = self.outcomes(doc.get("handled_outcomes"), tokens, scenario)
         escape = self.member("escape_action", doc["escape_action"], actions, "action")
         exclusive = self.exclusive(doc.get("exclusive_tokens"), tokens)
-        vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes, escape, exclusive)
+        vocabulary = Vocabulary(
+            str(version), tokens, actions, features, risks, goal, outcomes, escape, exclusive, scenario
+        )
         rules, fallback = self.expert(doc["expert"], tokens, actions)
         return ProcessSpec(
             name=name,
@@ -207,12 +223,61 @@ class _Parser:
             risks.append(float(risk))
         return self.names("actions", names), tuple(risks)
 
-    def outcomes(self, value: Any, tokens: tuple[str, ...]) -> dict[tuple[str, str], frozenset[str]]:
+    def scenario(self, value: Any) -> ScenarioSpec:
+        if not isinstance(value, Mapping) or not value or len(value) > MAX_NAMES:
+            raise self.fail("scenario", value, f"a mapping of at most {MAX_NAMES} field name -> {{type, default, ...}}")
+        fields = tuple(self.scenario_field(name, entry) for name, entry in value.items())
+        if STEP_LIMIT_FIELD not in {f.name for f in fields}:
+            raise self.fail(f"scenario.{STEP_LIMIT_FIELD}", None, "a declared int field (the episode step limit)")
+        if fields[[f.name for f in fields].index(STEP_LIMIT_FIELD)].type != "int":
+            raise self.fail(f"scenario.{STEP_LIMIT_FIELD}.type", "not int", "int")
+        return ScenarioSpec(fields)
+
+    def scenario_field(self, name: Any, entry: Any) -> ScenarioField:
+        key = f"scenario.{name}"
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise self.fail("scenario", name, "field names of letters, digits and '_' (starting with a letter)")
+        item = self.mapping(key, entry, FIELD_KEYS, frozenset({"type", "default"}))
+        kind = item["type"]
+        if kind not in FIELD_TYPES:
+            raise self.fail(f"{key}.type", kind, f"one of {list(FIELD_TYPES)}")
+        role = item.get("role", "fixed")
+        if role not in ROLES:
+            raise self.fail(f"{key}.role", role, f"one of {list(ROLES)}")
+        values = None
+        if "values" in item:
+            if not isinstance(item["values"], list) or not item["values"] or len(item["values"]) > MAX_ITEMS:
+                raise self.fail(f"{key}.values", item["values"], f"a non-empty list of at most {MAX_ITEMS} values")
+            values = tuple(item["values"])
+        low = high = None
+        if "range" in item:
+            bounds = item["range"]
+            numbers = isinstance(bounds, list) and len(bounds) == 2 and all(_finite(b) for b in bounds)
+            if kind not in ("int", "float") or not numbers or bounds[0] > bounds[1] or values is not None:
+                raise self.fail(f"{key}.range", bounds, "[low, high] of a number field without values")
+            low, high = float(bounds[0]), float(bounds[1])
+        field = ScenarioField(name, kind, item["default"], role, values, low, high)
+        for i, choice in enumerate(values or ()):
+            if (problem := ScenarioField(name, kind, choice).problem(choice)) is not None:
+                raise self.fail(f"{key}.values.{i}", choice, problem)
+        if (problem := field.problem(item["default"])) is not None:
+            raise self.fail(f"{key}.default", item["default"], problem)
+        if role == "perturbation" and kind != "bool" and values is None and low is None:
+            raise self.fail(key, dict(item), "values or a range (a perturbation is drawn from them)")
+        return field
+
+    def outcomes(
+        self, value: Any, tokens: tuple[str, ...], scenario: ScenarioSpec
+    ) -> dict[tuple[str, str], frozenset[str]]:
         out: dict[tuple[str, str], frozenset[str]] = {}
         keys = frozenset({"dimension", "value", "tokens"})
         for i, entry in enumerate(self.items("handled_outcomes", value, allow_empty=True)):
             item = self.mapping(f"handled_outcomes.{i}", entry, keys, keys)
-            dimension = self.text(f"handled_outcomes.{i}.dimension", item["dimension"])
+            dimension = self.member(
+                f"handled_outcomes.{i}.dimension", item["dimension"], scenario.names, "scenario field"
+            )
+            if scenario.field(dimension).problem(item["value"]) is not None:
+                raise self.fail(f"handled_outcomes.{i}.value", item["value"], scenario.field(dimension).expected)
             dim_value = self.text(f"handled_outcomes.{i}.value", str(item["value"]))
             names = self.names(f"handled_outcomes.{i}.tokens", item["tokens"])
             for j, token in enumerate(names):

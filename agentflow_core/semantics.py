@@ -15,6 +15,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from agentflow_core.scenario import ScenarioField, ScenarioSpec
+
 VOCAB_VERSION = "1"
 
 # Business-state tokens (docs/design.md §2.1: the design ships 17; we carry more so that distinct raw states never
@@ -108,6 +110,24 @@ FEATURES: tuple[str, ...] = (
 FEATURE_INDEX: dict[str, int] = {f: i for i, f in enumerate(FEATURES)}
 N_TOKENS = len(TOKENS)
 N_FEATURES = len(FEATURES)
+
+# The checkout scenario's fields (agentflow_core.envs.base.Scenario is the typed form checkout's envs take).
+CHECKOUT_SCENARIO = ScenarioSpec(
+    (
+        ScenarioField("network", "str", "normal", "dimension", values=("normal", "latency_500ms", "packet_loss_5%")),
+        ScenarioField("user_tier", "str", "standard", "dimension", values=("standard", "vip", "blocked")),
+        ScenarioField(
+            "start_stage", "str", "login", "dimension", values=("login", "product_detail", "checkout", "payment")
+        ),
+        ScenarioField("price_factor", "float", 1.0, "perturbation", low=0.01, high=10.0),
+        ScenarioField("inventory", "int", 20, "perturbation", low=0, high=10_000),
+        ScenarioField("balance", "float", 500.0, "perturbation", low=0.0, high=1e7),
+        ScenarioField("card_decline_rate", "float", 0.1, "perturbation", low=0.0, high=1.0),
+        ScenarioField("session_timeout_steps", "int", 40, "fixed", low=1, high=100_000),
+        ScenarioField("max_episode_steps", "int", 50, "fixed", low=1, high=100_000),
+        ScenarioField("vip_discount", "float", 0.9, "perturbation", low=0.01, high=1.0),
+    )
+)
 OBS_DIM = N_TOKENS + N_FEATURES
 
 
@@ -175,6 +195,7 @@ class Vocabulary:
     handled_outcomes: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict, hash=False)
     escape_action: str = "ESCALATE"  # legal whenever a channel maps no other action (never no legal move)
     exclusive: tuple[frozenset[str], ...] = ()  # token groups no state may hold two of (the mapping audit)
+    scenario: ScenarioSpec = ScenarioSpec(())  # the business parameters a variant sets (agentflow_core.scenario)
 
     @property
     def n_tokens(self) -> int:
@@ -252,4 +273,5 @@ CHECKOUT = Vocabulary(
     goal=GOAL_TOKEN,
     handled_outcomes=HANDLED_OUTCOMES,
     exclusive=EXCLUSIVE_TOKENS,
+    scenario=CHECKOUT_SCENARIO,
 )

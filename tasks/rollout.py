@@ -88,7 +88,12 @@ def load_variants(cfg: AgentFlowConfig, catalogue: Path | None = None, split: st
         raise AgentFlowError(f"catalogue {catalogue} does not exist")
     v = cfg.variants
     variants = generate_variants(
-        base_env_infos(cfg), v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed
+        base_env_infos(cfg),
+        v.dimensions,
+        v.perturbations,
+        v.samples_per_combination,
+        cfg.base.seed,
+        scenario=load_process(cfg).vocabulary.scenario,
     )
     hashes = set(assign_splits(variants, v.split.validation, v.split.test, sorted(v.dimensions), cfg.base.seed)[split])
     return [variant for variant in variants if variant.content_hash in hashes]

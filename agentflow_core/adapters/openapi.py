@@ -29,7 +29,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from agentflow_core.adapters.schema import validate_mapping
-from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
@@ -471,14 +470,13 @@ def generate_from_openapi(
     info = spec.get("info") or {}
     config: dict[str, Any] = {
         "env_id": f"{family}_v{version}",
+        "process": process,
         "description": str(info.get("description") or info.get("title") or family).strip().splitlines()[0],
         "class_path": class_path,
         "adapter": "api",
         "mapping": f"{family}_v{version}.json",
-        "params": Scenario().to_dict(),
+        "params": vocabulary.scenario.defaults(),
     }
-    if process != "checkout":
-        config["process"] = process
     if base_url is not None:
         config["kwargs"] = {"server_url" if class_path == DEFAULT_CLASS_PATH else "base_url": base_url}
     return config, mapping

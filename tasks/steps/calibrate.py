@@ -45,7 +45,10 @@ def sample_variants(cfg: AgentFlowConfig, per_family: int, rng: np.random.Genera
     """
     v = cfg.variants
     bases = base_env_infos(cfg)
-    catalogue = generate_variants(bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed)
+    scenario = load_process(cfg).vocabulary.scenario
+    catalogue = generate_variants(
+        bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, scenario=scenario
+    )
     dimensions = sorted(v.dimensions)
     size = max(per_family, *(len(values) for values in v.dimensions.values()))
     picked: list[VariantSpec] = []

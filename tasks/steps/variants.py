@@ -21,6 +21,7 @@ from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta
 from tasks.budgets import budget_metrics
 from tasks.config_io import load_config
 from tasks.paths import DataPaths
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 from tasks.steps.calibrate import read_quarantine
 
@@ -39,7 +40,13 @@ def run_variants(
     v = cfg.variants
     bases = base_env_infos(cfg)
     generated = generate_variants(
-        bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, source=source
+        bases,
+        v.dimensions,
+        v.perturbations,
+        v.samples_per_combination,
+        cfg.base.seed,
+        source=source,
+        scenario=load_process(cfg).vocabulary.scenario,
     )
     quarantine = read_quarantine(DataPaths.of(cfg).calibration)
     excluded = {q["content_hash"] for q in quarantine}
