@@ -165,15 +165,12 @@ def load_discriminator(path: Path) -> Discriminator:
     return model
 
 
-
 def authenticity_score(d: np.ndarray) -> float:
     """An episode's authenticity from its steps' ``D``: ``exp(mean log D)`` (``D`` floored at ``D_FLOOR``)."""
     return float(np.exp(np.log(np.clip(d, D_FLOOR, 1.0)).mean()))
 
 
-def episode_authenticity(
-    model: Discriminator, steps: Sequence[StepRecord], vocabulary: Vocabulary
-) -> dict[str, float]:
+def episode_authenticity(model: Discriminator, steps: Sequence[StepRecord], vocabulary: Vocabulary) -> dict[str, float]:
     """Each episode's :func:`authenticity_score`, keyed by episode id (states encoded in ``vocabulary``)."""
     if not steps:
         return {}

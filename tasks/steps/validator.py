@@ -75,7 +75,13 @@ def run_validator(
             vocabulary = load_process(cfg).vocabulary
             obs, masks, actions = expert_rows(trajectories, vc.max_samples, cfg.base.seed, vocabulary)
             model, fit = fit_discriminator(
-                obs, masks, actions, n_tokens=vocabulary.n_tokens, hidden=vc.hidden, epochs=vc.epochs, seed=cfg.base.seed
+                obs,
+                masks,
+                actions,
+                n_tokens=vocabulary.n_tokens,
+                hidden=vc.hidden,
+                epochs=vc.epochs,
+                seed=cfg.base.seed,
             )
             save_discriminator(model, Path(tmp) / VALIDATOR_FILE)
             summary.update(fit.to_dict())
