@@ -25,8 +25,9 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
     expert:                            # the scripted expert: first rule whose token is present wins
       rules: [{when: USER_BLOCKED, act: ESCALATE}, ...]
       fallback: VIEW_PRODUCT
-    probes:                            # consistency-probe states (evaluation/consistency.py)
+    probes:                            # consistency-probe states (evaluation/consistency.py): tokens + feature values
       - {name: logged_out, tokens: [LOGGED_OUT], logged_in: false}
+      - {name: paying, tokens: [PAYMENT_PAGE], features: {payment_page_loaded: 1.0}}
 
 :meth:`ProcessSpec.from_document` checks everything -- unknown keys, types, duplicates, and that
 every token, action, feature and scenario field a rule, outcome or probe names is declared -- and raises one
@@ -203,7 +204,7 @@ class _Parser:
             channels=self.channels(doc.get("channels")),
             expert_rules=rules,
             expert_fallback=fallback,
-            probes=self.probes(doc.get("probes"), tokens),
+            probes=self.probes(doc.get("probes"), tokens, features),
             source=self.source,
             description=str(doc.get("description", "")),
         )
@@ -332,9 +333,24 @@ class _Parser:
         fallback = self.member("expert.fallback", expert["fallback"], actions, "action")
         return tuple(rules), actions.index(fallback)
 
-    def probes(self, value: Any, tokens: tuple[str, ...]) -> tuple[CanonicalState, ...]:
+    def probe_features(self, key: str, value: Any, features: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, Mapping) or len(value) > MAX_NAMES:
+            raise self.fail(key, value, "a mapping of declared feature -> number")
         out = []
-        keys = frozenset({"name", "tokens", "logged_in", "cart_items", "payment_page"})
+        for name, number in value.items():
+            self.member(f"{key}.{name}", name, features, "feature")
+            if not _finite(number):
+                raise self.fail(f"{key}.{name}", number, "a finite number")
+            out.append((str(name), float(number)))
+        return tuple(out)
+
+    def probes(
+        self, value: Any, tokens: tuple[str, ...], features: tuple[str, ...]
+    ) -> tuple[CanonicalState, ...]:
+        out = []
+        keys = frozenset({"name", "tokens", "features", "logged_in", "cart_items", "payment_page"})
         for i, entry in enumerate(self.items("probes", value, allow_empty=True)):
             item = self.mapping(f"probes.{i}", entry, keys, frozenset({"name", "tokens"}))
             names = self.names(f"probes.{i}.tokens", item["tokens"])
@@ -355,6 +371,7 @@ class _Parser:
                     logged_in=flags["logged_in"],
                     cart_items=cart,
                     payment_page=flags["payment_page"],
+                    features=self.probe_features(f"probes.{i}.features", item.get("features"), features),
                 )
             )
         return tuple(out)

@@ -2,8 +2,8 @@
 
 ``robustness_score = success_rate × consistency × (1 − crash_rate)``
 
-* ``success_rate`` -- share of episodes with the business outcome (PAYMENT_SUCCESS, or a handled
-  ending such as escalating a blocked user);
+* ``success_rate`` -- share of episodes with the business outcome (the process's goal token, or a
+  handled ending it declares, such as checkout's escalation of a blocked user);
 * ``consistency`` -- mean off-diagonal agreement of greedy actions on the canonical probes of K
   variants, every feature and dimension varied (:mod:`agentflow_core.evaluation.consistency`);
   ``consistency_random`` is a uniformly random policy's score on the same probe states, its floor;
@@ -137,7 +137,7 @@ def _recommendations(
     out.extend(c.recommendation for c in causes)
     if hacking.flagged:
         out.append(
-            f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without PAYMENT_SUCCESS: "
+            f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without the goal token: "
             "cap or remove the shaping terms they farm."
         )
     if coverage.long_tail or coverage.unseen:

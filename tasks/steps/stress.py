@@ -5,8 +5,9 @@ Called by ``agentflow stress`` (and so by the DVC stage) and by the Prefect task
 ``agentflow_core.evaluation.robustness``), ``episodes.parquet`` and ``steps.parquet`` (the
 records), ``coverage_heatmap.png`` and ``consistency_matrix.png``. The exit metrics
 (robustness_score, consistency, success_rate, crash_episodes, ...) also go to
-``data/metrics/stress.json``, with process and payment success per family and per dimension
-value (95% Wilson bounds), as in ``summary.json``'s ``process_success`` / ``payment_success``.
+``data/metrics/stress.json``, with process and goal success per family and per dimension value (95%
+Wilson bounds), as in ``summary.json``'s ``process_success`` / ``payment_success`` (the goal token reached;
+the key is kept for the committed metrics).
 
 The policy is a reference :func:`tasks.rollout.resolve_checkpoint` understands (default: the best
 checkpoint under ``data/checkpoints``).
@@ -150,7 +151,7 @@ def write_records(
 
 
 def success_breakdowns(episodes: Sequence[EpisodeRecord], dimensions: Sequence[str]) -> dict[str, SuccessBreakdown]:
-    """Process success (``success``) and payment success (``reached_goal``) per family and dimension value."""
+    """Process success (``success``) and goal success (``reached_goal``) per family and dimension value."""
     families, params = [e.family for e in episodes], [e.params for e in episodes]
     return {
         "process_success": SuccessBreakdown.of([e.success for e in episodes], families, params, dimensions),
@@ -173,6 +174,8 @@ def stress_summary(
         **{name: b.to_dict() for name, b in breakdowns.items()},
         "breakdown_metrics": {k: v for name, b in breakdowns.items() for k, v in b.metrics(name).items()},
         "policy": policy.name,
+        "process": cfg.process,
+        "goal": load_process(cfg).vocabulary.goal,
         "checkpoint": policy.checkpoint,
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "config": cfg.stress.model_dump(mode="json"),
