@@ -104,7 +104,8 @@ def tiny_refund_params(root: Path, **section_overrides: dict[str, Any]) -> dict[
     }
     params["train"]["reward"] = {"token_rewards": {"REFUND_ISSUED": 10.0}, "env_reward_weight": 1.0}
     # every phase runs, offline, validator and the auto-tuner included (a small probe)
-    params["tune"] = {"enabled": True, "envs_per_worker": [4, 8], "probe_steps": 4, "max_num_envs": 16}
+    # (its choice capped at the tiny rollout batch, so training stays as short as checkout's tiny cycle)
+    params["tune"] = {"enabled": True, "envs_per_worker": [8], "probe_steps": 4, "max_num_envs": 8, "max_n_steps": 64}
     # the refund probes (configs/processes/refund.yaml) on a few updates' policy: recorded, not gated
     params["stress"] = {**params["stress"], "consistency_target": 0.0}
     for section, values in section_overrides.items():

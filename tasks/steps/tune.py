@@ -281,5 +281,5 @@ def tuned_config(cfg: AgentFlowConfig, tuning_dir: Path) -> tuple[AgentFlowConfi
         return cfg, {"applied": False, "reason": f"no usable {path} ({type(exc).__name__}): the static settings"}
     if choice.shipped != shipped_settings(cfg):
         return cfg, {"applied": False, "reason": f"{path} was chosen for other static settings: the static settings"}
-    tuned = apply_choice(cfg, choice)
+    tuned = apply_choice(cfg, choice, load_process(cfg).vocabulary)
     return tuned, {"applied": True, "reason": f"{path}", "settings": choice.settings, "shipped": choice.shipped}
