@@ -31,6 +31,7 @@ CHECKOUT_CONSTANTS = frozenset(
         "GOAL_TOKEN",
         "HANDLED_OUTCOMES",
         "EXCLUSIVE_TOKENS",
+        "CHECKOUT_SCENARIO",
         # module-level helpers over those constants (a Vocabulary has its own)
         "encode",
         "decode_tokens",

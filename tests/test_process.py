@@ -127,6 +127,42 @@ def test_a_channel_mapping_outside_the_vocabulary_is_refused(document: dict[str,
         check_channels(process, REPO / "configs" / "envs")
 
 
+def test_checkout_declares_the_fields_of_its_scenario_type() -> None:
+    import dataclasses
+
+    from agentflow_core.envs.base import Scenario
+
+    declared = load_process(name="checkout").vocabulary.scenario
+    assert declared.names == tuple(f.name for f in dataclasses.fields(Scenario))
+    assert declared.defaults() == Scenario().to_dict()
+    assert declared.with_role("dimension") == ("network", "user_tier", "start_stage")
+    built = declared.build({"user_tier": "vip", "price_factor": 1})
+    assert built["price_factor"] == 1.0 and isinstance(built["price_factor"], float)
+    assert Scenario.from_dict(built) == Scenario(user_tier="vip")
+    with pytest.raises(ValueError, match=r"scenario.user_tier: got 'gold', expected one of"):
+        declared.build({"user_tier": "gold"})
+    with pytest.raises(ValueError, match="unknown key"):
+        declared.build({"plan": "annual"})
+
+
+def test_scenario_declarations_are_checked(document: dict[str, Any]) -> None:
+    def changed(field: str, **entry: Any) -> dict[str, Any]:
+        doc = copy.deepcopy(document)
+        doc["scenario"][field] = {**doc["scenario"].get(field, {}), **entry}
+        return doc
+
+    _fails(changed("user_tier", default="gold"), "scenario.user_tier.default")
+    _fails(changed("price_factor", range=[2, 1]), "scenario.price_factor.range")
+    _fails(changed("plan", type="date", default="x"), "scenario.plan.type")
+    _fails(changed("plan", type="str", default="a", role="axis"), "scenario.plan.role")
+    doc = copy.deepcopy(document)
+    del doc["scenario"]["max_episode_steps"]
+    _fails(doc, "scenario.max_episode_steps")
+    doc = copy.deepcopy(document)
+    doc["handled_outcomes"][0]["dimension"] = "plan"
+    _fails(doc, "handled_outcomes.0.dimension")
+
+
 def test_commands_check_the_config_against_the_selected_process(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
