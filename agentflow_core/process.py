@@ -346,9 +346,7 @@ class _Parser:
             out.append((str(name), float(number)))
         return tuple(out)
 
-    def probes(
-        self, value: Any, tokens: tuple[str, ...], features: tuple[str, ...]
-    ) -> tuple[CanonicalState, ...]:
+    def probes(self, value: Any, tokens: tuple[str, ...], features: tuple[str, ...]) -> tuple[CanonicalState, ...]:
         out = []
         keys = frozenset({"name", "tokens", "features", "logged_in", "cart_items", "payment_page"})
         for i, entry in enumerate(self.items("probes", value, allow_empty=True)):
