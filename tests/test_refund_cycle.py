@@ -1,9 +1,9 @@
 """The refund process (configs/processes/refund.yaml) trained by the same cycle as checkout, end to end.
 
-The tiny refund cycle runs as the Prefect flow over both refund channels (SQL case store, refund
-HTTP service) through every phase -- offline (BC + CQL), the reward validator, the auto-tuner, train,
-stress with the process's own consistency probes, report -- over refund's own scenario dimensions; it
-must learn: the trained policy's test-split process success beats the exploration policy's and, on
+The tiny refund cycle, then a retrain (EWC toward its champion), runs as the Prefect flow over both
+refund channels (SQL case store, refund HTTP service) through every phase -- offline (BC + CQL), the
+reward validator, the auto-tuner, train, stress with the process's own consistency probes, report --
+over refund's own scenario dimensions; it must learn: the trained policy's test-split process success beats the exploration policy's and, on
 the SQL channel, reaches its scripted expert's, measured by the train phase on the same held-out episodes.
 """
 
@@ -70,3 +70,12 @@ def test_refund_cycle_runs_every_phase_and_learns(tmp_path: Path, prefect_harnes
     assert "goal success (REFUND_ISSUED)" in (tmp_path / "data" / "reports" / "report.md").read_text()
     tokens = json.loads((tmp_path / "data" / "trajectories" / "coverage.json").read_text())["nodes"]
     assert [n["token"] for n in tokens] == list(refund.tokens)
+
+    # a retrain on the refund process: the champion's Fisher over refund's widths, EWC toward it, a decision
+    # (its exploration runs on a fresh seed: the tiny coverage gate is recorded only, as in tests/test_retrain.py)
+    relaxed = {"explore.min_state_coverage": 0.0}
+    retrain = training_cycle(params_path=str(params), run_name="tiny-refund-retrain", retrain=True, overrides=relaxed)
+    ewc = json.loads((tmp_path / "data" / "checkpoints" / "train_summary.json").read_text())["ewc"]
+    assert ewc["used"] and ewc["ewc/fisher_max"] > 0.0
+    assert Path(retrain["retrain"]["ewc"]).name == "fisher.safetensors"
+    assert "promotion_reason" in retrain["report"]  # promoted or kept the champion, without error
