@@ -310,7 +310,7 @@ def _vocabulary(info: ValidationInfo) -> Any:
 class ShapingTerm(_Section):
     """One auxiliary reward: ``weight * reward`` paid the first time ``condition`` holds in an episode."""
 
-    condition: str = Field(description="Safe expression over token and feature names (agentflow_core.rl.safe_expr).")
+    condition: str = Field(description="Safe expression over token and feature names (agentflow_core.safe_expr).")
     reward: float
     weight: float = 1.0
 
@@ -318,7 +318,7 @@ class ShapingTerm(_Section):
     @classmethod
     def _compiles(cls, value: str, info: ValidationInfo) -> str:
         # Imported here: the rl package may pull in torch, and a bad condition must fail at config load.
-        from agentflow_core.rl.safe_expr import UnsafeExpressionError, compile_condition
+        from agentflow_core.safe_expr import UnsafeExpressionError, compile_condition
 
         vocabulary = _vocabulary(info)
         try:

@@ -21,15 +21,15 @@ import pytest
 import torch
 
 from agentflow_core.config import PoolConfig, RewardConfig, TrainConfig
-from agentflow_core.contracts import PoolBatch
+from agentflow_core.contracts import PoolBatch, RolloutSlice
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.pool.rollout import InProcessSlices, SlicedRollouts
-from agentflow_core.pool.slices import RolloutSlice, collect_slice, slice_seeds
 from agentflow_core.rl.checkpoint import CheckpointManager, load_checkpoint, restore_ppo
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
+from agentflow_core.rl.rollout import collect_slice, slice_seeds
 from tasks.bench.ppo_bench import _packaged_factory, demo_catalogue
 from tasks.compose import recovery_summary
 
@@ -225,7 +225,7 @@ def test_a_rollout_sent_ahead_is_the_rollout_collect_sends(variants: list[Any], 
 
 
 def _records(rollouts: SlicedRollouts, eval_variants: list[Any], policy: ActorCritic) -> list[tuple[Any, ...]]:
-    from agentflow_core.evaluation.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
+    from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
 
     out = []
     for actor, net in (

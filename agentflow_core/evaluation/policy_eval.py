@@ -22,9 +22,9 @@ import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert, expert_for
-from agentflow_core.evaluation.episodes import EpisodeRecord
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.stress import VariantRow, stratified_sample
+from agentflow_core.pool.episodes import EpisodeRecord
 from agentflow_core.rl.exploration import epsilon_greedy
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.semantics import CHECKOUT, Vocabulary

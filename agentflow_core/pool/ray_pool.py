@@ -51,7 +51,7 @@ from agentflow_core.pool.worker import EnvWorker
 from agentflow_core.procs import start_time
 
 if TYPE_CHECKING:  # the rollout module pulls in torch: actors import it on their first rollout (or standby warm-up)
-    from agentflow_core.evaluation.episodes import EpisodePlayer, EpisodeRecord, EvalRequest
+    from agentflow_core.pool.episodes import EpisodePlayer, EpisodeRecord, EvalRequest
     from agentflow_core.pool.slices import SliceRequest, SliceResult, SliceRunner, Weights
 
 logger = logging.getLogger("agentflow.pool")
@@ -123,9 +123,9 @@ class RayEnvWorker(EnvWorker):
         return self._slice_runner().rollout(request, weights)
 
     def evaluate(self, request: EvalRequest, weights: Weights | None) -> list[EpisodeRecord]:
-        """Play this worker's share of an evaluation here (:mod:`agentflow_core.evaluation.episodes`)."""
+        """Play this worker's share of an evaluation here (:mod:`agentflow_core.pool.episodes`)."""
         if self._player is None:
-            from agentflow_core.evaluation.episodes import EpisodePlayer
+            from agentflow_core.pool.episodes import EpisodePlayer
 
             self._slice_runner()  # torch limited to one thread, as for rollouts
             self._player = EpisodePlayer(self)
