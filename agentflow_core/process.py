@@ -38,7 +38,6 @@ from typing import Any
 
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import ConfigError
-from agentflow_core.evaluation.consistency import CanonicalState
 from agentflow_core.semantics import Vocabulary
 
 MAX_NAMES = 256  # tokens, actions or features per process
@@ -63,6 +62,20 @@ TOP_KEYS = frozenset(
     }
 )
 REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action"})
+
+
+@dataclass(frozen=True)
+class CanonicalState:
+    """A semantic state every channel can be in: its tokens and its stage features (cart in items).
+
+    A process lists them as its consistency probes; :mod:`agentflow_core.evaluation.consistency`
+    encodes each in every variant and compares the policy's choices."""
+
+    name: str
+    tokens: frozenset[str]
+    logged_in: bool = True
+    cart_items: int = 0
+    payment_page: bool = False
 
 
 @dataclass(frozen=True)

@@ -225,7 +225,7 @@ class LocalRayStart:
         """Start it (a no-op when Ray runs here already or is being started).
 
         With ``blank_workers`` it then starts ``pool.num_workers`` env-worker actors and a standby
-        (:func:`~agentflow_core.pool.ray_pool.start_blank_workers`): the command's first pool takes them
+        (:func:`~agentflow_core.pool.ray_actors.start_blank_workers`): the command's first pool takes them
         (:meth:`claim`) instead of starting its own after the command's warm-up.
         """
         import ray
@@ -255,7 +255,7 @@ class LocalRayStart:
                 done.set()
 
     def _start_blank(self, cfg: AgentFlowConfig) -> None:
-        from agentflow_core.pool.ray_pool import start_blank_workers
+        from agentflow_core.pool.ray_actors import start_blank_workers
 
         pc = cfg.pool
         try:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from agentflow_core.config import RewardConfig
 from agentflow_core.rl.reward import CONDITION_NAMES
-from agentflow_core.rl.safe_expr import ExpressionEvalError, UnsafeExpressionError, compile_condition
+from agentflow_core.safe_expr import ExpressionEvalError, UnsafeExpressionError, compile_condition
 from agentflow_core.semantics import FEATURES, TOKENS
 
 NAMES = CONDITION_NAMES

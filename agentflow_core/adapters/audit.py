@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentflow_core.adapters.base import BaseSemanticAdapter
+from agentflow_core.contracts import RegisteredEnv
 from agentflow_core.errors import RegistryError
-from agentflow_core.registry import EnvEntry
 
 FindingKind = Literal["unmapped_raw_state", "unproducible_token", "collapsed_meaning", "wrong_token"]
 Severity = Literal["error", "info"]
@@ -170,7 +170,7 @@ def _collapses(readings: list[_Reading], file: str) -> list[AuditFinding]:
     return list(found.values())
 
 
-def raw_states_of(entry: EnvEntry) -> list[tuple[Any, str]]:
+def raw_states_of(entry: RegisteredEnv) -> list[tuple[Any, str]]:
     """The labelled raw samples of an entry's family module (``RAW_STATES``)."""
     module_name = entry.class_path.partition(":")[0]
     module = importlib.import_module(module_name)
@@ -180,7 +180,7 @@ def raw_states_of(entry: EnvEntry) -> list[tuple[Any, str]]:
     return list(states)
 
 
-def audit_entry(entry: EnvEntry) -> list[AuditFinding]:
+def audit_entry(entry: RegisteredEnv) -> list[AuditFinding]:
     """Audit a registered env's mapping against its family's raw states."""
     adapter = entry.build_adapter()
     return audit_mapping(adapter, raw_states_of(entry), entry.mapping_path)

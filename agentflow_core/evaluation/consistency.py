@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord, dimension_value
+from agentflow_core.process import CanonicalState
 from agentflow_core.semantics import FEATURES, N_ACTIONS, encode
 
 # Features a canonical state fixes, and features nothing in a state fixes (drawn per probe);
@@ -47,17 +48,6 @@ DEFAULT_DRAWS = 3
 DEFAULT_CART_SCALE = 0.2  # one cart item, when the family's mapping does not say how cart_items is scaled
 
 _FUNNEL = frozenset({"LOGGED_IN", "CART_FILLED", "CHECKOUT_STARTED", "ORDER_PENDING"})
-
-
-@dataclass(frozen=True)
-class CanonicalState:
-    """A semantic state every channel can be in: its tokens and its stage features (cart in items)."""
-
-    name: str
-    tokens: frozenset[str]
-    logged_in: bool = True
-    cart_items: int = 0
-    payment_page: bool = False
 
 
 CANONICAL_STATES: tuple[CanonicalState, ...] = (

@@ -239,7 +239,7 @@ def validate_episodes(
 
 
 class RolloutValidator:
-    """The PPO hook (``agentflow_core.rl.ppo.RewardValidatorHook``): scale suspicious episodes' positive rewards.
+    """The PPO hook (``agentflow_core.contracts.RewardValidatorHook``): scale suspicious episodes' positive rewards.
 
     Episodes are the runs of steps between ``done`` flags in each slot's column (a rollout slice
     starts with a reset, so every column starts an episode); the last, unfinished one is judged on

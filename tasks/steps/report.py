@@ -33,12 +33,11 @@ from agentflow_core.evaluation.records import PolicyFn
 from agentflow_core.evaluation.report import (
     build_report,
     cycle_context,
-    render_html,
-    render_markdown,
     report_tree,
     tree_text,
     verdict,
 )
+from agentflow_core.evaluation.report_render import render_html, render_markdown
 from agentflow_core.evaluation.robustness import consistency_variants
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.gates import declared_gates, evaluate_gate

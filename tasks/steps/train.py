@@ -38,9 +38,9 @@ from safetensors.torch import save_file
 from agentflow_core.atomic import write_json, write_text
 from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
-from agentflow_core.evaluation.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
 from agentflow_core.evaluation.policy_eval import EvalResult, stratified_eval_variants, summarise_episodes
 from agentflow_core.gates import evaluate_gate, train_gate
+from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
 from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo

@@ -34,9 +34,9 @@ from torch import nn
 
 from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.pool.rollout import CentralRollouts
 from agentflow_core.rl.losses import LossCoefficients, ppo_minibatch_loss
 from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.rl.rollout import CentralRollouts
 from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM
 from agentflow_core.splits import read_splits
 from agentflow_core.tuning import (
