@@ -9,7 +9,8 @@ Everything is measured side by side in one run and reported as ratios, so machin
 - ``ray_speedup_2_workers``: in-process pool time / Ray pool (2 actors) time, same variants, slots, actions.
 - memory (``*_mb``): RSS growth measured in fresh spawned processes (psutil), so one probe's
   allocations cannot hide another's: the empty pool (1 variant, 1 slot), the whole catalogue
-  (1 slot), 300 live envs, and every variant live at once (or extrapolated, flagged).
+  (1 slot), 300 live envs, and every variant live at once (or extrapolated, flagged), spread over as
+  many in-process workers as ``pool.max_live_per_worker``'s bound needs (:func:`live_layout`).
 - scheduler coverage: :func:`tasks.bench.scheduler_bench.run_scheduler_bench`.
 - recovery: SIGKILL one Ray worker at a fixed step; time to detect, until its envs step again,
   env-steps lost, and throughput 5 s after the kill relative to before.
@@ -527,6 +528,9 @@ def run_pool_bench(
         "variants, episode seeds and actions (overhead_trajectory_match 1.0: every step's done flags "
         "matched). It splits into adapter_only_overhead and the pool's own share on top, "
         "pool_vs_semantic_vector (scheduler, slots, hang watchdog, infos).",
+        "all_live_7200_*: every variant of the catalogue live at once in one process, spread over "
+        "all_live_7200_workers in-process workers (the fewest whose catalogue slices each fit "
+        f"pool.max_live_per_worker's bound of {MAX_ENVS}); memory is the process's RSS growth over the catalogue.",
         "throughput_after_5s_ratio: env-steps/s in the 3 s from 5 s after the SIGKILL over the 3 s before it; "
         "the replacement standby starts 1.5 s after the loss and warms up at SCHED_IDLE priority.",
     ]
