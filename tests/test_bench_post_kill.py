@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,21 @@ def test_repeated_runs_keep_the_keys_a_benchmark_lists_per_run() -> None:
     ]
     out = combine_runs(runs)
     assert out["runs"] == {"ratio": [1.4, 1.6], "ceiling": [1.5, 1.7], "order": ["run 0", "run 1"]}
+
+
+def test_the_kill_runs_params_turn_the_convergence_stop_off_and_change_nothing_else(tmp_path: Path) -> None:
+    """A small config converges before the kill's update; the kill run must reach it (and the updates after)."""
+    import yaml
+
+    from tasks.bench.train_bench import _params_with
+    from tests.tiny import tiny_params
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params(tmp_path, pool={"num_workers": 2})))
+    ray = yaml.safe_load(_params_with(params, tmp_path, "ray").read_text())
+    kill_path = _params_with(params, tmp_path, "ray", "ray-kill", stop_on_convergence=False)
+    kill = yaml.safe_load(kill_path.read_text())
+    assert kill_path.name == "params-ray-kill.yaml" and kill["train"]["gate"]["stop_on_convergence"] is False
+    kill["train"]["gate"].pop("stop_on_convergence")
+    ray["train"]["gate"].pop("stop_on_convergence", None)
+    assert kill == ray

@@ -418,6 +418,23 @@ def onboarding(
     typer.echo(bench_section(TITLES["onboarding"]))
 
 
+def _trained_or_expert(params: Path) -> str | None:
+    """None (the best trained checkpoint under data/) when there is one, else the scripted expert.
+
+    A clean clone has no trained policy until `agentflow run` (or `dvc pull`); the browser bench then
+    measures the sim-to-real gap of the expert, and its JSON names the policy it played.
+    """
+    from agentflow_core.errors import AgentFlowError
+    from tasks.rollout import resolve_checkpoint
+
+    try:
+        resolve_checkpoint(config_or_exit(params), None)
+    except AgentFlowError:
+        typer.echo("bench browser: no trained checkpoint under data/, the sim-to-real gap is the scripted expert's")
+        return "expert"
+    return None
+
+
 @bench_app.command("all")
 def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     """Every benchmark, then BENCHMARKS.md."""
@@ -427,7 +444,7 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
-    browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=None)
+    browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=_trained_or_expert(params))
     onboarding(repeats=5, seeds=2)
 
 

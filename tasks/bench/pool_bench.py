@@ -9,7 +9,8 @@ Everything is measured side by side in one run and reported as ratios, so machin
 - ``ray_speedup_2_workers``: in-process pool time / Ray pool (2 actors) time, same variants, slots, actions.
 - memory (``*_mb``): RSS growth measured in fresh spawned processes (psutil), so one probe's
   allocations cannot hide another's: the empty pool (1 variant, 1 slot), the whole catalogue
-  (1 slot), 300 live envs, and every variant live at once (or extrapolated, flagged).
+  (1 slot), 300 live envs, and every variant live at once (or extrapolated, flagged), spread over as
+  many in-process workers as ``pool.max_live_per_worker``'s bound needs (:func:`live_layout`).
 - scheduler coverage: :func:`tasks.bench.scheduler_bench.run_scheduler_bench`.
 - recovery: SIGKILL one Ray worker at a fixed step; time to detect, until its envs step again,
   env-steps lost, and throughput 5 s after the kill relative to before.
@@ -30,11 +31,12 @@ import gymnasium as gym
 import numpy as np
 import psutil
 
-from agentflow_core.config import PoolConfig
+from agentflow_core.config import MAX_ENVS, PoolConfig
 from agentflow_core.pool.base import EnvFactory, PoolBatch, VariantLike
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.variants import stable_worker
 
 TARGETS = {
     "semantic_overhead": 0.25,
@@ -310,7 +312,27 @@ def semantic_overhead(
 
 
 # --------------------------------------------------------------------------------------- memory
-def _memory_probe(variant_json: list[str], factory: EnvFactory, num_envs: int, max_live: int) -> dict[str, float]:
+def live_layout(env_ids: Sequence[str], live: int) -> tuple[int, int]:
+    """(in-process workers, max_live_per_worker) that hold ``live`` envs at once within the config's bounds.
+
+    ``pool.max_live_per_worker`` is at most ``MAX_ENVS``; more envs than that live at once (every
+    variant of the shipped catalogue) are spread over the fewest workers whose catalogue slices
+    (:func:`~agentflow_core.variants.stable_worker`, as the pool assigns them) each fit the bound.
+    In-process workers are plain objects in the one process whose memory is measured, so the
+    figure is the same envs' memory as with one worker.
+    """
+    if live <= MAX_ENVS:
+        return 1, live
+    for workers in range(2, len(env_ids) + 1):
+        slices = np.bincount([stable_worker(e, workers) for e in env_ids], minlength=workers)
+        if int(slices.max()) <= MAX_ENVS:
+            return workers, MAX_ENVS
+    raise ValueError(f"no worker count holds {live} envs live with at most {MAX_ENVS} per worker")
+
+
+def _memory_probe(
+    variant_json: list[str], factory: EnvFactory, num_envs: int, workers: int, max_live: int
+) -> dict[str, float]:
     """Runs in a fresh process: RSS growth of parsing the catalogue, building the pool and resetting it."""
     from agentflow_core.variants import VariantSpec
 
@@ -318,7 +340,7 @@ def _memory_probe(variant_json: list[str], factory: EnvFactory, num_envs: int, m
     process = psutil.Process()
     base = process.memory_info().rss
     variants = [VariantSpec.from_json(text) for text in variant_json]
-    config = PoolConfig(num_workers=1, scheduler="round_robin", max_live_per_worker=max_live)
+    config = PoolConfig(num_workers=workers, scheduler="round_robin", max_live_per_worker=max_live)
     started = time.perf_counter()
     pool = InProcessPool(variants, factory, num_envs, config, seed=0)
     pool.reset(seed=0)
@@ -328,10 +350,12 @@ def _memory_probe(variant_json: list[str], factory: EnvFactory, num_envs: int, m
     return {"mb": (process.memory_info().rss - base) / 2**20, "live_envs": float(live), "build_s": elapsed}
 
 
-def _probe(variant_json: list[str], factory: EnvFactory, num_envs: int, max_live: int) -> dict[str, float]:
+def _probe(variant_json: list[str], factory: EnvFactory, num_envs: int, env_ids: Sequence[str]) -> dict[str, float]:
+    workers, max_live = live_layout(env_ids, num_envs)
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as workers:
-        return workers.apply(_memory_probe, (variant_json, factory, num_envs, max_live))
+    with ctx.Pool(1) as pool_process:
+        result = pool_process.apply(_memory_probe, (variant_json, factory, num_envs, workers, max_live))
+    return result | {"workers": float(workers)}
 
 
 def memory_footprint(
@@ -339,9 +363,10 @@ def memory_footprint(
 ) -> dict[str, Any]:
     """Catalogue, 300-live and all-live memory beyond an empty pool, each probe in its own process."""
     texts = [v.to_json() for v in variants]  # type: ignore[attr-defined]
-    empty = _probe(texts[:1], factory, 1, 1)
-    catalogue = _probe(texts, factory, 1, 1)
-    live_probe = _probe(texts, factory, live, live)
+    env_ids = [v.env_id for v in variants]
+    empty = _probe(texts[:1], factory, 1, env_ids[:1])
+    catalogue = _probe(texts, factory, 1, env_ids)
+    live_probe = _probe(texts, factory, live, env_ids)
     per_env_mb = (live_probe["mb"] - catalogue["mb"]) / max(live_probe["live_envs"], 1.0)
     out: dict[str, Any] = {
         "n_variants": len(texts),
@@ -351,11 +376,12 @@ def memory_footprint(
         "per_env_kb": per_env_mb * 1024,
     }
     if measure_all_live:
-        all_live = _probe(texts, factory, len(texts), len(texts))
+        all_live = _probe(texts, factory, len(texts), env_ids)
         out.update(
             all_live_7200_mb=all_live["mb"] - catalogue["mb"],
             all_live_7200_extrapolated=False,
             all_live_7200_envs=int(all_live["live_envs"]),
+            all_live_7200_workers=int(all_live["workers"]),
             all_live_7200_build_s=all_live["build_s"],
         )
     else:
@@ -378,7 +404,8 @@ def ray_speedup_and_recovery(
     from agentflow_core.pool.ray_pool import RayPool
 
     base = config or PoolConfig()
-    config = base.model_copy(update={"num_workers": 2, "max_live_per_worker": max(base.max_live_per_worker, num_envs)})
+    live = min(max(base.max_live_per_worker, num_envs), MAX_ENVS)
+    config = base.model_copy(update={"num_workers": 2, "max_live_per_worker": live})
     timings: dict[str, float] = {}
     pools: dict[str, InProcessPool | RayPool] = {}
     for name in ("inprocess", "ray"):
@@ -501,6 +528,9 @@ def run_pool_bench(
         "variants, episode seeds and actions (overhead_trajectory_match 1.0: every step's done flags "
         "matched). It splits into adapter_only_overhead and the pool's own share on top, "
         "pool_vs_semantic_vector (scheduler, slots, hang watchdog, infos).",
+        "all_live_7200_*: every variant of the catalogue live at once in one process, spread over "
+        "all_live_7200_workers in-process workers (the fewest whose catalogue slices each fit "
+        f"pool.max_live_per_worker's bound of {MAX_ENVS}); memory is the process's RSS growth over the catalogue.",
         "throughput_after_5s_ratio: env-steps/s in the 3 s from 5 s after the SIGKILL over the 3 s before it; "
         "the replacement standby starts 1.5 s after the loss and warms up at SCHED_IDLE priority.",
     ]

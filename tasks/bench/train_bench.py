@@ -44,12 +44,16 @@ HIGHER_IS_BETTER = {
 }
 
 
-def _params_with(params: Path, work: Path, backend: str) -> Path:
+def _params_with(
+    params: Path, work: Path, backend: str, name: str | None = None, stop_on_convergence: bool = True
+) -> Path:
     data = yaml.safe_load(params.read_text(encoding="utf-8"))
     data.setdefault("pool", {})["backend"] = backend
+    if not stop_on_convergence:
+        data.setdefault("train", {}).setdefault("gate", {})["stop_on_convergence"] = False
     # the benchmark's metrics, MLflow runs and checkpoints stay in its own folder, never the project's
     data.setdefault("base", {}).update(data_dir=str(work / "data"), state_dir=str(work / ".agentflow"))
-    out = work / f"params-{backend}.yaml"
+    out = work / f"params-{name or backend}.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return out
 
@@ -84,6 +88,12 @@ def _train(params: Path, data: Path, out: Path, total_steps: int, kill_after_upd
             # the update the newest checkpoint holds: the kill lands in one of the rollouts after it
             saved = [int(p.name[7:]) for p in ckpts.glob("update_*") if p.name[7:].isdigit()]
             killed_at_update = max(saved, default=None)
+        if proc.poll() is not None:
+            output, _ = proc.communicate()
+            raise RuntimeError(
+                f"{' '.join(cmd)} ended ({proc.returncode}) at update {killed_at_update}, before the kill "
+                f"after update {kill_after_update}:\n{output[-3000:]}"
+            )
         victim = busy_env_worker(proc.pid, deadline=time.monotonic() + 30)
         if victim is not None:
             os.kill(victim, signal.SIGKILL)
@@ -209,7 +219,9 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     runs = {backend: [run for name, run in ordered if name == backend] for backend in params_of}
     # the kill run: half the steps, the kill after the checkpoint of update KILL_AFTER_UPDATE, so that
     # the per-update throughput before and after it is a median over some 20 updates each
-    kill = _train(ray_params, data, work / "ray-kill", max(total_steps // 2, 48 * 2048), KILL_AFTER_UPDATE)
+    # no convergence stop: the run must reach the kill and the updates after it (a small config converges early)
+    kill_params = _params_with(params, work, "ray", "ray-kill", stop_on_convergence=False)
+    kill = _train(kill_params, data, work / "ray-kill", max(total_steps // 2, 48 * 2048), KILL_AFTER_UPDATE)
     out: dict[str, Any] = {"total_steps": total_steps, "machine_cpus": os.cpu_count(), "machine_load": machine.result()}
     out["side_order"] = list(SIDE_ORDER)
     for name, sides in runs.items():

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from agentflow_core.errors import AgentFlowError
 from tasks.bench.machine import MachineLoad
 
 TARGETS = {"sps_ratio_2_workers": 1.2, "sps_ratio_cluster": 1.2}
@@ -112,7 +113,7 @@ def run_tune_bench(
     """
     for needed in (catalogue, trajectories):
         if not needed.exists():
-            raise FileNotFoundError(f"{needed} is missing: run `agentflow variants` and `agentflow explore` first")
+            raise AgentFlowError(f"{needed} is missing: run `agentflow variants` and `agentflow explore` first")
     work.mkdir(parents=True, exist_ok=True)
     machine = MachineLoad()
     setups = {"2_workers": (None, None), "cluster": (cluster_cpus, cluster_workers)}
