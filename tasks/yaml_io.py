@@ -66,6 +66,8 @@ class _LimitedLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, MappingNode):  # ``!!set x``: PyYAML's own check raises its ConstructorError
+            return SafeConstructor.construct_mapping(self, node, deep=deep)
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if isinstance(key_node, ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
@@ -125,8 +127,9 @@ def load_yaml_text(text: str) -> Any:
         raise YamlLimitError("<file>", f"larger than {MAX_BYTES} bytes ({len(text)})")
     if "\x00" in text:
         raise YamlLimitError("<file>", "contains NUL characters (a binary or UTF-16 file, not YAML text)")
-    loader = _LimitedLoader(text)
+    loader: _LimitedLoader | None = None
     try:
+        loader = _LimitedLoader(text)  # its reader already refuses control characters
         root = loader.get_single_node()
         if root is None:
             return None
@@ -140,10 +143,15 @@ def load_yaml_text(text: str) -> Any:
         raise YamlLimitError(where, f"malformed YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise YamlLimitError("<file>", f"malformed YAML: {exc}") from None
+    except YamlLimitError:
+        raise
     except (RecursionError, MemoryError, OverflowError) as exc:
         raise YamlLimitError("<file>", f"cannot be parsed within limits ({type(exc).__name__})") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # a constructor PyYAML did not guard
+        raise YamlLimitError("<file>", f"malformed YAML: {type(exc).__name__}: {str(exc)[:200]}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_text_file(path: Path) -> str:
