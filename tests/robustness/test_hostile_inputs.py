@@ -137,6 +137,7 @@ CASES = [
     _openapi("alias_bomb.yaml", (CORPUS / "openapi" / "alias_bomb.yaml").read_bytes(), "aliases"),
     _openapi("list_root.yaml", (CORPUS / "openapi" / "list_root.yaml").read_bytes(), "<root>"),
     _openapi("duplicate_paths.yaml", (CORPUS / "openapi" / "duplicate_paths.yaml").read_bytes(), "'paths'"),
+    _openapi("paths_list.yaml", (CORPUS / "openapi" / "paths_list.yaml").read_bytes(), "$.paths", "expected a mapping"),
     _openapi("utf16.yaml", UTF16, "UTF-16"),
     _params("recursive_alias.yaml", RECURSIVE, "params.yaml", "line 1", "recursive alias"),
     _params("recursive_mapping.yaml", RECURSIVE_MAP, "params.yaml", "line 1", "recursive alias"),

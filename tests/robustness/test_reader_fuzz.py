@@ -160,6 +160,25 @@ def test_openapi_specs(text: str) -> None:
     _run(read)
 
 
+OPENAPI_KEYS = ["paths", "/pay", "post", "get", "responses", "200", "requestBody", "content", "application/json"]
+OPENAPI_KEYS += ["schema", "properties", "status", "enum", "example", "$ref", "components", "schemas", "required"]
+OPENAPI_LEAVES = st.one_of(st.none(), st.integers(), st.text(max_size=8), st.sampled_from(["#/components/schemas/x"]))
+OPENAPI_TREES = st.recursive(
+    OPENAPI_LEAVES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(OPENAPI_KEYS), inner, max_size=4)
+    ),
+    max_leaves=24,
+)
+
+
+@FUZZ
+@given(paths=OPENAPI_TREES, components=OPENAPI_TREES)
+@example(paths=["/pay"], components=None)
+def test_openapi_structures(paths: Any, components: Any) -> None:
+    _run(lambda: generate_from_openapi({"openapi": "3.0.0", "paths": paths, "components": components}, "shop"))
+
+
 @FUZZ
 @given(pattern=REGEX_TEXT)
 @example(pattern="(?:(?:a{999}){999}){999}")
