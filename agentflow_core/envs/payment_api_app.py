@@ -29,7 +29,8 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_EPISODES = 16_384
 MAX_EPISODES_PER_CLIENT = 256  # a client's own cap: one flooding client cannot take the others' room
 MAX_CLIENTS = 1024
-EPISODE_TTL_S = 30.0  # an episode (and a client) unused this long is gone; live envs step every few ms
+UNUSED_EPISODE_TTL_S = 10.0  # an episode nobody has sent a request to since its creation: gone in seconds
+EPISODE_TTL_S = 600.0  # an episode in use (and a client) idle this long is gone: an agent may pause mid-episode
 MAX_STEP = 10**9
 
 Response = tuple[int, dict[str, Any] | None, dict[str, str]]
@@ -325,24 +326,34 @@ class PaymentAPIState:
     (:meth:`register_client`, ``POST /clients``) and sends its random token (``X-Client-Token``)
     with every request; an episode answers only its own client's token, so one local client can
     neither act on nor delete another's episodes even knowing their ids. A client holds at most
-    ``MAX_EPISODES_PER_CLIENT`` episodes (429 ``client_quota`` to that client alone). ``episodes``
-    and ``clients`` are ordered by last use: expiry pops idle ones from the front in O(1) each, and
-    when the server-wide caps are reached the least recently used episode (or client) is dropped to
-    make room, never the new request refused -- so a client that keeps its episodes busy is never
-    locked out by another that floods.
+    ``MAX_EPISODES_PER_CLIENT`` episodes (429 ``client_quota`` to that client alone). An episode
+    no request has reached since its creation expires after ``unused_ttl_s`` (seconds: what a flood
+    leaves behind); one in use after ``episode_ttl_s`` (an agent pauses mid-episode for its update
+    or an evaluation, and an episode lost to a timer would make a run depend on timing). ``episodes``,
+    ``_unused`` and ``clients`` are ordered by last use (creation): expiry pops idle ones from the
+    front in O(1) each, and when the server-wide caps are reached the least recently used episode
+    (or client) is dropped to make room, never the new request refused -- so a client that keeps
+    its episodes busy is never locked out by another that floods.
     """
 
-    def __init__(self, episode_ttl_s: float = EPISODE_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        episode_ttl_s: float = EPISODE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+        unused_ttl_s: float = UNUSED_EPISODE_TTL_S,
+    ) -> None:
         self.episodes: OrderedDict[str, _Episode] = OrderedDict()
+        self._unused: OrderedDict[str, float] = OrderedDict()  # episode id -> creation, until its first request
         self.clients: OrderedDict[str, float] = OrderedDict()  # token -> last use
         self._last_used: dict[str, float] = {}
         self._owner: dict[str, str] = {}  # episode id -> client token
         self._held: dict[str, int] = {}  # client token -> live episodes
-        self.episode_ttl_s, self.clock = episode_ttl_s, clock
+        self.episode_ttl_s, self.unused_ttl_s, self.clock = episode_ttl_s, unused_ttl_s, clock
         self.lock = threading.Lock()
 
     def _remove(self, episode_id: str) -> None:
         del self.episodes[episode_id], self._last_used[episode_id]
+        self._unused.pop(episode_id, None)
         client = self._owner.pop(episode_id)
         self._held[client] -= 1
 
@@ -353,6 +364,11 @@ class PaymentAPIState:
         self._held.pop(token, None)
 
     def _expire(self, now: float) -> None:
+        while self._unused:
+            oldest, created = next(iter(self._unused.items()))
+            if now - created < self.unused_ttl_s:
+                break
+            self._remove(oldest)
         while self.episodes:
             oldest = next(iter(self.episodes))
             if now - self._last_used[oldest] < self.episode_ttl_s:
@@ -380,6 +396,7 @@ class PaymentAPIState:
             return None
         self.episodes.move_to_end(episode_id)
         self._last_used[episode_id] = now
+        self._unused.pop(episode_id, None)
         return ep
 
     def register_client(self) -> str:
@@ -409,6 +426,7 @@ class PaymentAPIState:
             episode_id = f"ep-{secrets.token_urlsafe(16)}"
             self.episodes[episode_id] = _new_episode(scenario, seed)
             self._last_used[episode_id], self._owner[episode_id] = now, client
+            self._unused[episode_id] = now
             self._held[client] += 1
             return episode_id
 

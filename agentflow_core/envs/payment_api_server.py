@@ -21,8 +21,8 @@ Hardening (the server is reachable by every local process): it binds loopback on
 registers (``POST /clients``) and sends its random token (``X-Client-Token``) with every request;
 an episode id is a 128-bit random bearer token that answers only the client that created it
 (replace and delete too), so a second local client cannot address another env's order; a client
-holds at most ``MAX_EPISODES_PER_CLIENT`` episodes, an episode unused for ``episode_ttl_s`` (30 s)
-expires, and at the server-wide caps the least recently used episode or client makes room, so a
+holds at most ``MAX_EPISODES_PER_CLIENT`` episodes, an episode no request has reached expires in
+seconds (one in use after ``episode_ttl_s``), and at the server-wide caps the least recently used episode or client makes room, so a
 flooding client cannot lock out one whose episodes are in use (:class:`PaymentAPIState`); a
 connection silent for ``IDLE_CONNECTION_TIMEOUT_S`` is closed; bodies over ``MAX_BODY_BYTES`` are
 refused unread; conflicting ``Content-Length`` headers are refused; and every malformed request

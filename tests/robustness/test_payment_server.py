@@ -94,12 +94,18 @@ def test_another_client_cannot_act_on_or_delete_an_episode_even_knowing_its_id(a
 
 def test_episodes_expire_and_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
-    state = PaymentAPIState(episode_ttl_s=60.0, clock=lambda: now[0])
+    state = PaymentAPIState(episode_ttl_s=60.0, clock=lambda: now[0], unused_ttl_s=5.0)
     client = state.register_client()
+    never_used = state.create(Scenario(), seed=0, client=client)
     old = state.create(Scenario(), seed=0, client=client)
+    assert state.handle("GET", "/cart", {"X-Episode-Id": old, "X-Client-Token": client}, {})[0] != 404
+    now[0] = 6.0  # an episode no request reached is gone in seconds; one in use stays
+    assert state.handle("GET", "/cart", {"X-Episode-Id": never_used, "X-Client-Token": client}, {})[0] == 404
+    assert old in state.episodes
     now[0] = 30.0
     kept = state.create(Scenario(), seed=0, client=client)
-    now[0] = 70.0  # old unused for 70 s, kept for 40 s
+    assert state.handle("GET", "/cart", {"X-Episode-Id": kept, "X-Client-Token": client}, {})[0] != 404
+    now[0] = 70.0  # old idle for 70 s, kept for 40 s
     assert state.handle("GET", "/cart", {"X-Episode-Id": old, "X-Client-Token": client}, {})[0] == 404
     assert state.handle("GET", "/cart", {"X-Episode-Id": kept, "X-Client-Token": client}, {})[0] != 404
     assert list(state.episodes) == [kept]
