@@ -29,6 +29,7 @@ from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.sim_to_real import SimToRealReport, paired_episodes, select_pairs, summarize
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.variants import VariantSpec
+from tasks.child_reaper import start_reaper
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy
 
@@ -91,6 +92,7 @@ def open_real_channels(
 
     sim = load_registry(cfg)
     real: dict[str, EnvEntry] = {}
+    start_reaper()  # Chromium, PostgreSQL and the server process end with this command, even a killed one
     with ExitStack() as stack:
         for family in families:
             if family == "web_checkout":
