@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from agentflow_core.contracts import ChannelHealth
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.semantics import GOAL_TOKEN, process_success
 from agentflow_core.variants import VariantSpec
@@ -46,18 +47,6 @@ class EpisodeTrace:
     reached_goal: bool
     step_seconds: tuple[float, ...]
     failure_reason: str | None = None  # set when the channel failed under the episode (it then counts as failed)
-
-
-class ChannelHealth(Protocol):
-    """The real channels' processes, as the paired run sees them."""
-
-    def alive(self, family: str) -> bool:
-        """Is the family's real channel process still serving?"""
-        ...
-
-    def restart(self, family: str) -> None:
-        """Replace a dead channel with a fresh one; raises when it cannot (the run then ends)."""
-        ...
 
 
 def run_episode(
