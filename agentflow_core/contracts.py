@@ -343,3 +343,18 @@ class RegisteredEnv(Protocol):
 
     def build_adapter(self) -> Any:
         """The entry's semantic adapter over its mapping, in its process's vocabulary."""
+
+
+class ChannelHealth(Protocol):
+    """The real channels' processes as a paired sim-to-real run sees them (one per family).
+
+    Why a seam: the core runs the paired episodes and decides what a dead channel costs (the episode
+    it was running); the edge owns the processes (a browser, a PostgreSQL server, a server process)
+    and knows how to probe and restart them (``tasks.real_channels.RealChannels``).
+    """
+
+    def alive(self, family: str) -> bool:
+        """Is the family's real channel process still serving?"""
+
+    def restart(self, family: str) -> None:
+        """Replace a dead channel with a fresh one; raises when it cannot (the run then ends)."""

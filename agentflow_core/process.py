@@ -134,10 +134,10 @@ class _Parser:
     def mapping(self, key: str, value: Any, allowed: frozenset[str], required: frozenset[str]) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
             raise self.fail(key, value, "a mapping")
-        unknown = sorted(str(k) for k in set(value) - allowed)
+        unknown = sorted((k for k in value if k not in allowed), key=str)  # keys may be None or numbers
         if unknown:
             raise self.fail(
-                f"{key}.{unknown[0]}" if key else unknown[0], value[unknown[0]], f"no such key ({sorted(allowed)})"
+                f"{key}.{unknown[0]}" if key else str(unknown[0]), value[unknown[0]], f"no such key ({sorted(allowed)})"
             )
         missing = sorted(required - set(value))
         if missing:

@@ -44,6 +44,7 @@ from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.semantics import TOKENS, Vocabulary
 from agentflow_core.variants import BaseEnvInfo, VariantSpec
+from tasks.child_reaper import start_reaper
 from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 
@@ -307,6 +308,7 @@ def start_ray(cfg: AgentFlowConfig, wait: bool = True, blank_workers: bool = Fal
     address = ray_address(cfg)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not address:
+        start_reaper()  # a killed command's private Ray (GCS, raylet, workers) ends within seconds
         LOCAL_RAY.begin(cfg, blank_workers)
         if wait:
             LOCAL_RAY.wait()

@@ -17,6 +17,7 @@ the output folder still has the DVC md5 it was written with. Training resumes fr
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -98,6 +99,22 @@ class Throttled:
             self.next = share + self.fraction
 
 
+def _cache_record(record_path: Path) -> dict[str, Any]:
+    """A phase-cache record, or ``{}`` (the phase reruns) with a warning line when the file is damaged."""
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        record, problem = None, f"{type(exc).__name__}: {str(exc)[:120]}"
+    else:
+        problem = "not a record with a summary"
+    if isinstance(record, dict) and isinstance(record.get("summary"), dict):
+        return record
+    logging.getLogger("agentflow.phase_cache").warning(
+        "phase cache %s is damaged (%s): treated as absent, the phase reruns", record_path, problem
+    )
+    return {}
+
+
 def cached(
     cfg: AgentFlowConfig, stage: str, out_dir: Path, use_cache: bool, run: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -105,10 +122,7 @@ def cached(
     record_path = state_dir(cfg) / "phase-cache" / f"{stage}.json"
     key = stage_fingerprint(cfg, stage)
     if use_cache and record_path.exists() and out_dir.exists():
-        try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            record = {}
+        record = _cache_record(record_path)
         if record.get("key") == key and record.get("out_md5") == dvc_md5(out_dir):
             get_run_logger().info("%s: inputs unchanged and %s intact, reusing it", stage, out_dir)
             return dict(record["summary"])
@@ -223,7 +237,7 @@ def track_phase(
     """Log a phase that ran (or came from cache) into its nested MLflow run."""
     tracker = MlflowTracker(tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, phase)
-    tracker.log_metrics(run_id, _numeric(summary))
+    tracker.log_new_metrics(run_id, _numeric(summary))  # a resume reopens this run: no second copy
     if artifacts is not None:
         for card in sorted(artifacts.glob("*.json"))[:5]:
             tracker.log_artifacts(run_id, card, phase)

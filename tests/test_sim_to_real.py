@@ -99,7 +99,9 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
 def test_payment_api_process_serves_until_its_parent_closes_the_pipe() -> None:
     """The real HTTP channel's server runs in its own process; leaving the context stops it (stdin EOF)."""
     with payment_api_process() as url:
-        answered = httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, timeout=10)
+        token = httpx.post(f"{url}/clients", json={}, timeout=10).json()["client_token"]
+        headers = {"X-Client-Token": token}
+        answered = httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, headers=headers, timeout=10)
         assert answered.status_code in (200, 201) and answered.json()
     with pytest.raises(httpx.ConnectError):
         httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, timeout=2)

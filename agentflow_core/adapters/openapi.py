@@ -435,6 +435,25 @@ def generate_mapping(spec: Mapping[str, Any], family: str, version: int = 1) -> 
     return validate_mapping(mapping, f"<openapi:{title}>", expected_template="api")
 
 
+def _check_shape(spec: Mapping[str, Any]) -> None:
+    """The containers generation walks are mappings: ``paths: [..]`` is one MappingError naming the key."""
+    parts: list[tuple[str, Any]] = [
+        ("$.paths", spec.get("paths") or {}),
+        ("$.components", spec.get("components") or {}),
+    ]
+    paths = spec.get("paths")
+    if isinstance(paths, Mapping):
+        for path, item in paths.items():
+            parts.append((f"$.paths[{str(path)[:80]!r}]", item))
+            for method in HTTP_METHODS:
+                operation = item.get(method) if isinstance(item, Mapping) else None
+                if isinstance(operation, Mapping) and "responses" in operation:
+                    parts.append((f"$.paths[{str(path)[:80]!r}].{method}.responses", operation["responses"] or {}))
+    for where, value in parts:
+        if not isinstance(value, Mapping):
+            raise MappingError("<openapi>", where, f"got {type(value).__name__}, expected a mapping")
+
+
 def generate_from_openapi(
     spec: Mapping[str, Any],
     family: str,
@@ -464,11 +483,15 @@ def generate_from_openapi(
             "$.x-agentflow-class-path",
             f"got {str(declared)[:120]!r}; a spec never chooses code (generated envs use {DEFAULT_CLASS_PATH})",
         )
-    if vocabulary == CHECKOUT:
-        mapping = generate_mapping(spec, family, version)
-    else:
-        mapping = generate_process_mapping(spec, family, vocabulary, version)
-    info = spec.get("info") or {}
+    _check_shape(spec)
+    try:
+        if vocabulary == CHECKOUT:
+            mapping = generate_mapping(spec, family, version)
+        else:
+            mapping = generate_process_mapping(spec, family, vocabulary, version)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:  # a part deeper than _check_shape reads
+        raise MappingError("<openapi>", "$", f"unexpected structure: {type(exc).__name__}: {str(exc)[:160]}") from None
+    info: Mapping[str, Any] = spec["info"] if isinstance(spec.get("info"), Mapping) else {}
     config: dict[str, Any] = {
         "env_id": f"{family}_v{version}",
         "description": str(info.get("description") or info.get("title") or family).strip().splitlines()[0],

@@ -10,16 +10,24 @@ paths are equal, and where it is not, the first differing step is what to look a
 
 Real channels are slow (a browser step is a click, a network round trip and a DOM read), so the
 wall time of each real step is recorded (``clock`` is injected) and reported as p50/p95.
+
+A real channel is a process that can die (Chromium, the PostgreSQL server, the payment server).
+Given a :class:`ChannelHealth`, :func:`paired_episodes` checks the family's channel after each real
+episode (and when the episode raised): a dead channel costs the episode it was running -- recorded as
+a failed real episode with its ``failure_reason`` -- and is restarted; the run goes on. A channel
+that cannot be restarted (:meth:`ChannelHealth.restart` raises) ends the run with that one error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from agentflow_core.contracts import ChannelHealth
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.semantics import GOAL_TOKEN, process_success
 from agentflow_core.variants import VariantSpec
@@ -38,6 +46,7 @@ class EpisodeTrace:
     success: bool
     reached_goal: bool
     step_seconds: tuple[float, ...]
+    failure_reason: str | None = None  # set when the channel failed under the episode (it then counts as failed)
 
 
 def run_episode(
@@ -77,6 +86,35 @@ class PairedEpisode:
         return self.sim.actions == self.real.actions and self.sim.tokens == self.real.tokens
 
 
+def _real_episode(
+    variant: VariantSpec,
+    seed: int,
+    make_real: EnvMaker,
+    policy_fn: PolicyFn,
+    clock: Callable[[], float],
+    health: ChannelHealth,
+) -> EpisodeTrace:
+    """One real episode; a channel found dead after it (or under its exception) costs just this episode."""
+    trace, error = None, None
+    try:
+        env = make_real(variant)
+        try:
+            trace = run_episode(env, policy_fn, seed, variant.params, clock)
+        finally:
+            with suppress(Exception):  # closing talks to the channel too, which may be gone
+                env.close()
+    except Exception as exc:
+        error = exc
+    if health.alive(variant.family):
+        if error is not None:
+            raise error  # the channel is fine: a real error, not a channel failure
+        assert trace is not None
+        return trace
+    reason = "real channel process died" + (f" ({type(error).__name__}: {str(error)[:160]})" if error else "")
+    health.restart(variant.family)
+    return EpisodeTrace((), (), False, False, False, (), failure_reason=reason)
+
+
 def paired_episodes(
     variants: Sequence[VariantSpec],
     seeds: Sequence[int],
@@ -84,18 +122,28 @@ def paired_episodes(
     make_real: EnvMaker,
     policy_fn: PolicyFn,
     clock: Callable[[], float],
+    health: ChannelHealth | None = None,
 ) -> list[PairedEpisode]:
-    """Run each (variant, seed) on a fresh simulated env and a fresh real env; envs are closed after use."""
+    """Run each (variant, seed) on a fresh simulated env and a fresh real env; envs are closed after use.
+
+    With ``health``, a real channel that dies costs the episode it was running (see the module notes).
+    """
     out = []
     for variant, seed in zip(variants, seeds, strict=True):
-        traces = []
-        for make in (make_sim, make_real):
-            env = make(variant)
+        env = make_sim(variant)
+        try:
+            sim = run_episode(env, policy_fn, seed, variant.params, clock)
+        finally:
+            env.close()
+        if health is None:
+            env = make_real(variant)
             try:
-                traces.append(run_episode(env, policy_fn, seed, variant.params, clock))
+                real = run_episode(env, policy_fn, seed, variant.params, clock)
             finally:
                 env.close()
-        out.append(PairedEpisode(variant.family, variant.env_id, seed, traces[0], traces[1]))
+        else:
+            real = _real_episode(variant, seed, make_real, policy_fn, clock, health)
+        out.append(PairedEpisode(variant.family, variant.env_id, seed, sim, real))
     return out
 
 
@@ -116,6 +164,7 @@ class FamilyGap:
     real_step_ms_p50: float
     real_step_ms_p95: float
     sim_step_ms_p50: float
+    real_channel_failures: int = 0
 
     @property
     def gap(self) -> float:
@@ -135,6 +184,7 @@ class FamilyGap:
             "real_step_ms_p50": self.real_step_ms_p50,
             "real_step_ms_p95": self.real_step_ms_p95,
             "sim_step_ms_p50": self.sim_step_ms_p50,
+            "real_channel_failures": self.real_channel_failures,
         }
 
 
@@ -158,7 +208,12 @@ class SimToRealReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for summary.json."""
-        return {"max_gap": self.max_gap, "families": [f.to_dict() for f in self.families]}
+        failed = [
+            {"family": e.family, "env_id": e.env_id, "seed": e.seed, "failure_reason": e.real.failure_reason}
+            for e in self.episodes
+            if e.real.failure_reason is not None
+        ]
+        return {"max_gap": self.max_gap, "families": [f.to_dict() for f in self.families], "real_failures": failed}
 
 
 def summarize(episodes: Sequence[PairedEpisode], real_channels: Mapping[str, str]) -> SimToRealReport:
@@ -180,6 +235,7 @@ def summarize(episodes: Sequence[PairedEpisode], real_channels: Mapping[str, str
                 real_step_ms_p50=_percentile_ms(real_steps, 50),
                 real_step_ms_p95=_percentile_ms(real_steps, 95),
                 sim_step_ms_p50=_percentile_ms(sim_steps, 50),
+                real_channel_failures=sum(e.real.failure_reason is not None for e in mine),
             )
         )
     return SimToRealReport(tuple(families), list(episodes))

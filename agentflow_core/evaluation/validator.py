@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from agentflow_core.atomic import atomic_file
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.semantics import N_ACTIONS, N_TOKENS, TOKEN_INDEX
 
@@ -146,7 +147,8 @@ def save_discriminator(model: Discriminator, path: Path) -> None:
     """Weights (and the hidden width, as a tensor) in one safetensors file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors | {"hidden": torch.tensor([model.hidden])}, str(path))
+    with atomic_file(path) as tmp:
+        save_file(tensors | {"hidden": torch.tensor([model.hidden])}, str(tmp))
 
 
 def load_discriminator(path: Path) -> Discriminator:

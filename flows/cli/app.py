@@ -20,7 +20,7 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError, MappingError, RegistryError, RequirementError
 from flows.cli.bench import bench_app
 from flows.cli.calibrate import calibrate_command
-from flows.cli.common import PARAMS_OPTION, config_or_exit, exit_on_unmet, one_line, requirements_or_exit
+from flows.cli.common import PARAMS_OPTION, config_or_exit, exit_on_unmet, one_line, os_error_line, requirements_or_exit
 from flows.cli.envs import envs_app
 from flows.cli.explore import explore_command
 from flows.cli.offline import export_minari_command, offline_command
@@ -288,6 +288,12 @@ def main() -> None:
     except AgentFlowError as exc:
         err_console.print(f"[bold red]error[/]: {one_line(exc)}")
         sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError | RequirementError) else 1)
+    except OSError as exc:  # disk full, read-only folder, permission: one line naming the path and errno
+        err_console.print(f"[bold red]I/O error[/]: {os_error_line(exc)}")
+        sys.exit(2)
+    except (MemoryError, RecursionError) as exc:
+        err_console.print(f"[bold red]error[/]: input too large or too deeply nested to process ({type(exc).__name__})")
+        sys.exit(2)
     finally:
         stop_ray()
         # The interpreter's exit collects every object the command imported (torch, MLflow, Prefect,

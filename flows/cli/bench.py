@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from agentflow_core.atomic import write_json
+from agentflow_core.atomic import write_json, write_text
 from flows.cli.common import config_or_exit, phase_config_or_exit
 
 bench_app = typer.Typer(
@@ -230,7 +230,7 @@ def bench_section(title: str) -> str:
 
 def write_benchmarks_md(bench_dir: Path = BENCH_DIR, target: Path = BENCHMARKS_MD) -> None:
     """Re-render BENCHMARKS.md after a benchmark, so the committed table follows the JSON results."""
-    target.write_text(render_benchmarks(bench_dir), encoding="utf-8")
+    write_text(target, render_benchmarks(bench_dir))
 
 
 @bench_app.command("pool")

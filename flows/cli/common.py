@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import typer
@@ -23,6 +24,13 @@ PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The ru
 def one_line(exc: BaseException) -> str:
     """An error message as one line of plain text: user text is escaped, never read as rich markup."""
     return escape(" ".join(str(exc).splitlines()))
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error as one escaped line naming the path(s), the errno's name and the system's reason."""
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
+    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None) or "<no path>"
+    return escape(" ".join(f"{paths}: {code} ({exc.strerror or exc})".splitlines()))
 
 
 def config_or_exit(params: Path) -> AgentFlowConfig:

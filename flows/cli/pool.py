@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentflow_core.atomic import write_json
+from agentflow_core.atomic import atomic_file, write_json, write_text
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants
@@ -72,11 +72,11 @@ def profile_envs_cmd(
     variants, factory = catalogue_and_factory(cfg)
     records = [r.as_dict() for r in profile_envs(variants, factory, per_family, steps, mem_envs, seed=cfg.base.seed)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / "env_profile.csv").open("w", newline="", encoding="utf-8") as fh:
+    with atomic_file(out_dir / "env_profile.csv") as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(records[0]))
         writer.writeheader()
         writer.writerows(records)
-    (out_dir / "env_profile.json").write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
+    write_text(out_dir / "env_profile.json", json.dumps(records, indent=2) + "\n")
     table = Table(title=f"env profile ({len(variants)} variants in the catalogue)")
     for column in (
         "family",

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.adapters.audit import audit_entry
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.stress import stratified_sample
@@ -72,6 +72,7 @@ def run_calibrate(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the calibration gate's measurements; returns the summary (the gate verdict included)."""
+    check_output(out_dir)
     started = time.perf_counter()
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)

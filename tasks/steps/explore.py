@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.policy_eval import greedy_policy
 from agentflow_core.gates import evaluate_gate, explore_gate
@@ -91,6 +91,7 @@ def run_explore(
     in that order (the priority variants, then the rest in catalogue order) instead of using
     ``pool.scheduler``. ``card`` adds entries to the dataset card.
     """
+    check_output(out_dir)
     started = time.perf_counter()
     variants = read_splits(catalogue_path)["train"]
     seed = cfg.base.seed if seed is None else seed

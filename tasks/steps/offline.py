@@ -24,9 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from agentflow_core.atomic import write_json
+from agentflow_core.atomic import check_output, save_tensors, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.policy_eval import evaluate_policy, greedy_policy, stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, offline_gate
@@ -155,6 +154,7 @@ def run_offline(
     """Run the offline stage (or record that it is switched off); returns the summary."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
+    check_output(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in (ACTOR_FILE, BC_ACTOR_FILE, Q_FILE):
         (out_dir / name).unlink(missing_ok=True)  # a switched-off or failed stage leaves no actor for train
@@ -201,9 +201,9 @@ def run_offline(
     }
     verdict = evaluate_gate(offline_gate(cfg), summary)
     if verdict.passed:
-        save_file(actor_state(actor), str(out_dir / ACTOR_FILE))
-    save_file(actor_state(bc), str(out_dir / BC_ACTOR_FILE))
-    save_file({k: v.detach().cpu().contiguous() for k, v in q.state_dict().items()}, str(out_dir / Q_FILE))
+        save_tensors(actor_state(actor), out_dir / ACTOR_FILE)
+    save_tensors(actor_state(bc), out_dir / BC_ACTOR_FILE)
+    save_tensors({k: v.detach().cpu().contiguous() for k, v in q.state_dict().items()}, out_dir / Q_FILE)
     summary["wall_s"] = time.perf_counter() - started
     summary.update(
         passed=verdict.passed,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion
@@ -163,6 +163,7 @@ def run_report(
     paths = DataPaths.of(cfg)
     stress_dir = stress_dir or paths.stress
     out_dir = out_dir or paths.reports
+    check_output(out_dir)
     ref = resolve_checkpoint(cfg, checkpoint)
     summary = load_stress_summary(stress_dir)
     if summary is None or summary.get("checkpoint") != ref:

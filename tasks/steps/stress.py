@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
@@ -202,6 +202,7 @@ def run_stress(
     paths = DataPaths.of(cfg)
     out_dir = out_dir or paths.stress
     metrics_path = metrics_path or paths.metrics_file("stress")
+    check_output(out_dir)  # a read-only or full disk fails here, not after the episodes ran
     policy = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
     variants = load_variants(cfg, catalogue)
     rollout, analysis, sample = evaluate_stress(

@@ -23,6 +23,7 @@ parameters as a run that was never interrupted (see ``agentflow_core.rl.ppo`` fo
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,9 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from agentflow_core.atomic import write_json, write_text
+from agentflow_core.atomic import MIN_FREE_BYTES, atomic_file, check_output, save_tensors, write_json, write_text
 from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.evaluation.policy_eval import EvalResult, stratified_eval_variants, summarise_episodes
@@ -91,6 +91,7 @@ def offline_start(cfg: AgentFlowConfig, offline_dir: Path | None, warm_start: Pa
 
     A retrain's champion warm start replaces it (the champion already learnt online); without an
     actor file (the stage switched off, not run, or its gate failed) training starts from BC alone.
+    A damaged file counts as absent, with a warning line.
     """
     from safetensors.torch import load_file
 
@@ -100,9 +101,19 @@ def offline_start(cfg: AgentFlowConfig, offline_dir: Path | None, warm_start: Pa
     path = Path(offline_dir or DataPaths.of(cfg).offline) / ACTOR_FILE
     if not cfg.offline.enabled or warm_start is not None or not path.is_file():
         return None
-    actor = load_file(str(path))
     reference = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    load_actor(reference, actor)
+    try:
+        actor = load_file(str(path))
+        load_actor(reference, actor)
+    except Exception as exc:  # SafetensorError on damaged bytes, KeyError/RuntimeError on wrong tensors
+        logging.getLogger("agentflow.train").warning(
+            "offline actor %s is damaged (%s: %s): treated as absent, training starts from BC alone; "
+            "the cycle's offline phase recomputes it (its output no longer matches its cache record)",
+            path,
+            type(exc).__name__,
+            str(exc)[:160],
+        )
+        return None
     o = cfg.offline
     prior = OfflinePrior(reference, o.kl_coef, o.kl_decay_updates)
     return OfflineStart(path, actor, prior, {"kl_coef": o.kl_coef, "kl_decay_updates": o.kl_decay_updates})
@@ -134,7 +145,8 @@ def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], p
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
 
 
 def run_train(
@@ -175,6 +187,7 @@ def run_train(
     """
     tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
     out_dir = Path(out_dir)
+    check_output(out_dir, MIN_FREE_BYTES)  # its checkpoints are rotated, not doubled: the floor is the estimate
     ckpt_root = out_dir / "checkpoints"
     sink = sink or NullSink()
     splits = read_splits(catalogue_path)
@@ -261,8 +274,8 @@ def run_train(
                     "final_loss": result.losses[-1] if result.losses else None,
                 }
             ckpt_root.mkdir(parents=True, exist_ok=True)
-            save_file(
-                {k: v.contiguous() for k, v in untrained.state_dict().items()}, str(ckpt_root / "untrained.safetensors")
+            save_tensors(
+                {k: v.contiguous() for k, v in untrained.state_dict().items()}, ckpt_root / "untrained.safetensors"
             )
         num_updates = tc.num_updates
         next_rollout_runs = _next_rollout_runs(tc, t_start)
@@ -333,7 +346,7 @@ def run_train(
         recovery = recovery_summary(pool)
     finally:
         resources.close()
-    save_file({k: v.contiguous() for k, v in best_ckpt.model.items()}, str(out_dir / "policy.safetensors"))
+    save_tensors({k: v.contiguous() for k, v in best_ckpt.model.items()}, out_dir / "policy.safetensors")
     summary: dict[str, Any] = {
         "policy_hash": policy_hash(best_policy),
         "best_checkpoint": best.name,

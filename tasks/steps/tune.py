@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from agentflow_core.atomic import write_json
+from agentflow_core.atomic import check_output, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.rl.losses import LossCoefficients, ppo_minibatch_loss
 from agentflow_core.rl.policy import ActorCritic
@@ -215,6 +215,7 @@ def run_tune(
     ``replay``: a recorded choice.json (``agentflow reproduce`` replays the run's own choice rather
     than probing a machine whose load has changed since); it must have been made from these static settings.
     """
+    check_output(out_dir)
     started = time.perf_counter()
     tc = cfg.tune
     out = Path(out_dir) / CHOICE_FILE

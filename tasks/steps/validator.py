@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.validator import (
     VALIDATOR_FILE,
@@ -64,6 +64,7 @@ def run_validator(
     paths = DataPaths.of(cfg)
     trajectories = paths.trajectories if trajectories is None else Path(trajectories)
     out_dir = validator_dir(cfg) if out_dir is None else Path(out_dir)
+    check_output(out_dir)
     started = time.perf_counter()
     summary: dict[str, Any] = {"enabled": vc.enabled, "threshold": vc.threshold, "weight": vc.suspicious_weight}
     with atomic_dir(out_dir) as tmp:

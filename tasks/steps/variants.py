@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentflow_core.atomic import write_json
+from agentflow_core.atomic import check_output, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.splits import write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta
@@ -35,6 +35,7 @@ def run_variants(
     cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None = None, *, source: str = "params.yaml"
 ) -> dict[str, Any]:
     """Generate and write the catalogue; returns the summary. Errors name ``source``, the params file read."""
+    check_output(out_dir)
     started = time.perf_counter()
     v = cfg.variants
     bases = base_env_infos(cfg)

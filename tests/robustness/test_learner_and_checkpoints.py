@@ -151,6 +151,21 @@ def test_pointers_stay_inside_their_root(saved: Path, tmp_path: Path) -> None:
     assert latest_checkpoint(root) is None
 
 
+def test_the_fallback_skips_a_symlinked_update_folder_and_deep_pointers(saved: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other_run"
+    shutil.copytree(saved, other)
+    root = tmp_path / "ckpts"
+    shutil.copytree(saved, root)
+    (root / LATEST).unlink()
+    (root / "update_99999999").symlink_to(other / "update_00000003", target_is_directory=True)
+    ckpt = load_intact(root, LATEST)
+    assert ckpt is not None and ckpt.path == root / "update_00000003"
+    (root / LATEST).write_text("[" * 2000 + "]" * 2000)  # RecursionError in json, within the pointer's size cap
+    assert latest_checkpoint(root) is None
+    ckpt = load_intact(root, LATEST)
+    assert ckpt is not None and ckpt.path == root / "update_00000003"
+
+
 @pytest.mark.parametrize(
     ("hidden_sizes", "reason"),
     [

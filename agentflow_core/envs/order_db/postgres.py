@@ -64,6 +64,26 @@ def release_embedded() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def restart_embedded() -> str:
+    """Replace this process's embedded server by a fresh one (its users carry over); its SQLAlchemy URL.
+
+    For a server that died under its users: the dead one's folder is removed, a new one started.
+    """
+    global _server, _folder, _users
+    with _lock:
+        old, folder, users = _server, _folder, _users
+        _server, _folder, _users = None, None, 0
+    if old is not None:
+        with contextlib.suppress(Exception):  # stopping a dead server may fail
+            old.cleanup()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+    uri = acquire_embedded()
+    with _lock:
+        _users = max(users, 1)
+    return uri
+
+
 def _folder_path() -> Path | None:
     """This process's embedded server folder (None when none runs); for tests and diagnostics."""
     return _folder
