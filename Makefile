@@ -33,9 +33,9 @@ test-timing: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m timing
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentflow_core agentflow_refund tasks flows tests
-	$(BIN)/ruff format --check agentflow_core agentflow_refund tasks flows tests
-	$(BIN)/mypy agentflow_core agentflow_refund tasks flows
+	$(BIN)/ruff check agentflow_core agentflow_refund tasks benchmarks flows tests
+	$(BIN)/ruff format --check agentflow_core agentflow_refund tasks benchmarks flows tests
+	$(BIN)/mypy agentflow_core agentflow_refund tasks benchmarks flows
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from flows.cli.bench import bench_app
-from tasks.bench.forgetting_bench import SHIFTS, shifted
+from benchmarks.forgetting_bench import SHIFTS, shifted
 from tasks.config_io import load_config
 from tasks.steps.variants import run_variants
 from tests.tiny import write_tiny_params

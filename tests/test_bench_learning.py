@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from agentflow_core.splits import read_splits
 from flows.cli.bench import bench_app
-from tasks.bench.learning_bench import _vs
-from tasks.bench.sb3_envs import TrainVariantEnv, _batch
+from benchmarks.learning_bench import _vs
+from benchmarks.sb3_envs import TrainVariantEnv, _batch
 from tasks.compose import env_factory
 from tasks.config_io import load_config
 from tasks.steps.variants import run_variants

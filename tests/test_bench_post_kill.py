@@ -1,4 +1,4 @@
-"""tasks.bench.train_bench.post_kill_ratios: the kill run's slowdown after the kill, against uninterrupted runs."""
+"""benchmarks.train_bench.post_kill_ratios: the kill run's slowdown after the kill, against uninterrupted runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tasks.bench.train_bench import post_kill_ratios, replacement_speed
+from benchmarks.train_bench import post_kill_ratios, replacement_speed
 
 
 def test_a_drift_shared_with_the_uninterrupted_runs_is_not_counted_as_the_kills() -> None:
@@ -67,7 +67,7 @@ def test_no_loss_in_a_rollout_or_none_before_it_is_nan() -> None:
 
 
 def test_the_split_ceiling_divides_only_the_rollouts_among_the_workers() -> None:
-    from tasks.bench.train_bench import split_ceiling
+    from benchmarks.train_bench import split_ceiling
 
     # 80 s runs whose rollouts took 60 s: two workers at best take 80 - 30 = 50 s -> 1.6x
     assert split_ceiling([80.0], [60.0], 2) == pytest.approx(1.6)
@@ -81,7 +81,7 @@ def test_the_split_ceiling_divides_only_the_rollouts_among_the_workers() -> None
 
 
 def test_repeated_runs_keep_the_keys_a_benchmark_lists_per_run() -> None:
-    from tasks.bench_runs import combine_runs
+    from benchmarks.runs import combine_runs
 
     runs = [
         {"ratio": r, "ceiling": c, "order": f"run {i}", "targets": {"ratio": 1.5}, "repeat_keys": ["ceiling", "order"]}

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.compose import RAY_CLUSTER_SWITCH
+from tasks.ray_runtime import RAY_CLUSTER_SWITCH
 from tests.tiny import tiny_params, write_tiny_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -290,7 +290,7 @@ def test_a_sigkilled_env_worker_is_replaced_and_training_completes(tmp_path: Pat
     assert _agentflow("variants", "--params", str(params), env=env, cwd=tmp_path).returncode == 0
 
     def kill_a_stepping_worker(train: subprocess.Popen) -> None:
-        from tasks.bench.train_bench import busy_env_worker
+        from benchmarks.train_bench import busy_env_worker
 
         victim = busy_env_worker(train.pid, deadline=time.monotonic() + 60)
         assert victim is not None, "no env worker of the training run was seen stepping"

@@ -30,7 +30,7 @@ from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
-from tasks.bench.ppo_bench import _packaged_factory, demo_catalogue
+from benchmarks.ppo_bench import _packaged_factory, demo_catalogue
 from tasks.compose import recovery_summary
 
 NUM_ENVS, N_STEPS = 8, 16

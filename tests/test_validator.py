@@ -100,7 +100,7 @@ def test_rollout_reweight_scales_positive_rewards_of_suspicious_episodes_only(mo
 
 def test_bench_catches_planted_hacking_and_passes_the_expert_on_the_tiny_catalogue(tmp_path: Path) -> None:
     """The bench's path end to end (catalogue, exploration, the validator phase, planted and honest episodes)."""
-    from tasks.bench.validator_bench import HABITS, run_validator_bench
+    from benchmarks.validator_bench import HABITS, run_validator_bench
     from tasks.config_io import load_config
     from tasks.paths import DataPaths
     from tasks.steps.explore import run_explore

@@ -1,7 +1,6 @@
 """``agentflow explore``: Phase 1, coverage-driven exploration into trajectory shards.
 
-Register on the main app with ``app.command("explore")(explore_command)``; ``explore_app`` runs
-it standalone (``python -m flows.cli.explore --help``).
+Register on the main app with ``app.command("explore")(explore_command)``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ if TYPE_CHECKING:  # exploration imports torch: imported when the command runs, 
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-explore_app = typer.Typer(help="Coverage-driven exploration.", pretty_exceptions_enable=False, add_completion=False)
 
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
@@ -79,9 +77,3 @@ def explore_command(
         err_console.print(f"[bold red]gate failed[/]: {escape(str(summary['message']))}")
         raise typer.Exit(code=1)
     console.print(f"[green]{escape(str(summary['gate']))}[/]")
-
-
-explore_app.command("explore")(explore_command)
-
-if __name__ == "__main__":
-    explore_app()

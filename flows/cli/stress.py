@@ -1,8 +1,7 @@
 """``agentflow stress`` and ``agentflow report``: Phase 3 stress validation and the evaluation report.
 
 Register on the main app with ``app.command("stress")(stress_command)`` and
-``app.command("report")(report_command)``; ``stress_app`` runs them standalone
-(``python -m flows.cli.stress --help``).
+``app.command("report")(report_command)``.
 """
 
 from __future__ import annotations
@@ -22,9 +21,6 @@ from flows.cli.common import one_line, phase_config_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-stress_app = typer.Typer(
-    help="Stress validation and evaluation reports.", pretty_exceptions_enable=False, add_completion=False
-)
 
 PARAMS = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 CHECKPOINT = typer.Option(
@@ -142,10 +138,3 @@ def report_command(
             f"[bold red]{escape(str(summary['gate']))}[/] (the report says why: {escape(summary['report_dir'])})"
         )
         raise typer.Exit(code=1)
-
-
-stress_app.command("stress")(stress_command)
-stress_app.command("report")(report_command)
-
-if __name__ == "__main__":
-    stress_app()

@@ -52,7 +52,8 @@ from agentflow_core.tuning import (
 )
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
-from tasks.compose import build_pool, ray_address, start_ray
+from tasks.compose import build_pool
+from tasks.ray_runtime import ray_address, start_ray
 from tasks.registry_io import load_registry
 
 CHOICE_FILE = "choice.json"

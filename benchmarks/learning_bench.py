@@ -54,7 +54,7 @@ from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
-from tasks.bench.sb3_envs import TrainVariantEnv, maskable_greedy, product_reward_vec_env
+from benchmarks.sb3_envs import TrainVariantEnv, maskable_greedy, product_reward_vec_env
 from tasks.compose import PoolFactory, build_pool, build_rollouts, env_factory, reward_function
 from tasks.steps.explore import run_explore
 from tasks.steps.train import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES, reward_transform

@@ -193,7 +193,7 @@ def run_validator_bench_fresh(
     """In a temporary data dir: variants -> explore -> validator -> train (``train_steps``; 0 skips it) -> the bench."""
     import tempfile
 
-    from tasks.bench.forgetting_bench import shifted
+    from benchmarks.forgetting_bench import shifted
     from tasks.steps.explore import run_explore
     from tasks.steps.train import run_train
     from tasks.steps.validator import load_validator, run_validator

@@ -38,7 +38,7 @@ from agentflow_core.rl.ppo import PPO
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
-from tasks.bench.learning_bench import Evaluator, LearnerRun, TrainingClock, machine_info
+from benchmarks.learning_bench import Evaluator, LearnerRun, TrainingClock, machine_info
 from tasks.compose import build_pool, build_rollouts, reward_function
 from tasks.steps.explore import run_explore
 from tasks.steps.offline import offline_actor

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from tasks.bench.machine import MachineLoad
+from benchmarks.machine import MachineLoad
 
 TARGETS = {"sps_ratio_2_workers": 1.2, "sps_ratio_cluster": 1.2}
 

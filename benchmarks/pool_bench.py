@@ -10,7 +10,7 @@ Everything is measured side by side in one run and reported as ratios, so machin
 - memory (``*_mb``): RSS growth measured in fresh spawned processes (psutil), so one probe's
   allocations cannot hide another's: the empty pool (1 variant, 1 slot), the whole catalogue
   (1 slot), 300 live envs, and every variant live at once (or extrapolated, flagged).
-- scheduler coverage: :func:`tasks.bench.scheduler_bench.run_scheduler_bench`.
+- scheduler coverage: :func:`benchmarks.scheduler_bench.run_scheduler_bench`.
 - recovery: SIGKILL one Ray worker at a fixed step; time to detect, until its envs step again,
   env-steps lost, and throughput 5 s after the kill relative to before.
 """
@@ -448,7 +448,7 @@ def scheduler_coverage(
     config: PoolConfig, n_variants: int = 1000, draws: int = 50_000, seed: int = 0
 ) -> dict[str, Any]:
     """The configured strategy's coverage ratios from the scheduler benchmark."""
-    from tasks.bench.scheduler_bench import run_scheduler_bench
+    from benchmarks.scheduler_bench import run_scheduler_bench
 
     result = run_scheduler_bench(
         n_variants=n_variants, draws=draws, seed=seed, cfg=config, strategies=(config.scheduler,)
