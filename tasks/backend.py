@@ -21,10 +21,11 @@ from agentflow_core.config import AgentFlowConfig, PoolConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.variants import VariantSpec
-from tasks.ray_runtime import LOCAL_RAY, start_ray
+from tasks.ray_runtime import LOCAL_RAY, ray_cores, start_ray
 
-if TYPE_CHECKING:  # the rollout module imports torch: a command imports it when it trains, not at start-up
+if TYPE_CHECKING:  # these modules import torch: a command imports them when it trains, not at start-up
     from agentflow_core.pool.rollout import SliceBackend
+    from agentflow_core.tuning import Cores
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -88,6 +89,9 @@ class Backend(Protocol):
     ) -> list[list[R]]:
         """``fn`` over every chunk, results in chunk order; ``on_done(chunk index)`` as each chunk finishes."""
 
+    def cores(self) -> Cores:
+        """The CPUs the env workers can use: the auto-tuner sizes the worker count from them."""
+
 
 @dataclass(frozen=True)
 class InProcessBackend:
@@ -132,6 +136,12 @@ class InProcessBackend:
             results.append(fn(chunk))
             on_done(i)
         return results
+
+    def cores(self) -> Cores:
+        """One: the env workers take turns in this process."""
+        from agentflow_core.tuning import Cores
+
+        return Cores(logical=1, usable=1, detail="inprocess backend")
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,10 @@ class RayBackend:
             ready, pending = ray.wait(pending, num_returns=1)
             on_done(refs.index(ready[0]))
         return list(ray.get(refs))
+
+    def cores(self) -> Cores:
+        """Ray's logical CPUs and the cores that can run at once (:func:`tasks.ray_runtime.ray_cores`)."""
+        return ray_cores(self.cfg)
 
 
 def backend_of(cfg: AgentFlowConfig) -> Backend:

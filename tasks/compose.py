@@ -17,17 +17,15 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from agentflow_core.config import AgentFlowConfig, PoolConfig
+from agentflow_core.config import PoolConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
-from agentflow_core.semantics import TOKENS, Vocabulary
+from agentflow_core.semantics import TOKENS
 from agentflow_core.variants import BaseEnvInfo, VariantSpec
-from tasks.backend import backend_of
-from tasks.process_io import load_process
-from tasks.registry_io import load_registry
+from tasks.context import PhaseContext
 
 if TYPE_CHECKING:  # the rollout module imports torch: a command imports it when it trains, not at start-up
     from agentflow_core.pool.rollout import SlicedRollouts
@@ -36,10 +34,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def env_factory(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
+def env_factory(ctx: PhaseContext, variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
     """The picklable factory building the variants' envs from their registry entries."""
-    registry = load_registry(cfg)
-    return RegistryEnvFactory({b: registry.get(b) for b in sorted({v.base_env_id for v in variants})})
+    return RegistryEnvFactory({b: ctx.registry.get(b) for b in sorted({v.base_env_id for v in variants})})
 
 
 class PoolFactory(Protocol):
@@ -47,7 +44,7 @@ class PoolFactory(Protocol):
 
     def __call__(
         self,
-        cfg: AgentFlowConfig,
+        ctx: PhaseContext,
         variants: Sequence[VariantSpec],
         num_envs: int,
         *,
@@ -59,7 +56,7 @@ class PoolFactory(Protocol):
 
 
 def build_pool(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     variants: Sequence[VariantSpec],
     num_envs: int,
     *,
@@ -72,14 +69,15 @@ def build_pool(
     ``scheduler`` overrides ``pool.scheduler`` (evaluations use ``round_robin``: equal episodes per
     variant). ``standby=False`` skips the Ray pool's warm spare worker (short-lived pools).
     """
-    pool_cfg: PoolConfig = cfg.pool if scheduler is None else cfg.pool.model_copy(update={"scheduler": scheduler})
-    factory = env_factory(cfg, variants)
+    pool = ctx.cfg.pool
+    pool_cfg: PoolConfig = pool if scheduler is None else pool.model_copy(update={"scheduler": scheduler})
+    factory = env_factory(ctx, variants)
     num_envs = min(num_envs, max(len(variants), 1)) if scheduler == "round_robin" else num_envs
-    return backend_of(cfg).pool(variants, factory, num_envs, pool_cfg, seed=seed, standby=standby)
+    return ctx.backend.pool(variants, factory, num_envs, pool_cfg, seed=seed, standby=standby)
 
 
 def build_rollouts(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     variants: Sequence[VariantSpec],
     num_envs: int,
     *,
@@ -95,38 +93,32 @@ def build_rollouts(
     """
     from agentflow_core.pool.rollout import SlicedRollouts
 
-    factory = env_factory(cfg, [*variants, *eval_variants])
-    slices = backend_of(cfg).slices(variants, factory, num_envs, seed=seed)
-    return SlicedRollouts(slices, variants, num_envs, cfg.pool, seed=seed)
+    factory = env_factory(ctx, [*variants, *eval_variants])
+    slices = ctx.backend.slices(variants, factory, num_envs, seed=seed)
+    return SlicedRollouts(slices, variants, num_envs, ctx.cfg.pool, seed=seed)
 
 
 @contextmanager
-def reward_function(cfg: AgentFlowConfig, num_envs: int) -> Iterator[RewardFunction]:
+def reward_function(ctx: PhaseContext, num_envs: int) -> Iterator[RewardFunction]:
     """The configured training reward over ``num_envs`` slots (its reward-model client closed on exit)."""
-    rc = cfg.train.reward
+    rc = ctx.cfg.train.reward
     client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
     try:
-        yield RewardFunction(rc, num_envs, client, vocabulary(cfg))
+        yield RewardFunction(rc, num_envs, client, ctx.vocabulary)
     finally:
         if client is not None:
             client.close()
 
 
-def base_env_infos(cfg: AgentFlowConfig) -> list[BaseEnvInfo]:
+def base_env_infos(ctx: PhaseContext) -> list[BaseEnvInfo]:
     """(env id, family, version) of every base env the catalogue is generated from."""
-    registry = load_registry(cfg)
-    return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
+    return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(ctx.registry.get, ctx.cfg.variants.base_envs)]
 
 
 def expert_policy_hash(expert: ScriptedExpert) -> str:
     """A stable id of the scripted expert's rules (the policy that generated the rows)."""
     text = repr([(token, int(action)) for token, action in expert.rules])
     return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def vocabulary(cfg: AgentFlowConfig) -> Vocabulary:
-    """The vocabulary of the process ``params.yaml`` selects: the widths and names every phase builds over."""
-    return load_process(cfg).vocabulary
 
 
 def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKENS) -> list[str]:
@@ -158,7 +150,7 @@ def unreachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOK
 
 
 def map_chunks(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     fn: Callable[[list[T]], list[R]],
     items: Sequence[T],
     progress: Callable[[int, int], None] | None = None,
@@ -168,7 +160,7 @@ def map_chunks(
     For work that is per-item rather than per-step (calibration's repeated episodes per variant).
     ``progress(done items, total)`` is called as chunks finish.
     """
-    n = max(cfg.pool.num_workers, 1)
+    n = max(ctx.cfg.pool.num_workers, 1)
     chunks = [list(items[i::n]) for i in range(n)]
     done = 0
 
@@ -178,7 +170,7 @@ def map_chunks(
         if progress is not None:
             progress(done, len(items))
 
-    results = backend_of(cfg).map_chunks(fn, chunks, on_done)
+    results = ctx.backend.map_chunks(fn, chunks, on_done)
     out: list[R | None] = [None] * len(items)
     for i, chunk_results in enumerate(results):
         for j, value in enumerate(chunk_results):

@@ -32,6 +32,7 @@ from tasks.registry_io import load_registry
 
 if TYPE_CHECKING:
     from agentflow_core.pool.ray_pool import BlankWorkers
+    from agentflow_core.tuning import Cores
 
 logger = logging.getLogger("agentflow.ray")
 
@@ -302,3 +303,44 @@ def stop_ray() -> None:
     LOCAL_RAY.claim()  # blank workers no pool took end with the Ray
     if ray.is_initialized():
         ray.shutdown()
+
+
+def _local_addresses() -> set[str]:
+    names = {"127.0.0.1", "localhost", socket.gethostname()}
+    with suppress(OSError):
+        names |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
+    return {str(n) for n in names}
+
+
+def ray_cores(cfg: AgentFlowConfig) -> Cores:
+    """Ray's logical CPUs, and the cores that can run at once: per host, at most what that host schedules.
+
+    A private local Ray has ``base.ray.num_cpus`` logical CPUs on this host (read from the config, no
+    Ray start); a cluster (``RAY_ADDRESS`` / ``base.ray.address``) is asked for its alive nodes. Nodes
+    on this host share its schedulable cores (``os.sched_getaffinity``); other hosts count their CPUs.
+    """
+    from agentflow_core.tuning import Cores
+
+    here = len(os.sched_getaffinity(0))
+    if ray_address(cfg) is None:
+        logical = cfg.base.ray.num_cpus
+        usable = min(logical, here)
+        return Cores(logical, usable, f"local Ray: {logical} logical CPUs, {here} schedulable cores here")
+    import ray
+
+    start_ray(cfg)
+    local = _local_addresses()
+    local_cpus = remote_cpus = 0
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    for node in nodes:
+        cpus = int(node.get("Resources", {}).get("CPU", 0))
+        if node.get("NodeManagerAddress") in local:
+            local_cpus += cpus
+        else:
+            remote_cpus += cpus
+    usable = min(local_cpus, here) + remote_cpus
+    detail = (
+        f"Ray cluster of {len(nodes)} node(s): {local_cpus} logical CPUs on this host ({here} schedulable cores), "
+        f"{remote_cpus} on other hosts"
+    )
+    return Cores(local_cpus + remote_cpus, max(usable, 1), detail)

@@ -23,12 +23,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.sim_to_real import SimToRealReport, paired_episodes, select_pairs, summarize
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.variants import VariantSpec
+from tasks.context import PhaseContext
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy
 
@@ -38,7 +38,6 @@ REAL_CHANNELS = {
     "order_db": "PostgreSQL (pgserver)",
     "payment_api": "HTTP server in a separate process",
 }
-SERVER_START_TIMEOUT_S = 30.0
 
 
 @contextmanager
@@ -83,13 +82,12 @@ class RealChannels:
 
 
 @contextmanager
-def open_real_channels(
-    cfg: AgentFlowConfig, families: list[str], base_env_ids: dict[str, str]
-) -> Iterator[RealChannels]:
+def open_real_channels(ctx: PhaseContext, families: list[str], base_env_ids: dict[str, str]) -> Iterator[RealChannels]:
     """Start the real services the families need; yield the env makers; stop every service on exit."""
     from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES, acquire_embedded, release_embedded
 
-    sim = load_registry(cfg)
+    cfg = ctx.cfg
+    sim = ctx.registry
     real: dict[str, EnvEntry] = {}
     with ExitStack() as stack:
         for family in families:
@@ -113,13 +111,14 @@ def open_real_channels(
         yield RealChannels(sim, real)
 
 
-def run_sim_to_real(cfg: AgentFlowConfig, policy: LoadedPolicy, sample: list[VariantSpec]) -> SimToRealReport:
+def run_sim_to_real(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> SimToRealReport:
     """The configured families' paired episodes (same variants, same seeds) and their gaps."""
+    cfg = ctx.cfg
     settings = cfg.stress.sim_to_real
     present = {v.family: v.base_env_id for v in sample}
     families: list[str] = [f for f in settings.families if f in present]
     variants, seeds = select_pairs(sample, families, settings.episodes_per_family, cfg.base.seed)
-    with open_real_channels(cfg, families, present) as channels:
+    with open_real_channels(ctx, families, present) as channels:
         episodes = paired_episodes(
             variants, seeds, channels.make_sim, channels.make_real, policy.act, clock=time.perf_counter
         )

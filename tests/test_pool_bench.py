@@ -16,7 +16,7 @@ from pool_fixtures import registry_catalogue
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import N_ACTIONS
-from benchmarks.pool_bench import semantic_overhead
+from benchmarks.semantic_overhead import semantic_overhead
 
 _, FACTORY, VARIANTS = registry_catalogue()
 
@@ -67,8 +67,8 @@ def test_semantic_overhead_sides_play_the_same_trajectories() -> None:
 
 def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: Path) -> None:
     from agentflow_core.atomic import write_json
-    from benchmarks.runs import combine_runs
     from benchmarks.markdown import render_benchmarks
+    from benchmarks.runs import combine_runs
 
     pool_runs = [
         {

@@ -184,13 +184,14 @@ def learning(
 ) -> None:
     """AgentFlow's training vs sb3-contrib MaskablePPO: same catalogue, settings, reward, test split, one run."""
     from benchmarks.learning_bench import run_learning_bench
+    from tasks.context import PhaseContext
     from tasks.plots import plot_learning_bench
 
     cfg = phase_config_or_exit(params)
     if steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
     result = run_learning_bench(
-        cfg,
+        PhaseContext.of(cfg),
         eval_every=eval_every_updates,
         test_episodes=test_episodes,
         progress=typer.echo,
@@ -224,16 +225,18 @@ def browser(
 ) -> None:
     """Browser channel: step latency p50/p95, live envs per GB, and the sim-to-real gap of a policy."""
     from benchmarks.browser_bench import run_browser_bench
+    from tasks.context import PhaseContext
     from tasks.real_channels import BROWSER_ENV_ID
     from tasks.registry_io import load_registry
     from tasks.rollout import load_policy, resolve_checkpoint
 
-    cfg = config_or_exit(params)
-    sim = load_registry(cfg).get("web_checkout_v2")
+    ctx = PhaseContext.of(config_or_exit(params))
+    cfg = ctx.cfg
+    sim = ctx.registry.get("web_checkout_v2")
     real = load_registry(config_dir=Path(cfg.stress.sim_to_real.env_config_dir)).get(BROWSER_ENV_ID)
-    policy = load_policy(resolve_checkpoint(cfg, checkpoint))
+    policy = load_policy(resolve_checkpoint(ctx, checkpoint))
     result = run_browser_bench(
-        cfg, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes
+        ctx, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes
     )
     publish("browser", result)
 
@@ -254,6 +257,7 @@ def offline(
     import tempfile
 
     from benchmarks.offline_bench import HARDER_BEHAVIOUR, run_offline_bench
+    from tasks.context import PhaseContext
 
     cfg = phase_config_or_exit(params)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
@@ -266,7 +270,9 @@ def offline(
     n = cfg.explore.total_steps
     parsed = parsed or [(cfg.explore.behaviour, n), (HARDER_BEHAVIOUR, n)]
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-offline-") as tmp:
-        result = run_offline_bench(cfg, Path(tmp), parsed, eval_every_updates, test_episodes, progress=typer.echo)
+        result = run_offline_bench(
+            PhaseContext.of(cfg), Path(tmp), parsed, eval_every_updates, test_episodes, progress=typer.echo
+        )
     publish("offline", result)
 
 

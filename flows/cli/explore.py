@@ -40,15 +40,16 @@ def explore_command(
 
     Exits 1 after writing them when state_coverage_ratio stays below explore.min_state_coverage.
     """
+    from tasks.context import PhaseContext
     from tasks.steps.explore import run_explore
 
     cfg = phase_config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})
-    data = Path(cfg.base.data_dir)
-    catalogue = catalogue or data / "variants"
-    out = out or data / "trajectories"
-    metrics = metrics or data / "metrics" / "explore.json"
+    ctx = PhaseContext.of(cfg)
+    catalogue = catalogue or ctx.paths.variants
+    out = out or ctx.paths.trajectories
+    metrics = metrics or ctx.paths.metrics_file("explore")
     with phase_progress("explore", console) as progress:
         task = progress.add_task("explore", total=cfg.explore.total_steps, status="")
 
@@ -61,7 +62,7 @@ def explore_command(
             )
 
         try:
-            summary = run_explore(cfg, catalogue, out, metrics, on_progress=on_progress)
+            summary = run_explore(ctx, catalogue, out, metrics, on_progress=on_progress)
         except AgentFlowError as exc:
             err_console.print(f"[bold red]explore failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None

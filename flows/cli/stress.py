@@ -17,7 +17,7 @@ from rich.tree import Tree
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from flows.cli.common import one_line, phase_config_or_exit
+from flows.cli.common import one_line, phase_context_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -64,14 +64,15 @@ def stress_command(
     """Run E greedy episodes on a stratified catalogue sample; write records, summary, plots and metrics."""
     from tasks.steps.stress import run_stress
 
-    cfg = phase_config_or_exit(params)
+    ctx = phase_context_or_exit(params)
+    cfg = ctx.cfg
     with Progress(
         TextColumn("[bold]stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
         task = progress.add_task("stress", total=episodes or cfg.stress.episodes)
         try:
             summary = run_stress(
-                cfg,
+                ctx,
                 checkpoint,
                 catalogue,
                 out,
@@ -105,23 +106,23 @@ def report_command(
     strict: bool = REPORT_STRICT,
 ) -> None:
     """Write the evaluation report (md/html/json + PNGs), running the stress phase first if needed."""
-    from tasks.paths import DataPaths
     from tasks.rollout import resolve_checkpoint
     from tasks.steps.report import load_stress_summary, run_champion_challenger, run_report
     from tasks.steps.stress import run_stress
 
-    cfg = phase_config_or_exit(params)
+    ctx = phase_context_or_exit(params)
+    cfg = ctx.cfg
     try:
-        ref = resolve_checkpoint(cfg, checkpoint)
-        stress_summary = load_stress_summary(DataPaths.of(cfg).stress)
+        ref = resolve_checkpoint(ctx, checkpoint)
+        stress_summary = load_stress_summary(ctx.paths.stress)
         if stress_summary is None or stress_summary.get("checkpoint") != ref:
-            run_stress(cfg, ref)
+            run_stress(ctx, ref)
         decision = None
         if champion is not None:
             decision = run_champion_challenger(
-                cfg, checkpoint or Path(cfg.base.data_dir) / "checkpoints", None if champion == "none" else champion
+                ctx, checkpoint or ctx.paths.checkpoints, None if champion == "none" else champion
             )
-        summary = run_report(cfg, checkpoint, out_dir=out, champion=decision)
+        summary = run_report(ctx, checkpoint, out_dir=out, champion=decision)
     except AgentFlowError as exc:
         err_console.print(f"[bold red]report failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None

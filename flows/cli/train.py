@@ -17,6 +17,7 @@ from agentflow_core.errors import AgentFlowError
 from flows.cli.common import config_or_exit, one_line, phase_progress
 from tasks.backend import backend_of
 from tasks.config_io import flatten_params
+from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
 
 if TYPE_CHECKING:
@@ -83,7 +84,9 @@ def train_command(
             )
 
         try:
-            summary = tracked_train(cfg, tracker, run_id, resume, on_update, catalogue, trajectories, out)
+            summary = tracked_train(
+                PhaseContext.of(cfg), tracker, run_id, resume, on_update, catalogue, trajectories, out
+            )
         except AgentFlowError as exc:
             err_console.print(f"[bold red]train failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None

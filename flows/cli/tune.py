@@ -12,8 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentflow_core.errors import AgentFlowError
-from flows.cli.common import one_line, phase_config_or_exit
-from tasks.paths import DataPaths
+from flows.cli.common import one_line, phase_context_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -37,11 +36,11 @@ def tune_command(
     """
     from tasks.steps.tune import run_tune
 
-    cfg = phase_config_or_exit(params)
-    paths = DataPaths.of(cfg)
+    ctx = phase_context_or_exit(params)
+    cfg, paths = ctx.cfg, ctx.paths
     try:
         summary = run_tune(
-            cfg,
+            ctx,
             catalogue or paths.variants,
             trajectories or paths.trajectories,
             out or paths.tuning,

@@ -16,8 +16,8 @@ from rich.table import Table
 from agentflow_core.errors import AgentFlowError, ConfigError
 from flows.cli.common import one_line
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
-from tasks.paths import DataPaths
 from tasks.steps.variants import run_variants
 
 console = Console()
@@ -49,9 +49,8 @@ def variants(params: Path = PARAMS_OPTION, out: Path | None = OUT_OPTION) -> Non
     try:
         cfg = load_config(params)
         make_deterministic(cfg.base.seed)
-        summary = run_variants(
-            cfg, out or DataPaths.of(cfg).variants, DataPaths.of(cfg).metrics_file("variants"), source=str(params)
-        )
+        ctx = PhaseContext.of(cfg)
+        summary = run_variants(ctx, out or ctx.paths.variants, ctx.paths.metrics_file("variants"), source=str(params))
     except ConfigError as exc:
         err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
