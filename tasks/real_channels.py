@@ -33,6 +33,7 @@ from agentflow_core.evaluation.sim_to_real import SimToRealReport, paired_episod
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.variants import VariantSpec
 from tasks.child_reaper import start_reaper
+from tasks.context import PhaseContext
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy
 
@@ -42,7 +43,6 @@ REAL_CHANNELS = {
     "order_db": "PostgreSQL (pgserver)",
     "payment_api": "HTTP server in a separate process",
 }
-SERVER_START_TIMEOUT_S = 30.0
 logger = logging.getLogger("agentflow.real_channels")
 
 
@@ -190,11 +190,10 @@ def _open_payment(stack: ExitStack, channels: RealChannels, base: EnvEntry) -> N
 
 
 @contextmanager
-def open_real_channels(
-    cfg: AgentFlowConfig, families: list[str], base_env_ids: dict[str, str]
-) -> Iterator[RealChannels]:
+def open_real_channels(ctx: PhaseContext, families: list[str], base_env_ids: dict[str, str]) -> Iterator[RealChannels]:
     """Start the real services the families need; yield the env makers; stop every service on exit."""
-    channels = RealChannels(load_registry(cfg), {})
+    cfg = ctx.cfg
+    channels = RealChannels(ctx.registry, {})
     start_reaper()  # Chromium, PostgreSQL and the server process end with this command, even a killed one
     with ExitStack() as stack:
         for family in families:
@@ -207,13 +206,14 @@ def open_real_channels(
         yield channels
 
 
-def run_sim_to_real(cfg: AgentFlowConfig, policy: LoadedPolicy, sample: list[VariantSpec]) -> SimToRealReport:
+def run_sim_to_real(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> SimToRealReport:
     """The configured families' paired episodes (same variants, same seeds) and their gaps."""
+    cfg = ctx.cfg
     settings = cfg.stress.sim_to_real
     present = {v.family: v.base_env_id for v in sample}
     families: list[str] = [f for f in settings.families if f in present]
     variants, seeds = select_pairs(sample, families, settings.episodes_per_family, cfg.base.seed)
-    with open_real_channels(cfg, families, present) as channels:
+    with open_real_channels(ctx, families, present) as channels:
         episodes = paired_episodes(
             variants, seeds, channels.make_sim, channels.make_real, policy.act, time.perf_counter, channels
         )

@@ -1,4 +1,4 @@
-"""tasks.bench.train_bench.post_kill_ratios: the kill run's slowdown after the kill, against uninterrupted runs."""
+"""benchmarks.train_bench.post_kill_ratios: the kill run's slowdown after the kill, against uninterrupted runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.bench.train_bench import post_kill_ratios, replacement_speed
+from benchmarks.train_bench import post_kill_ratios, replacement_speed
 
 
 def test_a_drift_shared_with_the_uninterrupted_runs_is_not_counted_as_the_kills() -> None:
@@ -68,7 +68,7 @@ def test_no_loss_in_a_rollout_or_none_before_it_is_nan() -> None:
 
 
 def test_the_split_ceiling_divides_only_the_rollouts_among_the_workers() -> None:
-    from tasks.bench.train_bench import split_ceiling
+    from benchmarks.train_bench import split_ceiling
 
     # 80 s runs whose rollouts took 60 s: two workers at best take 80 - 30 = 50 s -> 1.6x
     assert split_ceiling([80.0], [60.0], 2) == pytest.approx(1.6)
@@ -82,7 +82,7 @@ def test_the_split_ceiling_divides_only_the_rollouts_among_the_workers() -> None
 
 
 def test_repeated_runs_keep_the_keys_a_benchmark_lists_per_run() -> None:
-    from tasks.bench_runs import combine_runs
+    from benchmarks.runs import combine_runs
 
     runs = [
         {"ratio": r, "ceiling": c, "order": f"run {i}", "targets": {"ratio": 1.5}, "repeat_keys": ["ceiling", "order"]}
@@ -96,7 +96,7 @@ def test_the_kill_runs_params_turn_the_convergence_stop_off_and_change_nothing_e
     """A small config converges before the kill's update; the kill run must reach it (and the updates after)."""
     import yaml
 
-    from tasks.bench.train_bench import _params_with
+    from benchmarks.train_bench import _params_with
     from tests.tiny import tiny_params
 
     params = tmp_path / "params.yaml"

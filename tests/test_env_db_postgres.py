@@ -166,7 +166,7 @@ def test_sql_bench_plays_the_same_expert_episodes_on_both_databases() -> None:
     import yaml
 
     from agentflow_core.registry import EnvRegistry
-    from tasks.bench.sql_bench import ENV_ID, run_sql_bench
+    from benchmarks.sql_bench import ENV_ID, run_sql_bench
 
     entry = EnvRegistry(Path(__file__).resolve().parents[1] / "configs/envs", yaml.safe_load).get(ENV_ID)
     result = run_sql_bench(entry, episodes=10)

@@ -1,12 +1,13 @@
-"""The dependency direction flows -> tasks -> agentflow_core, checked by parsing imports."""
+"""The dependency direction flows -> benchmarks -> tasks -> agentflow_core, checked by parsing imports."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-FORBIDDEN_IN_CORE = {"prefect", "mlflow", "dvc", "yaml", "tasks", "flows"}
-FORBIDDEN_IN_TASKS = {"flows"}
+FORBIDDEN_IN_CORE = {"prefect", "mlflow", "dvc", "yaml", "tasks", "benchmarks", "flows"}
+FORBIDDEN_IN_TASKS = {"benchmarks", "flows"}
+FORBIDDEN_IN_BENCHMARKS = {"flows"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -35,6 +36,10 @@ def test_core_imports_no_orchestration_tracking_or_yaml(repo_root: Path) -> None
 
 def test_tasks_do_not_import_flows(repo_root: Path) -> None:
     assert offenders("tasks", FORBIDDEN_IN_TASKS, repo_root) == {}
+
+
+def test_benchmarks_do_not_import_flows(repo_root: Path) -> None:
+    assert offenders("benchmarks", FORBIDDEN_IN_BENCHMARKS, repo_root) == {}
 
 
 def test_core_reads_no_environment_and_prints_nothing(repo_root: Path) -> None:

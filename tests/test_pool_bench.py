@@ -16,7 +16,7 @@ from pool_fixtures import registry_catalogue
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import N_ACTIONS
-from tasks.bench.pool_bench import semantic_overhead
+from benchmarks.semantic_overhead import semantic_overhead
 
 _, FACTORY, VARIANTS = registry_catalogue()
 
@@ -67,8 +67,8 @@ def test_semantic_overhead_sides_play_the_same_trajectories() -> None:
 
 def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: Path) -> None:
     from agentflow_core.atomic import write_json
-    from flows.cli.bench import render_benchmarks
-    from tasks.bench_runs import combine_runs
+    from benchmarks.markdown import render_benchmarks
+    from benchmarks.runs import combine_runs
 
     pool_runs = [
         {
@@ -104,7 +104,7 @@ def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: 
 def test_live_layout_keeps_every_worker_within_the_config_bound() -> None:
     from agentflow_core.config import MAX_ENVS
     from agentflow_core.variants import stable_worker
-    from tasks.bench.pool_bench import live_layout
+    from benchmarks.pool_bench import live_layout
 
     env_ids = [f"env_{i}" for i in range(2 * MAX_ENVS - 100)]
     assert live_layout(env_ids, 300) == (1, 300)
@@ -117,7 +117,7 @@ def test_live_layout_keeps_every_worker_within_the_config_bound() -> None:
 
 def test_the_all_live_probe_holds_every_variant_live_beyond_one_workers_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the bound at 8 the 24 variants are spread over workers of at most 8 each, and all 24 are live at once."""
-    import tasks.bench.pool_bench as pool_bench
+    import benchmarks.pool_bench as pool_bench
 
     monkeypatch.setattr(pool_bench, "MAX_ENVS", 8)
     sample = VARIANTS[:24]

@@ -30,7 +30,7 @@ from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.rollout import CentralRollouts, collect_slice, rollout_source, slice_seeds
-from tasks.bench.ppo_bench import _packaged_factory, demo_catalogue
+from benchmarks.ppo_bench import _packaged_factory, demo_catalogue
 from tasks.compose import recovery_summary
 
 NUM_ENVS, N_STEPS = 8, 16

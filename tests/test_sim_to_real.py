@@ -15,6 +15,7 @@ from agentflow_core.evaluation.sim_to_real import EpisodeTrace, PairedEpisode, s
 from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.variants import VariantSpec
 from tasks.config_io import parse_config
+from tasks.context import PhaseContext
 from tasks.real_channels import REAL_CHANNELS, payment_api_process
 from tasks.steps.stress import run_stress
 
@@ -71,7 +72,7 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
     params = tiny_params(tmp_path)
     params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 1, "max_gap": 0.02}
     cfg = parse_config(params)
-    summary = run_stress(cfg, "expert")
+    summary = run_stress(PhaseContext.of(cfg), "expert")
     report = summary["sim_to_real"]
     assert [f["family"] for f in report["families"]] == ["order_db", "payment_api", "web_checkout"]
     for family in report["families"]:

@@ -16,7 +16,7 @@ import pytest
 
 from tasks.stages import REPO_ROOT, Stage, load_stages
 
-PACKAGES = ("agentflow_core", "tasks", "flows")
+PACKAGES = ("agentflow_core", "tasks", "benchmarks", "flows")
 ENTRIES = {
     "calibrate": ("flows.cli.calibrate", "calibrate_command"),
     "variants": ("flows.cli.variants", "variants"),
@@ -117,6 +117,15 @@ def test_stage_deps_cover_the_code_the_stage_runs(name: str) -> None:
     stage = load_stages()[name]
     missing = uncovered(stage, stage_code(name))
     assert not missing, f"dvc.yaml stage {name!r} runs code its deps do not cover: {missing}"
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_no_stage_runs_or_depends_on_the_benchmarks(name: str) -> None:
+    """The benchmarks are reached only through ``agentflow bench`` (imported inside its commands)."""
+    stage = load_stages()[name]
+    assert not [d for d in stage.deps if d.split("/")[0] == "benchmarks"], stage.deps
+    benchmarks = REPO_ROOT / "benchmarks"
+    assert not [str(f) for f in stage_code(name) if benchmarks in f.parents], name
 
 
 def test_an_incomplete_stage_is_caught() -> None:

@@ -186,32 +186,14 @@ def _page_body(
     if page == "product_detail":
         return _product_detail_body(st, scenario, price, buttons)
     if page == "cart":
-        if st.cart_count == 0:
-            return "Your cart", "Your cart is empty."
-        buttons.extend(("#checkout", "#remove-item"))
-        return "Your cart", f"{st.cart_count} item(s), subtotal {_money(price * st.cart_count)}."
+        return _cart_body(st, price, buttons)
     if page == "checkout":
         buttons.extend(("#proceed-to-payment", "#cancel-order"))
         return "Checkout", f"Order #{st.order_id} created. Total {_money(st.order_total)}."
     if page == "payment":
-        fields.update(st.card_fields)
-        buttons.extend(("#pay-now", "#use-backup-card", "#cancel-order"))
-        forms.append("payment")
-        if st.funds_error:
-            buttons.append("#top-up")
-            forms.append("top_up")
-        last4 = st.card_fields.get("card_number", "")[-4:]
-        return (
-            "Payment",
-            f"Pay for order #{st.order_id}: {_money(st.order_total)} with your {st.card} card ending {last4}.",
-        )
+        return _payment_body(st, fields, buttons, forms)
     if page == "top_up":
-        fields["amount"] = f"{_top_up_amount(st):.2f}"
-        buttons.append("#top-up")
-        forms.append("top_up")
-        if st.order_status == "pending":
-            buttons.append("#pay-now")
-        return "Wallet", f"Add funds to your wallet. Balance {_money(st.balance)}."
+        return _top_up_body(st, fields, buttons, forms)
     if page == "confirmation":
         return "Thank you", f"Payment received. Order #{st.order_id} is paid: {_money(st.order_total)} charged."
     if page == "order_cancelled":
@@ -220,6 +202,39 @@ def _page_body(
         return "Support", "A support agent will contact you shortly."
     buttons.append("#retry")
     return "Page not found", "404: the page you requested does not exist. Go back and try again."
+
+
+def _cart_body(st: WebState, price: float, buttons: list[str]) -> tuple[str, str]:
+    """The cart: checkout and removal only when it holds something."""
+    if st.cart_count == 0:
+        return "Your cart", "Your cart is empty."
+    buttons.extend(("#checkout", "#remove-item"))
+    return "Your cart", f"{st.cart_count} item(s), subtotal {_money(price * st.cart_count)}."
+
+
+def _payment_body(st: WebState, fields: dict[str, str], buttons: list[str], forms: list[str]) -> tuple[str, str]:
+    """The payment page: the card form, and the wallet's top-up form after a funds error."""
+    fields.update(st.card_fields)
+    buttons.extend(("#pay-now", "#use-backup-card", "#cancel-order"))
+    forms.append("payment")
+    if st.funds_error:
+        buttons.append("#top-up")
+        forms.append("top_up")
+    last4 = st.card_fields.get("card_number", "")[-4:]
+    return (
+        "Payment",
+        f"Pay for order #{st.order_id}: {_money(st.order_total)} with your {st.card} card ending {last4}.",
+    )
+
+
+def _top_up_body(st: WebState, fields: dict[str, str], buttons: list[str], forms: list[str]) -> tuple[str, str]:
+    """The wallet page: the top-up form prefilled, and paying the pending order from there."""
+    fields["amount"] = f"{_top_up_amount(st):.2f}"
+    buttons.append("#top-up")
+    forms.append("top_up")
+    if st.order_status == "pending":
+        buttons.append("#pay-now")
+    return "Wallet", f"Add funds to your wallet. Balance {_money(st.balance)}."
 
 
 def _product_detail_body(st: WebState, scenario: Scenario, price: float, buttons: list[str]) -> tuple[str, str]:

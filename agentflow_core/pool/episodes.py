@@ -150,19 +150,8 @@ class EpisodePlayer:
         experts = {v.family: spec.expert(v.family) for v in request.variants.values()} if spec.kind == EXPERT else {}
 
         def act(live: list[int]) -> np.ndarray:
-            o, m = obs[live], mask[live]
-            if spec.kind == EXPERT:
-                families = [request.variants[playing[r][2]].family for r in live]  # type: ignore[index]
-                return np.array([experts[f].act(x, y) for f, x, y in zip(families, o, m, strict=True)], np.int64)
-            assert policy is not None
-            with torch.no_grad():
-                actions = np.asarray(policy.act(o, m), dtype=np.int64).reshape(len(live))
-            if spec.kind == EPSILON_GREEDY:  # each episode draws from its own generator
-                for k, r in enumerate(live):
-                    rng = rngs[r]
-                    assert rng is not None
-                    actions[k : k + 1] = epsilon_greedy(actions[k : k + 1], m[k : k + 1], spec.epsilon, rng)[0]
-            return actions
+            episodes = [playing[r] for r in live]
+            return _actions(spec, policy, experts, request, episodes, obs[live], mask[live], [rngs[r] for r in live])
 
         start(list(range(n)))
         for _ in range(request.max_steps):
@@ -188,6 +177,30 @@ class EpisodePlayer:
             start(ended)
         worker.release(slots)
         return [records[(e[0], e[1])] for e in request.episodes if (e[0], e[1]) in records]
+
+
+def _actions(
+    spec: ActorSpec,
+    policy: ActorCritic | None,
+    experts: dict[str, ScriptedExpert],
+    request: EvalRequest,
+    episodes: list[tuple[int, int, int, int] | None],
+    obs: np.ndarray,
+    mask: np.ndarray,
+    rngs: list[np.random.Generator | None],
+) -> np.ndarray:
+    """The actions of the live rows (``episodes``, their ``obs`` and ``mask``): expert, greedy or epsilon-greedy."""
+    if spec.kind == EXPERT:
+        families = [request.variants[e[2]].family for e in episodes]  # type: ignore[index]
+        return np.array([experts[f].act(x, y) for f, x, y in zip(families, obs, mask, strict=True)], np.int64)
+    assert policy is not None
+    with torch.no_grad():
+        actions = np.asarray(policy.act(obs, mask), dtype=np.int64).reshape(len(episodes))
+    if spec.kind == EPSILON_GREEDY:  # each episode draws from its own generator
+        for k, rng in enumerate(rngs):
+            assert rng is not None
+            actions[k : k + 1] = epsilon_greedy(actions[k : k + 1], mask[k : k + 1], spec.epsilon, rng)[0]
+    return actions
 
 
 def actor_weights(policy: ActorCritic | None) -> Weights | None:

@@ -123,13 +123,13 @@ def run(
     sets: list[str] = SET_OPTION,
 ) -> None:
     """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> offline -> train -> stress -> report)."""
-    from tasks.compose import backend
+    from tasks.backend import backend_of
     from tasks.runtime import configure_services
 
     cfg, overrides = overrides_or_exit(params, sets)
     requirements_or_exit(cfg)  # a missing browser, database binary, service or folder stops here, in seconds
     services = configure_services(cfg)  # before prefect/mlflow are imported (and before Ray's processes start)
-    pool = backend(cfg)  # joins a Ray cluster first: an unreachable one fails before anything is written
+    pool = backend_of(cfg).place()  # joins a Ray cluster first: an unreachable one fails before anything is written
     console.print(plan_tree(cfg))
     console.print(f"  envs: {pool.describe(cfg.train.num_envs)}")
     for name, where in services.items():
@@ -281,7 +281,7 @@ app.add_typer(bench_app, name="bench")
 
 def main() -> None:
     """Console entry point with library errors turned into clean messages."""
-    from tasks.compose import stop_ray
+    from tasks.ray_runtime import stop_ray
 
     try:
         app(prog_name="agentflow")

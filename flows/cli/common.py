@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError, MappingError
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
 from tasks.preflight import Check, preflight
 from tasks.process_io import load_process
@@ -65,6 +66,11 @@ def phase_config_or_exit(params: Path) -> AgentFlowConfig:
     cfg = config_or_exit(params)
     make_deterministic(cfg.base.seed)
     return cfg
+
+
+def phase_context_or_exit(params: Path) -> PhaseContext:
+    """The phase context of a command that runs a phase, built once (:func:`phase_config_or_exit` first)."""
+    return PhaseContext.of(phase_config_or_exit(params))
 
 
 def phase_progress(phase: str, console: Console) -> Progress:

@@ -18,7 +18,9 @@ both actors greedily on the validation episodes ``agentflow train`` evaluates on
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,16 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.policy_eval import evaluate_policy, greedy_policy, stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, offline_gate
 from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.cql import CQLSettings, QNetwork, actor_state, improve_actor, td_error_on, train_cql
+from agentflow_core.rl.cql import (
+    CQLSettings,
+    OfflinePrior,
+    QNetwork,
+    actor_state,
+    improve_actor,
+    load_actor,
+    td_error_on,
+    train_cql,
+)
 from agentflow_core.rl.offline_data import load_transitions
 from agentflow_core.rl.policy import ActorCritic, resolve_device
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
@@ -38,7 +49,8 @@ from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool
-from tasks.steps.train import EVAL_NUM_ENVS
+from tasks.context import PhaseContext
+from tasks.steps.evaluation import EVAL_NUM_ENVS
 
 ACTOR_FILE = "actor.safetensors"
 BC_ACTOR_FILE = "bc_actor.safetensors"
@@ -142,7 +154,7 @@ def offline_actor(
 
 
 def run_offline(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     catalogue_path: Path,
     trajectories_dir: Path,
     out_dir: Path,
@@ -152,6 +164,7 @@ def run_offline(
     seed: int | None = None,
 ) -> dict[str, Any]:
     """Run the offline stage (or record that it is switched off); returns the summary."""
+    cfg = ctx.cfg
     started = time.perf_counter()
     out_dir = Path(out_dir)
     check_output(out_dir)
@@ -171,7 +184,7 @@ def run_offline(
     dimensions = sorted(cfg.variants.dimensions)
     validation = stratified_eval_variants(splits["validation"], o.eval_episodes, dimensions, cfg.base.seed)
     pool = pool_factory(
-        cfg,
+        ctx,
         validation,
         min(cfg.train.num_envs, EVAL_NUM_ENVS),
         seed=cfg.base.seed + 1,
@@ -225,3 +238,44 @@ def offline_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """``data/metrics/offline.json``: the headline numbers and the budget."""
     budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
     return {"enabled": 1.0, **{k: float(summary[k]) for k in METRIC_KEYS}} | budget
+
+
+@dataclass(frozen=True)
+class OfflineStart:
+    """The offline stage's actor (PPO's initial actor weights) and the decaying KL prior toward it."""
+
+    path: Path
+    actor: dict[str, torch.Tensor]
+    prior: OfflinePrior
+    settings: dict[str, float]
+
+
+def offline_start(ctx: PhaseContext, offline_dir: Path | None, warm_start: Path | None) -> OfflineStart | None:
+    """The offline actor when the stage is on and wrote one (``offline_dir``, default ``<data_dir>/offline``).
+
+    A retrain's champion warm start replaces it (the champion already learnt online); without an
+    actor file (the stage switched off, not run, or its gate failed) training starts from BC alone.
+    A damaged file counts as absent, with a warning line.
+    """
+    from safetensors.torch import load_file
+
+    cfg = ctx.cfg
+    path = Path(offline_dir or ctx.paths.offline) / ACTOR_FILE
+    if not cfg.offline.enabled or warm_start is not None or not path.is_file():
+        return None
+    reference = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    try:
+        actor = load_file(str(path))
+        load_actor(reference, actor)
+    except Exception as exc:  # SafetensorError on damaged bytes, KeyError/RuntimeError on wrong tensors
+        logging.getLogger("agentflow.train").warning(
+            "offline actor %s is damaged (%s: %s): treated as absent, training starts from BC alone; "
+            "the cycle's offline phase recomputes it (its output no longer matches its cache record)",
+            path,
+            type(exc).__name__,
+            str(exc)[:160],
+        )
+        return None
+    o = cfg.offline
+    prior = OfflinePrior(reference, o.kl_coef, o.kl_decay_updates)
+    return OfflineStart(path, actor, prior, {"kl_coef": o.kl_coef, "kl_decay_updates": o.kl_decay_updates})

@@ -37,11 +37,9 @@ from agentflow_core.semantics import ACTIONS
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
-from tasks.paths import DataPaths
+from tasks.context import PhaseContext
 from tasks.plots import write_plots
-from tasks.process_io import load_process
 from tasks.real_channels import run_sim_to_real
-from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
 METRIC_KEYS = (
@@ -60,14 +58,14 @@ METRIC_KEYS = (
 )
 
 
-def _reachable(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> list[str]:
-    registry = load_registry(cfg)
+def _reachable(ctx: PhaseContext, variants: Sequence[VariantSpec]) -> list[str]:
+    registry = ctx.registry
     known = [b for b in {v.base_env_id for v in variants} if b in registry]
-    return reachable_tokens({registry.get(b).class_path for b in known}, load_process(cfg).vocabulary.tokens)
+    return reachable_tokens({registry.get(b).class_path for b in known}, ctx.vocabulary.tokens)
 
 
 def evaluate_stress(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     policy: LoadedPolicy,
     variants: Sequence[VariantSpec],
     *,
@@ -77,10 +75,11 @@ def evaluate_stress(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[StressRollout, StressAnalysis, list[VariantSpec]]:
     """Stratified sample -> rollouts -> analysis (no files written)."""
+    cfg = ctx.cfg
     dimensions = [d for d in cfg.variants.dimensions if any(d in v.params for v in variants)]
     sample = stratified_sample(variants, cfg.stress.variants, dimensions, np.random.default_rng(cfg.base.seed))
     rollout = stress_rollout(
-        cfg, policy, sample, episodes or cfg.stress.episodes, pool_factory=pool_factory, on_progress=on_progress
+        ctx, policy, sample, episodes or cfg.stress.episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     families = sorted({v.family for v in sample})
     analysis = analyze_stress(
@@ -89,10 +88,10 @@ def evaluate_stress(
         cfg.stress,
         dimensions,
         [v.env_id for v in sample],
-        reachable if reachable is not None else _reachable(cfg, sample),
-        cart_scales(cfg, families),
-        load_process(cfg).probes,
-        load_process(cfg).vocabulary,
+        reachable if reachable is not None else _reachable(ctx, sample),
+        cart_scales(ctx, families),
+        ctx.process.probes,
+        ctx.vocabulary,
     )
     return rollout, analysis, list(sample)
 
@@ -187,7 +186,7 @@ def stress_summary(
 
 
 def run_stress(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     checkpoint: str | Path | None = None,
     catalogue: Path | None = None,
     out_dir: Path | None = None,
@@ -198,22 +197,23 @@ def run_stress(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Stress-validate a checkpoint; write the records, summary and plots; return the summary."""
+    cfg = ctx.cfg
     started = time.perf_counter()
-    paths = DataPaths.of(cfg)
+    paths = ctx.paths
     out_dir = out_dir or paths.stress
     metrics_path = metrics_path or paths.metrics_file("stress")
     check_output(out_dir)  # a read-only or full disk fails here, not after the episodes ran
-    policy = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
-    variants = load_variants(cfg, catalogue)
+    policy = load_policy(resolve_checkpoint(ctx, checkpoint), ctx.process)
+    variants = load_variants(ctx, catalogue)
     rollout, analysis, sample = evaluate_stress(
-        cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
+        ctx, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
     if cfg.stress.sim_to_real.enabled:  # the same policy on the real channels (same variants and seeds)
-        real = run_sim_to_real(cfg, policy, sample)
+        real = run_sim_to_real(ctx, policy, sample)
         summary["sim_to_real"] = real.to_dict()
         summary["metrics"].update(real.metrics())
-    summary["reward_validator"] = validator_flags(cfg, rollout)
+    summary["reward_validator"] = validator_flags(ctx, rollout)
     if summary["reward_validator"] is not None:
         summary["metrics"]["validator_flagged"] = summary["reward_validator"]["flagged"]
         summary["metrics"]["validator_flagged_rate"] = summary["reward_validator"]["rate"]
@@ -222,7 +222,7 @@ def run_stress(
     summary["gate"] = verdict.message
     summary["budget"] = budget_metrics("stress", time.perf_counter() - started, cfg.stress.budget_s)
     with atomic_dir(Path(out_dir)) as tmp:
-        write_records(tmp, rollout.steps, rollout.episodes, load_process(cfg).vocabulary.actions)
+        write_records(tmp, rollout.steps, rollout.episodes, ctx.vocabulary.actions)
         summary["plots"] = write_plots(summary, tmp)
         write_json(tmp / "summary.json", summary)
     write_json(
@@ -239,12 +239,13 @@ def run_stress(
     return summary
 
 
-def validator_flags(cfg: AgentFlowConfig, rollout: StressRollout) -> dict[str, Any] | None:
+def validator_flags(ctx: PhaseContext, rollout: StressRollout) -> dict[str, Any] | None:
     """The discriminator reward validator's verdict on the stress episodes (None when off or not trained)."""
     from agentflow_core.evaluation.validator import validate_episodes
     from tasks.steps.validator import load_validator
 
-    model = load_validator(cfg)
+    cfg = ctx.cfg
+    model = load_validator(ctx)
     if model is None:
         return None
     return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold).to_dict()

@@ -30,6 +30,7 @@ from agentflow_core.rl.checkpoint import (
     load_checkpoint,
     load_intact,
 )
+from tasks.context import PhaseContext
 
 
 class NaNReward:
@@ -200,7 +201,7 @@ def test_stress_and_the_champion_candidate_skip_a_damaged_best(saved: Path, tmp_
     shutil.copytree(saved, root)
     _damage(root / "update_00000002" / MODEL_FILE, "truncated")  # best.json -> update 2
     cfg = AgentFlowConfig.model_validate({"base": {"data_dir": str(tmp_path / "data")}})
-    ref = resolve_checkpoint(cfg, None)
+    ref = resolve_checkpoint(PhaseContext.of(cfg), None)
     assert Path(ref) == root / "update_00000003"
     assert load_policy(ref).checkpoint == ref
-    assert candidate_checkpoint(cfg) == root / "update_00000003"
+    assert candidate_checkpoint(PhaseContext.of(cfg)) == root / "update_00000003"

@@ -34,6 +34,7 @@ from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.splits import read_splits
 from tasks.compose import build_pool
 from tasks.config_io import parse_config
+from tasks.context import PhaseContext
 from tasks.overrides import apply_overrides
 from tasks.retrain import champion_fisher
 from tasks.rollout import resolve_checkpoint
@@ -70,8 +71,8 @@ def shifted(cfg: AgentFlowConfig, data_dir: Path, shift: Mapping[str, Any] = SHI
     return parse_config(data, "<bench forgetting>")
 
 
-def _success_on(cfg: AgentFlowConfig, catalogue: Path, checkpoint: Path, episodes: int) -> float:
-    return float(_evaluate(cfg, catalogue, checkpoint, episodes).process_success_rate)
+def _success_on(ctx: PhaseContext, catalogue: Path, checkpoint: Path, episodes: int) -> float:
+    return float(_evaluate(ctx, catalogue, checkpoint, episodes).process_success_rate)
 
 
 def _by_value(result: EvalResult) -> dict[str, float]:
@@ -82,12 +83,13 @@ def _by_value(result: EvalResult) -> dict[str, float]:
     return {**by_family, **cells}
 
 
-def _evaluate(cfg: AgentFlowConfig, catalogue: Path, checkpoint: Path, episodes: int) -> EvalResult:
+def _evaluate(ctx: PhaseContext, catalogue: Path, checkpoint: Path, episodes: int) -> EvalResult:
+    cfg = ctx.cfg
     dimensions = sorted(cfg.variants.dimensions)
     test = stratified_eval_variants(read_splits(catalogue)["test"], episodes, dimensions, cfg.base.seed)
     policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    policy.load_state_dict(load_checkpoint(Path(resolve_checkpoint(cfg, checkpoint)), cfg.train.hidden_sizes).model)
-    pool = build_pool(cfg, test, min(16, len(test)), seed=cfg.base.seed + 2, scheduler="round_robin", standby=False)
+    policy.load_state_dict(load_checkpoint(Path(resolve_checkpoint(ctx, checkpoint)), cfg.train.hidden_sizes).model)
+    pool = build_pool(ctx, test, min(16, len(test)), seed=cfg.base.seed + 2, scheduler="round_robin", standby=False)
     try:
         result = evaluate_policy(pool, greedy_policy(policy), episodes, seed=cfg.base.seed + 11, dimensions=dimensions)
     finally:
@@ -114,23 +116,24 @@ def run_forgetting_bench(
         budget = {} if steps is None else {"train.total_steps": steps}
         cfg_a = shifted(cfg, root / "a", budget)
         cfg_b = shifted(cfg, root / "b", {**SHIFTS[shift], **budget})
+        ctx_a, ctx_b = PhaseContext.of(cfg_a), PhaseContext.of(cfg_b)
         a, b = root / "a", root / "b"
         say("cycle A: variants, explore, train")
-        run_variants(cfg_a, a / "variants")
-        run_explore(cfg_a, a / "variants", a / "trajectories")
-        train_a = run_train(cfg_a, a / "variants", a / "trajectories", a / "checkpoints", resume=False)
-        champion = Path(resolve_checkpoint(cfg_a, a / "checkpoints"))
+        run_variants(ctx_a, a / "variants")
+        run_explore(ctx_a, a / "variants", a / "trajectories")
+        train_a = run_train(ctx_a, a / "variants", a / "trajectories", a / "checkpoints", resume=False)
+        champion = Path(resolve_checkpoint(ctx_a, a / "checkpoints"))
         say("shifted catalogue B: variants, explore")
-        run_variants(cfg_b, b / "variants")
-        run_explore(cfg_b, b / "variants", b / "trajectories")
+        run_variants(ctx_b, b / "variants")
+        run_explore(ctx_b, b / "variants", b / "trajectories")
         fisher_started = time.perf_counter()
-        fisher = champion_fisher(cfg_a, champion, a / "trajectories")
+        fisher = champion_fisher(ctx_a, champion, a / "trajectories")
         fisher_s = time.perf_counter() - fisher_started
         retrains: dict[str, dict[str, Any]] = {}
         for name, ewc in (("no_ewc", None), ("ewc", fisher)):
             say(f"retrain on B ({name})")
             retrains[name] = run_train(
-                cfg_b,
+                ctx_b,
                 b / "variants",
                 b / "trajectories",
                 root / f"retrain-{name}",
@@ -140,12 +143,12 @@ def run_forgetting_bench(
                 ewc=ewc,
             )
         say("evaluate on A's and B's test variants")
-        on_a = {"champion": _evaluate(cfg_a, a / "variants", champion, TEST_EPISODES)}
-        on_a.update({n: _evaluate(cfg_a, a / "variants", root / f"retrain-{n}", TEST_EPISODES) for n in retrains})
+        on_a = {"champion": _evaluate(ctx_a, a / "variants", champion, TEST_EPISODES)}
+        on_a.update({n: _evaluate(ctx_a, a / "variants", root / f"retrain-{n}", TEST_EPISODES) for n in retrains})
         before = float(on_a["champion"].process_success_rate)
         after = {n: float(on_a[n].process_success_rate) for n in retrains}
-        on_b = {n: _success_on(cfg_b, b / "variants", root / f"retrain-{n}", TEST_EPISODES) for n in retrains}
-        champion_on_b = _success_on(cfg_b, b / "variants", champion, TEST_EPISODES)
+        on_b = {n: _success_on(ctx_b, b / "variants", root / f"retrain-{n}", TEST_EPISODES) for n in retrains}
+        champion_on_b = _success_on(ctx_b, b / "variants", champion, TEST_EPISODES)
     result: dict[str, Any] = {
         "forgetting_points_ewc": 100.0 * (before - after["ewc"]),
         "forgetting_points_no_ewc": 100.0 * (before - after["no_ewc"]),

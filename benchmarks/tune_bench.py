@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from agentflow_core.errors import AgentFlowError
-from tasks.bench.machine import MachineLoad
+from benchmarks.machine import MachineLoad
 
 TARGETS = {"sps_ratio_2_workers": 1.2, "sps_ratio_cluster": 1.2}
 

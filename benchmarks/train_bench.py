@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 import yaml
 
-from tasks.bench.machine import MachineLoad
+from benchmarks.machine import MachineLoad
 
 SIDE_ORDER = ("inprocess", "ray", "ray", "inprocess")
 KILL_AFTER_UPDATE = 20

@@ -38,8 +38,9 @@ from agentflow_core.rl.ppo import PPO
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
-from tasks.bench.learning_bench import Evaluator, LearnerRun, TrainingClock, machine_info
+from benchmarks.learning_bench import Evaluator, LearnerRun, TrainingClock, machine_info
 from tasks.compose import build_pool, build_rollouts, reward_function
+from tasks.context import PhaseContext
 from tasks.steps.explore import run_explore
 from tasks.steps.offline import offline_actor
 from tasks.steps.train import reward_transform
@@ -67,7 +68,7 @@ def _fresh_policy(cfg: AgentFlowConfig, seed: int) -> ActorCritic:
 
 
 def _ppo_to_expert(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     run: LearnerRun,
     policy: ActorCritic,
     catalogue: Path,
@@ -77,11 +78,12 @@ def _ppo_to_expert(
     prior: OfflinePrior | None,
 ) -> None:
     """PPO from ``policy`` until a test checkpoint reaches ``expert`` or the step budget ends."""
+    cfg = ctx.cfg
     tc, seed = cfg.train, cfg.base.seed
     clock = TrainingClock()
-    pool = build_rollouts(cfg, read_splits(catalogue)["train"], tc.num_envs, seed=seed)
+    pool = build_rollouts(ctx, read_splits(catalogue)["train"], tc.num_envs, seed=seed)
     try:
-        with reward_function(cfg, pool.num_envs) as reward_fn:
+        with reward_function(ctx, pool.num_envs) as reward_fn:
             ppo = PPO(policy, pool, tc, seed=seed, reward_transform=reward_transform(cfg, pool, reward_fn))
             ppo.policy_penalty = prior
             evaluator.checkpoint(run, greedy_policy(ppo.policy), 0, clock)
@@ -110,7 +112,7 @@ def _figures(run: LearnerRun, expert: float) -> dict[str, Any]:
 
 
 def run_setting(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     work: Path,
     behaviour: str,
     explore_steps: int,
@@ -119,6 +121,7 @@ def run_setting(
     progress: Callable[[str], None] | None,
 ) -> dict[str, Any]:
     """One dataset (``explore_steps`` exploration steps), both learners, both evaluated the same way."""
+    cfg = ctx.cfg
     cfg = cfg.model_copy(
         update={
             "explore": cfg.explore.model_copy(
@@ -130,12 +133,13 @@ def run_setting(
             )
         }
     )
+    ctx = ctx.with_config(cfg)
     seed = cfg.base.seed
     catalogue, trajectories = work / "variants", work / f"trajectories_{behaviour}_{explore_steps}"
     if not catalogue.exists():
-        run_variants(cfg, catalogue)
-    explored = run_explore(cfg, catalogue, trajectories)
-    evaluator = Evaluator(cfg, read_splits(catalogue), build_pool, test_episodes, progress)
+        run_variants(ctx, catalogue)
+    explored = run_explore(ctx, catalogue, trajectories)
+    evaluator = Evaluator(ctx, read_splits(catalogue), build_pool, test_episodes, progress)
     try:
         expert = evaluator.test(expert_policy(evaluator.test_pool)).process_success_rate
         bc = LearnerRun("bc")
@@ -144,7 +148,7 @@ def run_setting(
         accepted = {v.content_hash: accepted_outcomes(v.params) for v in read_splits(catalogue)["train"]}
         behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted), seed=seed)
         bc.setup_s["bc_s"] = time.perf_counter() - started
-        _ppo_to_expert(cfg, bc, policy, catalogue, evaluator, expert, eval_every, None)
+        _ppo_to_expert(ctx, bc, policy, catalogue, evaluator, expert, eval_every, None)
         cql = LearnerRun("bc_cql")
         started = time.perf_counter()
         _, actor, q, offline = offline_actor(cfg, catalogue, trajectories, seed)
@@ -153,7 +157,7 @@ def run_setting(
         policy = _fresh_policy(cfg, seed)
         load_actor(policy, actor.state_dict())
         prior = OfflinePrior(actor, cfg.offline.kl_coef, cfg.offline.kl_decay_updates)
-        _ppo_to_expert(cfg, cql, policy, catalogue, evaluator, expert, eval_every, prior)
+        _ppo_to_expert(ctx, cql, policy, catalogue, evaluator, expert, eval_every, prior)
     finally:
         evaluator.close()
     ours, base = _figures(cql, expert), _figures(bc, expert)
@@ -173,7 +177,7 @@ def run_setting(
 
 
 def run_offline_bench(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     work: Path,
     settings: list[tuple[str, int]],
     eval_every: int = 2,
@@ -181,8 +185,9 @@ def run_offline_bench(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every ``(explore.behaviour, explore steps)`` setting (the shipped exploration first, then harder ones)."""
+    cfg = ctx.cfg
     load_before = list(os.getloadavg())
-    runs = {f"{b}_{n}": run_setting(cfg, work, b, n, eval_every, test_episodes, progress) for b, n in settings}
+    runs = {f"{b}_{n}": run_setting(ctx, work, b, n, eval_every, test_episodes, progress) for b, n in settings}
     result: dict[str, Any] = {"settings": runs}
     for name, s in runs.items():
         for learner in ("bc", "bc_cql"):

@@ -34,7 +34,7 @@ from agentflow_core.semantics import N_TOKENS, TOKEN_INDEX, SemanticAction
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from tasks.compose import build_pool, reward_function
-from tasks.paths import DataPaths
+from tasks.context import PhaseContext
 
 TARGETS = {"caught_rate": (0.9, True), "false_positive_rate": (0.05, False)}
 
@@ -112,11 +112,11 @@ class _Planter:
 
 
 def _play(
-    cfg: AgentFlowConfig, variants: list[VariantSpec], make: Callable[[EnvPool], PolicyFn], n: int, seed: int
+    ctx: PhaseContext, variants: list[VariantSpec], make: Callable[[EnvPool], PolicyFn], n: int, seed: int
 ) -> StressRollout:
-    pool = build_pool(cfg, variants, min(16, len(variants)), seed=seed, scheduler="round_robin", standby=False)
+    pool = build_pool(ctx, variants, min(16, len(variants)), seed=seed, scheduler="round_robin", standby=False)
     try:
-        with reward_function(cfg, pool.num_envs) as reward_fn:
+        with reward_function(ctx, pool.num_envs) as reward_fn:
             return run_stress_episodes(pool, make(pool), variants, n, seed=seed, reward_fn=reward_fn)
     finally:
         pool.close()
@@ -127,25 +127,26 @@ def _scores(model: Discriminator, rollout: StressRollout, fired: set[str] | None
     return [score[e.episode_id] for e in rollout.episodes if fired is None or e.episode_id in fired]
 
 
-def run_validator_bench(cfg: AgentFlowConfig, model: Discriminator, episodes: int = 200) -> dict[str, Any]:
+def run_validator_bench(ctx: PhaseContext, model: Discriminator, episodes: int = 200) -> dict[str, Any]:
     """Honest and planted episodes on the test split scored by ``model``; caught and false-positive rates."""
+    cfg = ctx.cfg
     started = time.perf_counter()
-    test = read_splits(DataPaths.of(cfg).variants)["test"]
+    test = read_splits(ctx.paths.variants)["test"]
     variants = stratified_eval_variants(test, min(len(test), 256), sorted(cfg.variants.dimensions), cfg.base.seed)
     threshold = cfg.validator.threshold
     seed = cfg.base.seed + 31
-    honest: dict[str, list[float]] = {"expert": _scores(model, _play(cfg, variants, expert_policy, episodes, seed))}
-    checkpoint = DataPaths.of(cfg).checkpoints
+    honest: dict[str, list[float]] = {"expert": _scores(model, _play(ctx, variants, expert_policy, episodes, seed))}
+    checkpoint = ctx.paths.checkpoints
     if (checkpoint / "checkpoints" / "best.json").exists():
         from tasks.rollout import load_policy, resolve_checkpoint
 
-        trained = load_policy(resolve_checkpoint(cfg, checkpoint))
-        honest["trained_policy"] = _scores(model, _play(cfg, variants, lambda _p: trained.act, episodes, seed))
+        trained = load_policy(resolve_checkpoint(ctx, checkpoint))
+        honest["trained_policy"] = _scores(model, _play(ctx, variants, lambda _p: trained.act, episodes, seed))
     planted: dict[str, list[float]] = {}
     played: dict[str, int] = {}
     for name, habit in HABITS.items():
         planter = _Planter(habit)
-        rollout = _play(cfg, variants, planter, episodes, seed)
+        rollout = _play(ctx, variants, planter, episodes, seed)
         played[name] = len(rollout.episodes)
         assert planter.policy is not None
         planted[name] = _scores(model, rollout, planter.policy.fired(rollout))
@@ -193,7 +194,7 @@ def run_validator_bench_fresh(
     """In a temporary data dir: variants -> explore -> validator -> train (``train_steps``; 0 skips it) -> the bench."""
     import tempfile
 
-    from tasks.bench.forgetting_bench import shifted
+    from benchmarks.forgetting_bench import shifted
     from tasks.steps.explore import run_explore
     from tasks.steps.train import run_train
     from tasks.steps.validator import load_validator, run_validator
@@ -201,8 +202,8 @@ def run_validator_bench_fresh(
 
     say = progress or (lambda _msg: None)
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-validator-") as tmp:
-        work = shifted(cfg, Path(tmp), {})
-        paths = DataPaths.of(work)
+        work = PhaseContext.of(shifted(cfg, Path(tmp), {}))
+        paths = work.paths
         say("variants, explore")
         run_variants(work, paths.variants)
         run_explore(work, paths.variants, paths.trajectories)
@@ -211,7 +212,8 @@ def run_validator_bench_fresh(
         if train_steps != 0:
             say("train (the honest trained policy)")
             if train_steps is not None:
-                work = work.model_copy(update={"train": work.train.model_copy(update={"total_steps": train_steps})})
+                train = work.cfg.train.model_copy(update={"total_steps": train_steps})
+                work = work.with_config(work.cfg.model_copy(update={"train": train}))
             run_train(work, paths.variants, paths.trajectories, paths.checkpoints, resume=False)
         model = load_validator(work)
         assert model is not None

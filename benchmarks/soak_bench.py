@@ -125,7 +125,7 @@ def _build_pool(
     if app.pool.backend != "ray":
         return InProcessPool(variants, factory, num_envs, app.pool, seed=seed)
     from agentflow_core.pool.ray_pool import RayPool
-    from tasks.compose import start_ray
+    from tasks.ray_runtime import start_ray
 
     start_ray(app)
     pool = RayPool(variants, factory, num_envs, app.pool, seed=seed)

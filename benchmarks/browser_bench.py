@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import psutil
 
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.experts import expert_for
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.envs.web_browser import OWNER_SWITCH, acquire_browser, release_browser
 from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.registry import EnvEntry
+from tasks.context import PhaseContext
 from tasks.real_channels import run_sim_to_real
 from tasks.rollout import LoadedPolicy, load_variants
 
@@ -120,14 +120,16 @@ def density(real: EnvEntry, live_envs: int) -> dict[str, Any]:
     }
 
 
-def gap(cfg: AgentFlowConfig, policy: LoadedPolicy, episodes_per_family: int) -> dict[str, Any]:
+def gap(ctx: PhaseContext, policy: LoadedPolicy, episodes_per_family: int) -> dict[str, Any]:
     """The stress phase's sim-to-real run for ``policy`` (its stratified test-split sample)."""
+    cfg = ctx.cfg
     settings = cfg.stress.sim_to_real.model_copy(update={"episodes_per_family": episodes_per_family})
     cfg = cfg.model_copy(update={"stress": cfg.stress.model_copy(update={"sim_to_real": settings})})
-    variants = load_variants(cfg)
+    ctx = ctx.with_config(cfg)
+    variants = load_variants(ctx)
     dimensions = [d for d in cfg.variants.dimensions if any(d in v.params for v in variants)]
     sample = stratified_sample(variants, cfg.stress.variants, dimensions, np.random.default_rng(cfg.base.seed))
-    report = run_sim_to_real(cfg, policy, list(sample))
+    report = run_sim_to_real(ctx, policy, list(sample))
     out: dict[str, Any] = {"policy": policy.name, "gap_episodes_per_family": episodes_per_family}
     for family in report.families:
         out[f"{family.family}_sim_process_success"] = family.sim_success
@@ -139,7 +141,7 @@ def gap(cfg: AgentFlowConfig, policy: LoadedPolicy, episodes_per_family: int) ->
 
 
 def run_browser_bench(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     sim: EnvEntry,
     real: EnvEntry,
     policy: LoadedPolicy,
@@ -152,7 +154,7 @@ def run_browser_bench(
     result: dict[str, Any] = {
         **latency(sim, real, episodes),
         **density(real, live_envs),
-        **gap(cfg, policy, gap_episodes),
+        **gap(ctx, policy, gap_episodes),
     }
     result["targets"] = {"sim_to_real_max_gap_points": 2.0}
     result["targets_met"] = {"sim_to_real_max_gap_points": result["sim_to_real_max_gap_points"] <= 2.0}

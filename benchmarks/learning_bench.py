@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import PolicyFn
 from agentflow_core.evaluation.policy_eval import (
     EvalResult,
@@ -54,10 +53,12 @@ from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
-from tasks.bench.sb3_envs import TrainVariantEnv, maskable_greedy, product_reward_vec_env
+from benchmarks.sb3_envs import TrainVariantEnv, maskable_greedy, product_reward_vec_env
 from tasks.compose import PoolFactory, build_pool, build_rollouts, env_factory, reward_function
+from tasks.context import PhaseContext
+from tasks.steps.evaluation import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES
 from tasks.steps.explore import run_explore
-from tasks.steps.train import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES, reward_transform
+from tasks.steps.train import reward_transform
 from tasks.steps.variants import run_variants
 
 # (bound, higher is better): the learning benchmark's targets (docs/learning.md "Side by side with MaskablePPO").
@@ -131,12 +132,13 @@ class Evaluator:
 
     def __init__(
         self,
-        cfg: AgentFlowConfig,
+        ctx: PhaseContext,
         splits: dict[str, list[VariantSpec]],
         pool_factory: PoolFactory,
         test_episodes: int | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
+        cfg = ctx.cfg
         tc, seed = cfg.train, cfg.base.seed
         self.dimensions = sorted(cfg.variants.dimensions)
         self.validation_episodes = tc.eval_episodes
@@ -146,9 +148,9 @@ class Evaluator:
         slots = min(tc.num_envs, EVAL_NUM_ENVS)
         self.seed, self.progress = seed, progress
         self.validation_pool = pool_factory(
-            cfg, validation, slots, seed=seed + 1, scheduler="round_robin", standby=False
+            ctx, validation, slots, seed=seed + 1, scheduler="round_robin", standby=False
         )
-        self.test_pool = pool_factory(cfg, test, slots, seed=seed + 2, scheduler="round_robin", standby=False)
+        self.test_pool = pool_factory(ctx, test, slots, seed=seed + 2, scheduler="round_robin", standby=False)
 
     def test(self, act: PolicyFn) -> EvalResult:
         """The test split's evaluation (seed as in ``agentflow train``'s final one)."""
@@ -187,7 +189,7 @@ class Evaluator:
 
 
 def train_agentflow(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     catalogue: Path,
     work: Path,
     evaluator: Evaluator,
@@ -195,6 +197,7 @@ def train_agentflow(
     pool_factory: PoolFactory = build_pool,
 ) -> LearnerRun:
     """AgentFlow as ``agentflow train`` trains it: exploration data for BC, BC warm start, then PPO on worker-side rollouts."""
+    cfg = ctx.cfg
     tc, seed = cfg.train, cfg.base.seed
     run = LearnerRun("agentflow")
     clock = TrainingClock()
@@ -205,7 +208,7 @@ def train_agentflow(
     if tc.bc_warm_start:
         trajectories = work / "trajectories"
         started = clock.elapsed
-        explore_steps = int(run_explore(cfg, catalogue, trajectories, pool_factory=pool_factory)["explore_steps"])
+        explore_steps = int(run_explore(ctx, catalogue, trajectories, pool_factory=pool_factory)["explore_steps"])
         run.setup_s["explore_s"] = clock.elapsed - started
         started = clock.elapsed
         accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
@@ -214,12 +217,12 @@ def train_agentflow(
     started = clock.elapsed
     # the product's rollout source (worker-side rollouts), unless a test hands in its own pools
     pool = (
-        build_rollouts(cfg, train_variants, tc.num_envs, seed=seed)
+        build_rollouts(ctx, train_variants, tc.num_envs, seed=seed)
         if pool_factory is build_pool
-        else pool_factory(cfg, train_variants, tc.num_envs, seed=seed)
+        else pool_factory(ctx, train_variants, tc.num_envs, seed=seed)
     )
     try:
-        with reward_function(cfg, pool.num_envs) as reward_fn:
+        with reward_function(ctx, pool.num_envs) as reward_fn:
             ppo = PPO(policy, pool, tc, seed=seed, reward_transform=reward_transform(cfg, pool, reward_fn))
             run.setup_s["pool_s"] = clock.elapsed - started
             evaluator.checkpoint(run, greedy_policy(ppo.policy), explore_steps, clock)
@@ -234,18 +237,19 @@ def train_agentflow(
 
 
 def train_maskableppo(
-    cfg: AgentFlowConfig, catalogue: Path, evaluator: Evaluator, eval_every: int
+    ctx: PhaseContext, catalogue: Path, evaluator: Evaluator, eval_every: int
 ) -> tuple[LearnerRun, dict[str, Any]]:
     """sb3-contrib MaskablePPO with the train section's hyper-parameters and the product's reward."""
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv
 
+    cfg = ctx.cfg
     tc, seed = cfg.train, cfg.base.seed
     run = LearnerRun("maskableppo")
     clock = TrainingClock()
     train_variants = read_splits(catalogue)["train"]
-    factory = env_factory(cfg, train_variants)
+    factory = env_factory(ctx, train_variants)
     venv = DummyVecEnv([lambda: TrainVariantEnv(train_variants, factory) for _ in range(tc.num_envs)])
     venv.seed(seed)
     kwargs: dict[str, Any] = {
@@ -265,7 +269,7 @@ def train_maskableppo(
             "activation_fn": torch.nn.Tanh,
         },
     }
-    with reward_function(cfg, tc.num_envs) as reward_fn:
+    with reward_function(ctx, tc.num_envs) as reward_fn:
         normalizer = PerEnvRewardNormalizer() if tc.reward.normalize else None
         reward = TrainingReward(reward_fn, normalizer, key_of=lambda info: str(info["base_env_id"]))
         model = MaskablePPO("MlpPolicy", product_reward_vec_env(venv, reward), seed=seed, device="cpu", **kwargs)
@@ -354,7 +358,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def run_learning_bench(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     work: Path | None = None,
     eval_every: int = DEFAULT_EVAL_EVERY_UPDATES,
     test_episodes: int | None = None,
@@ -365,16 +369,17 @@ def run_learning_bench(
 
     ``test_episodes`` defaults to the size of ``agentflow train``'s final test evaluation.
     """
+    cfg = ctx.cfg
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-learning-") as tmp:
         work = Path(tmp) if work is None else work
         catalogue = work / "variants"
-        run_variants(cfg, catalogue)
+        run_variants(ctx, catalogue)
         load_before = list(os.getloadavg())
-        evaluator = Evaluator(cfg, read_splits(catalogue), pool_factory, test_episodes, progress)
+        evaluator = Evaluator(ctx, read_splits(catalogue), pool_factory, test_episodes, progress)
         try:
             expert = evaluator.test(expert_policy(evaluator.test_pool))
-            agentflow = train_agentflow(cfg, catalogue, work, evaluator, eval_every, pool_factory)
-            maskable, sb3_config = train_maskableppo(cfg, catalogue, evaluator, eval_every)
+            agentflow = train_agentflow(ctx, catalogue, work, evaluator, eval_every, pool_factory)
+            maskable, sb3_config = train_maskableppo(ctx, catalogue, evaluator, eval_every)
         finally:
             evaluator.close()
     ours, peer = _learner_figures(agentflow, expert), _learner_figures(maskable, expert)

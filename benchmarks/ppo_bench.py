@@ -21,7 +21,7 @@ Measured side by side in one process, so machine speed cancels in the ratios:
   repeats); ``sb3_update_s_2048`` is SB3's ``train()`` on the same sizes for reference.
 
 How well the product learns, against sb3-contrib's MaskablePPO on the same catalogue's test split,
-is ``tasks.bench.learning_bench``'s question. Pure: returns a dict (the CLI writes ``data/bench/ppo.json``).
+is ``benchmarks.learning_bench``'s question. Pure: returns a dict (the CLI writes ``data/bench/ppo.json``).
 """
 
 from __future__ import annotations
