@@ -110,13 +110,13 @@ def test_a_damaged_offline_actor_counts_as_absent_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes
 ) -> None:
     from tasks.config_io import load_config
-    from tasks.steps.offline import ACTOR_FILE
-    from tasks.steps.train import offline_start
+    from tasks.context import PhaseContext
+    from tasks.steps.offline import ACTOR_FILE, offline_start
 
-    cfg = load_config(REPO / "params.yaml")
+    ctx = PhaseContext.of(load_config(REPO / "params.yaml"))
     (tmp_path / ACTOR_FILE).write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="agentflow.train"):
-        assert offline_start(cfg, tmp_path, None) is None
+        assert offline_start(ctx, tmp_path, None) is None
     assert f"offline actor {tmp_path / ACTOR_FILE} is damaged" in caplog.text
 
 
