@@ -72,6 +72,7 @@ class _Client:
     session_step: int = 0
     user_seen: bool = False
     product_idx: int | None = None
+    product_shown: bool = False  # the last op showed the product (the app's product page is open)
     order_id: int | None = None
     order_step: int = 0
     payment_id: int | None = None
@@ -275,6 +276,7 @@ class OrderDBEnv:
     def _execute(self, op: str) -> tuple[_Outcome, dict[str, Any] | None]:
         """Run one op inside a SAVEPOINT; database errors become an error row, not an exception."""
         handler: Callable[[], _Outcome] = getattr(self, f"_op_{op}")
+        self._c.product_shown = False  # any op leaves the product page; view_product opens it again
         if op in _READ_ONLY_OPS:
             return handler(), None
         return self._guarded(handler)
@@ -358,6 +360,7 @@ class OrderDBEnv:
         if not self._session_active():
             return _NOT_APPLIED
         self._c.product_idx = 0 if self._c.product_idx is None else (self._c.product_idx + 1) % N_PRODUCTS
+        self._c.product_shown = True
         return _APPLIED
 
     def _op_add_cart_item(self) -> _Outcome:
@@ -519,7 +522,12 @@ class OrderDBEnv:
             },
             "wallet": {"balance_ratio": None if balance is None else round(balance / due, 4)},
             "cart": {"items": int(row.cart_items)},
-            "product": {"id": product_id, "stock": row.product_stock, "price": row.product_price},
+            "product": {
+                "id": product_id,
+                "stock": row.product_stock,
+                "price": row.product_price,
+                "shown": int(self._c.product_shown),
+            },
             "catalog": {"price": float(row.catalog_price)},
             "order": {"id": self._c.order_id, "status": row.order_status, "total": row.order_total},
             "payment": {
