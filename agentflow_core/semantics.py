@@ -257,10 +257,10 @@ CHECKOUT_FEATURES: tuple[FeatureSpec, ...] = (
 CHECKOUT_LEGAL: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "LOGIN": {"any": ("LOGGED_OUT", "SESSION_EXPIRED")},
     "VIEW_PRODUCT": {"all": ("LOGGED_IN",)},
-    "ADD_TO_CART": {"all": ("LOGGED_IN", "PRODUCT_VIEWED")},
+    "ADD_TO_CART": {"all": ("LOGGED_IN", "PRODUCT_VIEWED"), "none": ("OUT_OF_STOCK",)},
     "REMOVE_FROM_CART": {"all": ("LOGGED_IN", "CART_FILLED")},
     "CHECKOUT": {"all": ("LOGGED_IN", "CART_FILLED")},
-    "ENTER_PAYMENT": {"all": ("ORDER_PENDING",), "none": ("PAYMENT_PAGE",)},
+    "ENTER_PAYMENT": {"all": ("ORDER_PENDING",), "none": ("PAYMENT_PAGE", "FUNDS_TOPPED_UP")},
     "SUBMIT_PAYMENT": {"any": ("PAYMENT_PAGE", "FUNDS_TOPPED_UP")},
     "TOP_UP_FUNDS": {"any": ("INSUFFICIENT_FUNDS",)},
     "USE_BACKUP_CARD": {"any": ("INVALID_CARD", "PAYMENT_FAILED")},

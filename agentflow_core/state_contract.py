@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# Features the env wrapper fills from the episode itself, on every channel (no mapping reads them).
+CONTEXT_FEATURES = frozenset({"step_fraction"})
+
 
 @dataclass(frozen=True)
 class LegalRule:
