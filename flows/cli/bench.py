@@ -51,6 +51,8 @@ COMMANDS = {
     "forgetting_recovery": "agentflow bench forgetting",
     "tune": "agentflow bench tune",
     "onboarding": "agentflow bench onboarding",
+    "transfer": "agentflow bench transfer",
+    "transfer_refund": "agentflow bench transfer --params params-refund.yaml",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -69,6 +71,8 @@ TITLES = {
     "forgetting_recovery": "Forgetting: a retrain on failure-free variants, with and without EWC, on the previous test split",
     "tune": "Auto-tuner (impedance matching): `agentflow train` with its choice vs the static settings",
     "onboarding": "Onboarding: OpenAPI spec to a trainable env for the refund service; the refund process's expert",
+    "transfer": "Cross-channel transfer: trained on all channels but one, played on the held-out channel's test split",
+    "transfer_refund": "Cross-channel transfer, refund process: trained on one channel, played on the other's test split",
 }
 
 
@@ -165,6 +169,8 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "browser",
         "tune",
         "onboarding",
+        "transfer",
+        "transfer_refund",
     ):
         path = bench_dir / f"{name}.json"
         if not path.exists():
@@ -190,6 +196,7 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
             command += f" --episodes {result['episodes_per_policy']} --train-steps {result['train_steps']}"
         if name in FORGETTING:
             command += f" --steps {result['total_steps_cap']} --shift {result.get('shift_name', 'catalogue')}"
+        command += result.get("command_options", "")  # a benchmark that records its own options
         if name == "tune":
             command += (
                 f" --total-steps {result['total_steps']} --cluster-cpus {result['cluster_cpus']}"
@@ -565,6 +572,44 @@ def forgetting(
         machine.note(),
     ]
     name = "forgetting" if shift == "catalogue" else f"forgetting_{shift}"
+    write_json(BENCH_DIR / f"{name}.json", result)
+    write_benchmarks_md()
+    typer.echo(bench_section(TITLES[name]))
+
+
+@bench_app.command("transfer")
+def transfer(
+    params: Path = PARAMS_OPTION,
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        min=1024,
+        help="PPO steps of each training (all channels, and each leave-one-out) [default: 40960].",
+    ),
+) -> None:
+    """Leave one channel out: train on the others, play greedily on its test split, next to the rules."""
+    from tasks.bench.machine import MachineLoad
+    from tasks.bench.transfer_bench import run_transfer_bench
+
+    cfg = phase_config_or_exit(params)
+    machine = MachineLoad()
+    result = run_transfer_bench(cfg, steps, progress=typer.echo)
+    result["machine_load"] = machine.result()
+    result["notes"] = [
+        f"process {result['process']}, channels {result['channels']}; {result['test_episodes']} test episodes per side",
+        *(
+            f"held out {c}: rules {e['rules']:.3f}, held-out policy {e['held_out_policy']:.3f}, "
+            f"all-channel policy {e['all_channels_policy']:.3f} (process success on its test variants)"
+            for c, e in result["held_out"].items()
+        ),
+        f"cross-channel action consistency on {result['paired_states']} paired states: policy "
+        f"{result['cross_channel_consistency_policy']:.3f}, random legal policy {result['cross_channel_consistency_random']:.3f}",
+        machine.note(),
+    ]
+    result["command_options"] = f" --steps {result['total_steps_cap']}"
+    name = "transfer" if result["process"] == "checkout" else f"transfer_{result['process']}"
+    if name not in TITLES:
+        raise typer.BadParameter(f"no BENCHMARKS.md section for process {result['process']!r}")
     write_json(BENCH_DIR / f"{name}.json", result)
     write_benchmarks_md()
     typer.echo(bench_section(TITLES[name]))
