@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,11 @@ def cross_channel_consistency(
     seed: int,
     seeds: Sequence[int] = PAIRED_SEEDS,
 ) -> dict[str, float]:
-    """``act``'s and a random legal policy's consistency on the process's paired states (NaN with < 2 channels)."""
+    """``act``'s and a random legal policy's consistency on the process's paired states.
+
+    Channels whose base env the registry lacks are left out; with fewer than two the figures are NaN.
+    """
+    process = replace(process, channels=tuple(c for c in process.channels if c.env in registry))
     if len(process.channels) < 2:
         nan = float("nan")
         return {

@@ -117,7 +117,7 @@ def _targets_table(result: dict[str, Any]) -> list[str]:
     lines = [header, "|---|---|---|---|" + ("---|" if runs else "")]
     rows = sorted(result.items(), key=lambda item: item[0] not in targets)  # metrics with a target first
     for key, value in rows:
-        if isinstance(value, dict | list) or key in ("targets", "targets_met", "runs", "repeats"):
+        if isinstance(value, dict | list) or key in ("targets", "targets_met", "runs", "repeats", "command_options"):
             continue
         target = targets.get(key)
         line = (
