@@ -66,6 +66,7 @@ TOP_KEYS = frozenset(
         "probes",
         "escape_action",
         "legal_actions",
+        "supersedes",
     }
 )
 REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action"})
@@ -183,7 +184,7 @@ class _Parser:
         outcomes = self.outcomes(doc.get("handled_outcomes"), tokens)
         escape = self.member("escape_action", doc["escape_action"], actions, "action")
         legal = self.legal(doc.get("legal_actions"), tokens, actions)
-        contract = contract_from_data(actions, escape, legal, specs)
+        contract = contract_from_data(actions, escape, legal, specs, self.supersedes(doc.get("supersedes"), tokens))
         vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes, escape, contract)
         rules, fallback = self.expert(doc["expert"], tokens, actions)
         return ProcessSpec(
@@ -227,6 +228,20 @@ class _Parser:
                 )
             )
         return tuple(out)
+
+    def supersedes(self, value: Any, tokens: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail("supersedes", value, "a mapping of token -> the tokens it replaces")
+        out = {}
+        for token, old in value.items():
+            self.member("supersedes", token, tokens, "token")
+            listed = self.names(f"supersedes.{token}", old)
+            for j, name in enumerate(listed):
+                self.member(f"supersedes.{token}.{j}", name, tokens, "token")
+            out[str(token)] = listed
+        return out
 
     def legal(
         self, value: Any, tokens: tuple[str, ...], actions: tuple[str, ...]

@@ -278,5 +278,7 @@ CHECKOUT = Vocabulary(
     action_risk=tuple(ACTION_RISK.get(a, 0.0) for a in SemanticAction),
     goal=GOAL_TOKEN,
     handled_outcomes=HANDLED_OUTCOMES,
-    contract=contract_from_data(ACTIONS, "ESCALATE", CHECKOUT_LEGAL, CHECKOUT_FEATURES),
+    contract=contract_from_data(
+        ACTIONS, "ESCALATE", CHECKOUT_LEGAL, CHECKOUT_FEATURES, {"ESCALATED": ("USER_BLOCKED",)}
+    ),
 )

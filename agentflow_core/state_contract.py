@@ -9,6 +9,9 @@ so the same business state gives the same mask and the same features on every ch
   of them present, ``none`` of them present; an empty rule means always legal). The escape action
   is legal whenever nothing else is. A channel never widens this set; when it cannot carry out a
   legal action it reports the failure in its next observation.
+* **superseded tokens**: a token that, once present, replaces others (support taking a blocked
+  user's case over: ``ESCALATED`` supersedes ``USER_BLOCKED``), so a channel that still shows the
+  old condition and one that shows only the new reads the same state;
 * **features**: name, meaning and scale (documentation the audit and the docs quote), the value
   presented when the feature is not known (``unknown``), and ``observed_with``: tokens at least one
   of which must be present for the feature to be presented at all (e.g. a wallet balance only inside
@@ -70,6 +73,7 @@ class StateContract:
     legal: tuple[LegalRule, ...]
     escape: int
     features: tuple[FeatureSpec, ...]
+    supersedes: tuple[tuple[str, frozenset[str]], ...] = ()
     _masks: dict[frozenset[str], np.ndarray] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def legal_mask(self, tokens: frozenset[str]) -> np.ndarray:
@@ -84,6 +88,13 @@ class StateContract:
                 self._masks.clear()
             self._masks[tokens] = mask
         return mask
+
+    def canonical(self, tokens: frozenset[str]) -> frozenset[str]:
+        """``tokens`` without those a present token supersedes (the business state every channel reports)."""
+        for token, superseded in self.supersedes:
+            if token in tokens:
+                tokens = tokens - superseded
+        return tokens
 
     def legal_actions(self, tokens: Iterable[str]) -> tuple[str, ...]:
         """Names of the legal actions in the business state ``tokens``."""
@@ -112,8 +123,10 @@ def contract_from_data(
     escape: str,
     legal: Mapping[str, Mapping[str, Iterable[str]]],
     features: Iterable[FeatureSpec],
+    supersedes: Mapping[str, Iterable[str]] | None = None,
 ) -> StateContract:
-    """Build a contract from plain data (``legal``: action -> {any, all, none}; unlisted actions: always legal)."""
+    """Build a contract from plain data (``legal``: action -> {any, all, none}; unlisted actions: always legal;
+    ``supersedes``: token -> the tokens it replaces)."""
     rules = []
     for action in actions:
         rule = legal.get(action, {})
@@ -124,4 +137,5 @@ def contract_from_data(
                 frozenset(rule.get("none", ())),
             )
         )
-    return StateContract(actions, tuple(rules), actions.index(escape), tuple(features))
+    replaced = tuple((token, frozenset(old)) for token, old in (supersedes or {}).items())
+    return StateContract(actions, tuple(rules), actions.index(escape), tuple(features), replaced)

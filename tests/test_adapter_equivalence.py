@@ -32,8 +32,10 @@ CONTEXT = {"step_fraction": 0.375}
 
 
 def _reference_tokens(adapter: BaseSemanticAdapter, raw: Any) -> frozenset[str]:
-    """The generic engine: every rule through ``holds`` (combinators) and the template's ``match``."""
-    return frozenset(t for r in adapter.token_rules if adapter.holds(r["when"], raw) for t in r["emit"])
+    """The generic engine: every rule through ``holds`` (combinators) and the template's ``match``, then the
+    process's superseded tokens dropped."""
+    emitted = frozenset(t for r in adapter.token_rules if adapter.holds(r["when"], raw) for t in r["emit"])
+    return adapter.contract.canonical(emitted)
 
 
 def assert_equivalent(adapter: BaseSemanticAdapter, raw: Any, context: Mapping[str, float] = CONTEXT) -> None:

@@ -116,6 +116,7 @@ def test_malformed_documents_name_the_file_and_key(document: dict[str, Any]) -> 
     _fails(changed(("features", 0), "user logged in"), "features.0")
     _fails(changed(("legal_actions", "LOGIN", "any"), ["SIGNED_OUT"]), "legal_actions.LOGIN.any.0")
     _fails(changed(("features", 3, "observed_with"), ["NOT_A_TOKEN"]), "features.3.observed_with.0")
+    _fails(changed(("supersedes", "ESCALATED"), ["NOPE"]), "supersedes.ESCALATED.0")
 
 
 def test_the_checkout_yaml_declares_the_core_s_contract(document: dict[str, Any]) -> None:
@@ -123,6 +124,7 @@ def test_the_checkout_yaml_declares_the_core_s_contract(document: dict[str, Any]
     assert contract == semantics.CHECKOUT.state_contract
     assert contract.legal_actions({"LOGGED_OUT"}) == ("LOGIN", "ESCALATE")
     assert contract.feature("balance_ratio").observed_with == {"LOGGED_IN"}
+    assert contract.canonical(frozenset({"ESCALATED", "USER_BLOCKED"})) == {"ESCALATED"}
 
 
 def test_a_channel_mapping_outside_the_vocabulary_is_refused(document: dict[str, Any], tmp_path: Path) -> None:

@@ -214,6 +214,7 @@ class BaseSemanticAdapter:
                     rule["feature"],
                     features[rule["feature"]],
                 )
+        tokens = set(self.contract.canonical(frozenset(tokens)))
         for name in self.unobservable:
             features[name] = self.contract.feature(name).unknown
         for spec in self.contract.gated():
@@ -320,7 +321,9 @@ class BaseSemanticAdapter:
     def _token_entry(self, bits: int) -> TokenEntry:
         entry = self._token_cache.get(bits)
         if entry is None:
-            tokens = frozenset(t for i, t in enumerate(self.vocabulary.tokens) if bits >> i & 1)
+            tokens = self.contract.canonical(
+                frozenset(t for i, t in enumerate(self.vocabulary.tokens) if bits >> i & 1)
+            )
             block = np.zeros(self.vocabulary.obs_dim, dtype=np.float32)
             block[[self._token_index[t] for t in tokens]] = 1.0
             block.flags.writeable = False
