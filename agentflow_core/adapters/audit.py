@@ -206,6 +206,8 @@ def _feature_findings(adapter: BaseSemanticAdapter, file: str) -> list[AuditFind
 
 def _mask_findings(adapter: BaseSemanticAdapter, raws: Sequence[Any], file: str) -> list[AuditFinding]:
     """Actions whose channel condition (``requires``) disagrees with the process's legal actions, once per action."""
+    if not adapter.process_masks:  # the process declares no legal actions: nothing to disagree with
+        return []
     conditioned = {a for a, native in adapter.native_actions.items() if "requires" in native}
     found: dict[int, AuditFinding] = {}
     for index, raw in enumerate(raws):

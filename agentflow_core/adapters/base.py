@@ -7,6 +7,13 @@ channel's raw output (:meth:`BaseSemanticAdapter.match`) and how a numeric featu
 (:meth:`BaseSemanticAdapter.extract`); everything else -- rule evaluation, ``all``/``any``/``not``
 combinators, feature scaling, action translation, masks and decision logging -- is shared.
 
+What the policy sees is the process's, not the channel's: the legal-action mask, superseded tokens
+and the presentation of gated or unobservable features come from the vocabulary's
+:class:`~agentflow_core.state_contract.StateContract`, computed from the tokens the rules emit, so
+one business state gives one observation on every channel (docs/adapters-equivalence.md). A
+mapping's ``requires`` conditions say what its channel could issue; the audit compares them to
+the process (:meth:`BaseSemanticAdapter.channel_action_mask`).
+
 Every rule is compiled once, at load, into closures (see :class:`BaseSemanticAdapter`); the plain
 interpreter of the same rules stays as the reference engine and the DEBUG path.
 
@@ -90,6 +97,8 @@ class BaseSemanticAdapter:
         self.reward_scale = float(self.mapping.get("reward", {}).get("scale", 1.0))
         # What the policy sees is the process's: legal actions and gated/unobservable features from the tokens.
         self.contract = vocabulary.state_contract
+        # a vocabulary without a declaration (a test double, an old process) leaves the mask to its channel
+        self.process_masks = vocabulary.contract is not None
         self.unobservable: tuple[str, ...] = tuple(self.mapping.get("unobservable_features", []))
         self.check_mapping()
         self._compile()
@@ -224,6 +233,8 @@ class BaseSemanticAdapter:
 
     def reference_action_mask(self, raw: Any) -> np.ndarray:
         """The process's legal actions in the business state the reference engine reads from ``raw``."""
+        if not self.process_masks:
+            return self.reference_channel_mask(raw)
         return self.contract.legal_mask(self.reference_observation(raw).tokens).copy()
 
     def reference_channel_mask(self, raw: Any) -> np.ndarray:
@@ -394,7 +405,8 @@ class BaseSemanticAdapter:
         vec[self._n_tokens :] = block_features
         if not finite:
             finite = bool(np.isfinite(vec).all())
-        return AdaptedStep(vec, legal, tokens, ordered, finite, context, self._feature_names, rule_values)
+        mask = legal if self.process_masks else self._mask(values)
+        return AdaptedStep(vec, mask, tokens, ordered, finite, context, self._feature_names, rule_values)
 
     # ------------------------------------------------------------------ public step API
     def adapt_step(self, raw: Any, context: Mapping[str, float] | None = None) -> AdaptedStep:
@@ -407,7 +419,7 @@ class BaseSemanticAdapter:
             return self._compiled_step(raw, context)
         obs = self.adapt_observation(raw, context)
         vec = self.vocabulary.encode(obs.tokens, obs.features)
-        mask = self.contract.legal_mask(obs.tokens)
+        mask = self.contract.legal_mask(obs.tokens) if self.process_masks else self.channel_action_mask(raw)
         return AdaptedStep(
             vec, mask, obs.tokens, tuple(sorted(obs.tokens)), bool(np.isfinite(vec).all()), None, (), [], obs
         )
