@@ -52,3 +52,14 @@ def test_paired_states_are_one_state_on_every_channel() -> None:
     assert action_consistency(states, lambda obs, _m: int(np.argmax(obs))) == 1.0
     rng = np.random.default_rng(0)
     assert action_consistency(states, lambda _o, mask: int(rng.choice(np.flatnonzero(mask)))) < 1.0
+
+
+@pytest.mark.slow
+def test_leave_one_channel_out_on_refund_reaches_the_rules() -> None:
+    from tasks.bench.transfer_bench import run_transfer_bench
+
+    cfg = load_config(REPO / "params-refund.yaml")
+    result = run_transfer_bench(cfg, steps=2048)
+    assert set(result["held_out"]) == {"refund_db_v1", "refund_api_v1"}
+    assert result["min_held_out_over_rules"] >= 0.95 and all(result["targets_met"].values())
+    assert result["cross_channel_consistency_random"] < result["cross_channel_consistency_policy"]
