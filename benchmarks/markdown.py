@@ -38,6 +38,8 @@ COMMANDS = {
     "forgetting_recovery": "agentflow bench forgetting",
     "tune": "agentflow bench tune",
     "onboarding": "agentflow bench onboarding",
+    "transfer": "agentflow bench transfer",
+    "transfer_refund": "agentflow bench transfer --params params-refund.yaml",
 }
 TITLES = {
     "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
@@ -56,6 +58,8 @@ TITLES = {
     "forgetting_recovery": "Forgetting: a retrain on failure-free variants, with and without EWC, on the previous test split",
     "tune": "Auto-tuner (impedance matching): `agentflow train` with its choice vs the static settings",
     "onboarding": "Onboarding: OpenAPI spec to a trainable env for the refund service; the refund process's expert",
+    "transfer": "Cross-channel transfer: trained on all channels but one, played on the held-out channel's test split",
+    "transfer_refund": "Cross-channel transfer, refund process: trained on one channel, played on the other's test split",
 }
 
 
@@ -101,7 +105,7 @@ def _targets_table(result: dict[str, Any]) -> list[str]:
     lines = [header, "|---|---|---|---|" + ("---|" if runs else "")]
     rows = sorted(result.items(), key=lambda item: item[0] not in targets)  # metrics with a target first
     for key, value in rows:
-        if isinstance(value, dict | list) or key in ("targets", "targets_met", "runs", "repeats"):
+        if isinstance(value, dict | list) or key in ("targets", "targets_met", "runs", "repeats", "command_options"):
             continue
         target = targets.get(key)
         line = (
@@ -143,6 +147,8 @@ ORDER = (
     "browser",
     "tune",
     "onboarding",
+    "transfer",
+    "transfer_refund",
 )
 
 
@@ -184,6 +190,7 @@ def _section(name: str, path: Path) -> list[str]:
     result = json.loads(path.read_text())
     command = COMMANDS[name] + (f" --repeat {result['repeats']}" if result.get("repeats", 1) > 1 else "")
     command += OPTIONS[name](result) if name in OPTIONS else ""
+    command += result.get("command_options", "")  # a benchmark that records its own options
     if name in ("soak", "soak_ray"):  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
         result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
     out = [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]

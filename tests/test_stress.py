@@ -100,6 +100,9 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     assert m["consistency"] == 1.0  # the expert's rules read tokens only
     assert m["consistency_random"] < 0.3  # a random policy on the same probe states: the floor, for scale
     assert summary["consistency"]["random_policy_score"] == m["consistency_random"]
+    # one business state, one observation: on paired states every channel gets the same action
+    assert m["cross_channel_consistency"] == 1.0 and m["cross_channel_consistency_random"] < 0.9
+    assert m["cross_channel_paired_states"] > 10
     assert m["robustness_score"] == pytest.approx(m["success_rate"] * m["consistency"] * (1 - m["crash_rate"]))
     assert {r["env_id"] for r in summary["consistency"]["per_variant"]} <= set(
         summary["consistency"]["canonical"]["variants"]
@@ -109,6 +112,7 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
         assert (out / name).is_file(), name
     metrics = json.loads((tmp_path / "data" / "metrics" / "stress.json").read_text())
     assert {"robustness_score", "consistency", "consistency_random", "success_rate", "crash_episodes"} <= set(metrics)
+    assert metrics["cross_channel_consistency"] == 1.0
     assert metrics["robustness_score"] == m["robustness_score"]
     # process success counts the expert's escalation of blocked users; payment success cannot
     blocked = summary["process_success"]["by_dimension"]["user_tier"]["blocked"]

@@ -9,7 +9,12 @@ the token that state should carry. Running the adapter over them finds, before a
   (e.g. ORDER_CANCELLED and ORDER_EXPIRED mapped to one token), or one reading asserts two
   meanings that exclude each other (:data:`EXCLUSIVE_TOKENS`), naming the rules responsible;
 * ``unproducible_token``  -- a vocabulary token no rule can emit (severity ``info``: a channel
-  need not have every state).
+  need not have every state);
+* ``feature_disagrees``   -- a process feature no rule reads and the mapping does not declare
+  unobservable, or a rule that clips a feature to other bounds than the process's range;
+* ``mask_disagrees``      -- an action whose channel condition (``requires``) says otherwise than the
+  process's legal actions on a raw state (the policy's mask is the process's; a channel that cannot
+  carry a legal action out reports a failure, and one that would allow more is ignored).
 """
 
 from __future__ import annotations
@@ -22,8 +27,16 @@ from typing import Any, Literal
 from agentflow_core.adapters.base import BaseSemanticAdapter
 from agentflow_core.contracts import RegisteredEnv
 from agentflow_core.errors import RegistryError
+from agentflow_core.state_contract import CONTEXT_FEATURES
 
-FindingKind = Literal["unmapped_raw_state", "unproducible_token", "collapsed_meaning", "wrong_token"]
+FindingKind = Literal[
+    "unmapped_raw_state",
+    "unproducible_token",
+    "collapsed_meaning",
+    "wrong_token",
+    "feature_disagrees",
+    "mask_disagrees",
+]
 Severity = Literal["error", "info"]
 NO_RULE = "-"
 
@@ -120,6 +133,8 @@ def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, 
                 )
             )
     findings.extend(_collapses(readings, file))
+    findings.extend(_feature_findings(adapter, file))
+    findings.extend(_mask_findings(adapter, [raw for raw, _ in raw_states], file))
     findings.extend(
         AuditFinding("unproducible_token", file, NO_RULE, f"no rule emits {token}", severity="info")
         for token in adapter.vocabulary.tokens
@@ -167,6 +182,45 @@ def _collapses(readings: list[_Reading], file: str) -> list[AuditFinding]:
                         f"RAW_STATES[{x.index}] ({x.intended}) and RAW_STATES[{y.index}] ({y.intended}) both map to {y.intended}",
                     )
                     break
+    return list(found.values())
+
+
+def _feature_findings(adapter: BaseSemanticAdapter, file: str) -> list[AuditFinding]:
+    """Process features the mapping neither reads nor declares unobservable; clip bounds off the process's range."""
+    findings = []
+    read = {r["feature"] for r in adapter.feature_rules} | set(adapter.unobservable) | CONTEXT_FEATURES
+    for spec in adapter.contract.features:
+        if spec.name not in read:
+            detail = f"feature {spec.name}: no rule reads it and the mapping does not declare it unobservable"
+            findings.append(AuditFinding("feature_disagrees", file, NO_RULE, detail))
+    for rule in adapter.feature_rules:
+        spec = adapter.contract.feature(rule["feature"])
+        low, high = rule.get("clip", (0.0, 1.0))
+        if (low, high) != (spec.low, spec.high):
+            detail = (
+                f"feature {spec.name}: clipped to [{low}, {high}], the process's range is [{spec.low}, {spec.high}]"
+            )
+            findings.append(AuditFinding("feature_disagrees", file, rule["id"], detail))
+    return findings
+
+
+def _mask_findings(adapter: BaseSemanticAdapter, raws: Sequence[Any], file: str) -> list[AuditFinding]:
+    """Actions whose channel condition (``requires``) disagrees with the process's legal actions, once per action."""
+    if not adapter.process_masks:  # the process declares no legal actions: nothing to disagree with
+        return []
+    conditioned = {a for a, native in adapter.native_actions.items() if "requires" in native}
+    found: dict[int, AuditFinding] = {}
+    for index, raw in enumerate(raws):
+        tokens = adapter.reference_observation(raw).tokens
+        legal, channel = adapter.contract.legal_mask(tokens), adapter.reference_channel_mask(raw)
+        for action in sorted(conditioned - set(found)):
+            if legal[action] != channel[action]:
+                name = adapter.vocabulary.actions[action]
+                says = "legal" if legal[action] else "not legal"
+                detail = f"action {name}: the process says {says} in {sorted(tokens)}, the channel says otherwise"
+                found[action] = AuditFinding(
+                    "mask_disagrees", file, f"actions.{name}", f"RAW_STATES[{index}]: {detail}"
+                )
     return list(found.values())
 
 

@@ -3,7 +3,6 @@ the DOM-like raw observation, and one rendered sample per raw state with the tok
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -248,9 +247,9 @@ def _product_detail_body(st: WebState, scenario: Scenario, price: float, buttons
 
 
 def _top_up_amount(st: WebState) -> float:
-    """Enough to cover the pending order with a margin, at least TOP_UP_MIN (rounded to 50)."""
+    """The shortfall of the pending order (as the SQL and API channels top up), else TOP_UP_MIN."""
     shortfall = st.order_total - st.balance if st.order_status == "pending" else 0.0
-    return max(TOP_UP_MIN, math.ceil(max(shortfall, 0.0) / 50.0) * 50.0 + 50.0)
+    return round(shortfall, 2) if shortfall > 0 else TOP_UP_MIN
 
 
 def initial_state(scenario: Scenario) -> WebState:

@@ -228,7 +228,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
         TreeNode(
             f"Policy Consistency: {m['consistency']:.1%} (target ≥{target:.0%} {_mark(m['consistency'] >= target)}; "
             f"a random policy {m['consistency_random']:.1%} on the same probes) over {m['consistency_variants']} "
-            f"variants; matched states {m['matched_state_consistency']:.1%}"
+            f"variants; matched states {m['matched_state_consistency']:.1%}" + _cross_channel(m)
         ),
         TreeNode(f"Failure Root Causes ({causes['failures']} failed of {m['episodes']}):", cause_nodes),
         TreeNode(
@@ -407,3 +407,14 @@ def _validator_nodes(validator: Mapping[str, Any] | None) -> list[TreeNode]:
             examples,
         )
     ]
+
+
+def _cross_channel(m: Mapping[str, Any]) -> str:
+    """The cross-channel clause of the consistency line (absent in reports written before it existed)."""
+    value = m.get("cross_channel_consistency")
+    if value is None or value != value:  # missing or NaN (fewer than two channels)
+        return ""
+    return (
+        f"; across channels {value:.1%} on {int(m['cross_channel_paired_states'])} paired states "
+        f"(random {m['cross_channel_consistency_random']:.1%})"
+    )

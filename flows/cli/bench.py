@@ -466,3 +466,30 @@ def forgetting(
     ]
     name = "forgetting" if shift == "catalogue" else f"forgetting_{shift}"
     publish(name, result)
+
+
+@bench_app.command("transfer")
+def transfer(
+    params: Path = PARAMS_OPTION,
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        min=1024,
+        help="PPO steps of each training (all channels, and each leave-one-out) [default: 40960].",
+    ),
+) -> None:
+    """Leave one channel out: train on the others, play greedily on its test split, next to the rules."""
+    from benchmarks.machine import MachineLoad
+    from benchmarks.markdown import TITLES
+    from benchmarks.transfer_bench import run_transfer_bench, transfer_notes
+
+    cfg = phase_config_or_exit(params)
+    machine = MachineLoad()
+    result = run_transfer_bench(cfg, steps, progress=typer.echo)
+    result["machine_load"] = machine.result()
+    result["notes"] = [*transfer_notes(result), machine.note()]
+    result["command_options"] = f" --steps {result['total_steps_cap']}"
+    name = "transfer" if result["process"] == "checkout" else f"transfer_{result['process']}"
+    if name not in TITLES:
+        raise typer.BadParameter(f"no BENCHMARKS.md section for process {result['process']!r}")
+    publish(name, result)

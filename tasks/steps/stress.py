@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.evaluation.channel_consistency import cross_channel_consistency
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
@@ -50,6 +51,8 @@ METRIC_KEYS = (
     "crash_rate",
     "matched_state_consistency",
     "consistency_random",
+    "cross_channel_consistency",
+    "cross_channel_consistency_random",
     "payment_success_rate",
     "state_coverage",
     "mean_evaluated_return",
@@ -209,6 +212,11 @@ def run_stress(
         ctx, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
+    # the same policy on paired states of every channel (expert episodes, same params and seed, faults off)
+    paired = cross_channel_consistency(
+        ctx.process, ctx.registry, dict(cfg.variants.dimensions), policy.act, cfg.base.seed
+    )
+    summary["metrics"].update(paired)
     if cfg.stress.sim_to_real.enabled:  # the same policy on the real channels (same variants and seeds)
         real = run_sim_to_real(ctx, policy, sample)
         summary["sim_to_real"] = real.to_dict()
