@@ -56,7 +56,7 @@ def test_paired_states_are_one_state_on_every_channel() -> None:
 
 @pytest.mark.slow
 def test_leave_one_channel_out_on_refund_reaches_the_rules() -> None:
-    from tasks.bench.transfer_bench import run_transfer_bench
+    from benchmarks.transfer_bench import run_transfer_bench
 
     cfg = load_config(REPO / "params-refund.yaml")
     result = run_transfer_bench(cfg, steps=2048)
