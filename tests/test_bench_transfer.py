@@ -10,6 +10,7 @@ import pytest
 from agentflow_core.evaluation.channel_consistency import action_consistency, paired_scenarios, paired_states
 from agentflow_core.splits import channel_catalogue, read_splits
 from tasks.config_io import load_config, parse_config
+from tasks.context import PhaseContext
 from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 from tasks.steps.variants import run_variants
@@ -18,8 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_channel_catalogue_keeps_each_variant_in_its_split(tmp_path: Path) -> None:
-    cfg = load_config(REPO / "params.yaml")
-    run_variants(cfg, tmp_path / "all")
+    run_variants(PhaseContext.of(load_config(REPO / "params.yaml")), tmp_path / "all")
     full = read_splits(tmp_path / "all")
     without = channel_catalogue(tmp_path / "all", tmp_path / "without", ["order_db_v1", "payment_api_v1"])
     only = channel_catalogue(tmp_path / "all", tmp_path / "only", ["web_checkout_v2"])
