@@ -148,7 +148,10 @@ def _create_voucher(spec: dict[str, Any]) -> None:
     )
     now = timezone.now()
     voucher = Voucher.objects.create(
-        name=spec["name"], code=spec["code"], start_datetime=now - timedelta(days=1), end_datetime=now + timedelta(days=3650)
+        name=spec["name"],
+        code=spec["code"],
+        start_datetime=now - timedelta(days=1),
+        end_datetime=now + timedelta(days=3650),
     )
     voucher.offers.add(offer)
 
