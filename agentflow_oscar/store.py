@@ -92,10 +92,9 @@ def load_catalogue(data: dict[str, Any]) -> None:
     from django.contrib.auth import get_user_model
     from django.contrib.sites.models import Site
     from django.utils import timezone
+    from oscar.apps.address.models import Country
     from oscar.apps.catalogue.models import Product, ProductClass
     from oscar.apps.partner.models import Partner, StockRecord
-
-    from oscar.apps.address.models import Country
 
     Site.objects.update_or_create(id=1, defaults={"domain": "127.0.0.1", "name": "AgentFlow Oscar store"})
     country = data["country"]
