@@ -22,11 +22,21 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import AgentFlowError
-from agentflow_core.evaluation.sim_to_real import SimToRealReport, paired_episodes, select_pairs, summarize
+from agentflow_core.evaluation.sim_to_real import (
+    SimToRealReport,
+    paired_episodes,
+    per_dimension,
+    select_pairs,
+    stratify,
+    summarize,
+)
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.variants import VariantSpec
 from tasks.registry_io import load_registry
@@ -124,3 +134,45 @@ def run_sim_to_real(cfg: AgentFlowConfig, policy: LoadedPolicy, sample: list[Var
             variants, seeds, channels.make_sim, channels.make_real, policy.act, clock=time.perf_counter
         )
     return summarize(episodes, {f: REAL_CHANNELS[f] for f in families})
+
+
+def run_sim_to_real_oscar(cfg: AgentFlowConfig, policy: LoadedPolicy, sample: list[VariantSpec]) -> dict[str, Any]:
+    """The policy on the django-oscar store (zero-shot) next to the simulator, over a stratified sample of the
+    web_checkout test variants; per dimension value: success on both sides, the gap, root causes on Oscar."""
+    from agentflow_core.envs.web_browser import acquire_browser, release_browser
+    from tasks.oscar_site import oscar_entry, oscar_store
+
+    settings = cfg.stress.sim_to_real
+    dimensions = list(settings.oscar_dimensions)
+    chosen = stratify([v for v in sample if v.family == "web_checkout"], dimensions, settings.oscar_episodes)
+    if not chosen:
+        return {"episodes": 0, "metrics": {}}
+    seeds = [int(s) for s in np.random.default_rng(cfg.base.seed + 39).integers(0, 2**31 - 1, size=len(chosen))]
+    sim = load_registry(cfg)
+    config_dir = Path(settings.env_config_dir)
+    with oscar_store() as url:
+        entry = oscar_entry(config_dir, url)
+        host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))
+        try:
+            episodes = paired_episodes(
+                chosen,
+                seeds,
+                lambda v: sim.get(v.base_env_id).make(v.params, v.env_id),
+                lambda v: entry.make({k: v.params[k] for k in dimensions if k in v.params}, v.env_id),
+                policy.act,
+                clock=time.perf_counter,
+            )
+        finally:
+            release_browser(host)
+    report = summarize(episodes, {"web_checkout": "django-oscar 4.2.1 store in headless Chromium"})
+    family = report.families[0]
+    return {
+        "episodes": family.episodes,
+        "sim_process_success": family.sim_success,
+        "real_process_success": family.real_success,
+        "gap": family.gap,
+        "real_step_ms_p50": family.real_step_ms_p50,
+        "real_step_ms_p95": family.real_step_ms_p95,
+        "per_dimension": per_dimension(episodes, {v.env_id: v.params for v in chosen}, dimensions),
+        "metrics": {"sim_to_real_gap_oscar": family.gap, "real_process_success_oscar": family.real_success},
+    }

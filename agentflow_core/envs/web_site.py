@@ -85,7 +85,7 @@ class SiteBrowserEnv:
         self._fault: str | None = None
         self._faults_on = False
         self._loads = 0
-        self._last_good_url = ""
+        self._fault_origin = ""
         self._step_id, self._retries = 0, 0
         self._done, self._started = False, False
         self.outcome: dict[str, Any] | None = None
@@ -172,7 +172,7 @@ class SiteBrowserEnv:
             return
         fault = self._draw_fault(request.url)
         if fault == "server_error":
-            self._fault = fault
+            self._fault, self._fault_origin = fault, self._page.url  # the document the 503 page replaces
             route.fulfill(status=503, content_type="text/html", body="<h1>503 Service Unavailable</h1>")
         elif fault is not None:
             self._fault = fault
@@ -272,20 +272,27 @@ class SiteBrowserEnv:
             self._pending = None
             self._read()
             return True
-        self._pending = (str(target), steps, failed_at)
-        self._recover()
+        self._pending = (str(target), steps, self._recover(steps, failed_at))
         return False
 
-    def _recover(self) -> None:
-        """After a fault: back to the last page that loaded (a 503 page replaced it), shown with the fault banner."""
-        fault = self._fault
-        self._faults_on = False
-        try:
-            if self._page.url != self._last_good_url:
-                self._page.goto(self._last_good_url, wait_until="domcontentloaded")
-        finally:
-            self._faults_on = True
+    def _recover(self, steps: list[dict[str, Any]], failed_at: int) -> int:
+        """After a fault, show the page with the fault banner; the step a retry resumes at.
+
+        A dropped or timed-out request never left the browser, so the page (and what was typed into it)
+        is still there: resume at the failed step. A 503 page replaced the document: load it again (as a
+        user going back) and resume at the form fills that preceded the failed step.
+        """
+        fault, resume = self._fault, failed_at
+        if fault == "server_error" and self._fault_origin:
+            self._faults_on = False
+            try:
+                self._page.goto(self._fault_origin, wait_until="domcontentloaded")
+            finally:
+                self._faults_on = True
+            while resume > 0 and not {"fill", "check", "select"}.isdisjoint(steps[resume - 1]):
+                resume -= 1
         self._read(fault)
+        return resume
 
     # ------------------------------------------------------------------ observation
     def _read(self, fault: str | None = None) -> None:
@@ -296,7 +303,6 @@ class SiteBrowserEnv:
             [site["elements"], site.get("counts", {}), site["banner"]["selector"], site.get("text_selector", "body")],
         )
         name = next((n for n, pattern in self._pages if pattern.search(page["url"])), "other")
-        self._last_good_url = self._page.url
         buttons = list(page["present"])
         banner = _banner(page["alerts"], site["banner"].get("kinds", {}))
         if fault is not None:

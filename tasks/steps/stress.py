@@ -40,7 +40,7 @@ from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.paths import DataPaths
 from tasks.plots import write_plots
 from tasks.process_io import load_process
-from tasks.real_channels import run_sim_to_real
+from tasks.real_channels import run_sim_to_real, run_sim_to_real_oscar
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
@@ -212,6 +212,10 @@ def run_stress(
         real = run_sim_to_real(cfg, policy, sample)
         summary["sim_to_real"] = real.to_dict()
         summary["metrics"].update(real.metrics())
+    if cfg.stress.sim_to_real.enabled and cfg.stress.sim_to_real.oscar_episodes > 0:  # a store nobody here wrote
+        oscar = run_sim_to_real_oscar(cfg, policy, sample)
+        summary["sim_to_real_oscar"] = oscar
+        summary["metrics"].update(oscar["metrics"])
     summary["reward_validator"] = validator_flags(cfg, rollout)
     if summary["reward_validator"] is not None:
         summary["metrics"]["validator_flagged"] = summary["reward_validator"]["flagged"]
@@ -229,7 +233,7 @@ def run_stress(
         {k: summary["metrics"][k] for k in METRIC_KEYS}
         | {"passed": summary["passed"]}
         | summary["breakdown_metrics"]
-        | {k: v for k, v in summary["metrics"].items() if k.startswith("sim_to_real_")}
+        | {k: v for k, v in summary["metrics"].items() if k.startswith(("sim_to_real_", "real_process_success_"))}
         | summary["budget"]
         | {
             k: summary["metrics"][k] for k in ("validator_flagged", "validator_flagged_rate") if k in summary["metrics"]
