@@ -142,7 +142,9 @@ def test_network_faults_show_their_token_and_send_nothing(entry: EnvEntry, fault
 
 
 def test_slow_payment_step_times_out_then_retry_places_one_order(entry: EnvEntry, store_url: str) -> None:
-    env = _with_faults(entry, {"slow_paths": {"^/checkout/preview/$": 0.4}, "latency_s": 0.0}).make({"network": "normal"})
+    env = _with_faults(entry, {"slow_paths": {"^/checkout/preview/$": 0.4}, "latency_s": 0.0}).make(
+        {"network": "normal"}
+    )
     try:
         started = time.perf_counter()
         actions, tokens, info = _play(env, seed=4)

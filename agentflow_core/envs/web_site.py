@@ -40,7 +40,13 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.envs.base import INAPPLICABLE_REWARD, STEP_REWARD, SUCCESS_REWARD, Scenario, StepResult
-from agentflow_core.envs.web_browser import ACTION_TIMEOUT_MS, DEFAULT_CHROMIUM, acquire_browser, release_browser
+from agentflow_core.envs.web_browser import (
+    ACTION_TIMEOUT_MS,
+    DEFAULT_CHROMIUM,
+    BrowserHost,
+    acquire_browser,
+    release_browser,
+)
 
 FAMILY = "web_site"
 VERSION = 1
@@ -77,7 +83,7 @@ class SiteBrowserEnv:
         self.extra_faults = dict(faults or {})
         self.np_random: np.random.Generator | None = None
         self._pages = [(p["name"], re.compile(p["url_regex"])) for p in site["pages"]]
-        self._host = acquire_browser(chromium_path)
+        self._host: BrowserHost | None = acquire_browser(chromium_path)
         self._context: Any = None
         self._page: Any = None
         self._obs: dict[str, Any] = {}
