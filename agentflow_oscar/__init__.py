@@ -9,5 +9,5 @@ browser channel uses (reset to a scenario, read the placed order from Oscar's da
 
 Nothing here imports the project's core: the core's generic browser channel
 (:mod:`agentflow_core.envs.web_site`) drives Oscar's own pages from the data in
-``configs/real_envs/oscar_site_v1.json``.
+``configs/oscar/site/site.json``.
 """

@@ -149,7 +149,7 @@ def run_sim_to_real_oscar(cfg: AgentFlowConfig, policy: LoadedPolicy, sample: li
         return {"episodes": 0, "metrics": {}}
     seeds = [int(s) for s in np.random.default_rng(cfg.base.seed + 39).integers(0, 2**31 - 1, size=len(chosen))]
     sim = load_registry(cfg)
-    config_dir = Path(settings.env_config_dir)
+    config_dir = Path(settings.oscar_env_config_dir)
     with oscar_store() as url:
         entry = oscar_entry(config_dir, url)
         host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))

@@ -22,7 +22,7 @@ from tasks.oscar_site import oscar_entry, oscar_store
 from tasks.registry_io import load_registry
 
 pytestmark = pytest.mark.slow
-REAL_ENVS = Path("configs/real_envs")
+OSCAR_ENVS = Path("configs/oscar")
 EXPERT = [
     ("NETWORK_TIMEOUT", "RETRY"),
     ("SERVER_ERROR", "RETRY"),
@@ -45,7 +45,7 @@ def store_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def entry(store_url: str) -> EnvEntry:
-    return oscar_entry(REAL_ENVS, store_url)
+    return oscar_entry(OSCAR_ENVS, store_url)
 
 
 def _with_faults(entry: EnvEntry, faults: dict[str, Any]) -> EnvEntry:

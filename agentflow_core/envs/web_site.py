@@ -3,7 +3,7 @@
 :mod:`~agentflow_core.envs.web_browser` drives the project's own storefront, whose pages carry the
 channel's raw observation in ``data-*`` attributes. A site nobody here wrote (django-oscar, a shop
 in production) carries nothing of the kind, so this channel reads it through a *site description*:
-plain data (``configs/real_envs/oscar_site_v1.json`` is one) that says
+plain data (``configs/oscar/site/site.json`` is one) that says
 
 * ``pages``: which page a URL path is (first ``url_regex`` that matches, else ``other``);
 * ``elements``: element keys (``#add-to-cart``) and the CSS selector that finds each; the keys
@@ -27,6 +27,12 @@ plain data (``configs/real_envs/oscar_site_v1.json`` is one) that says
 
 The raw observation has the web template's shape (page, url, title, text, fields, buttons, links,
 forms, banner, counts at the top level, ``data``), so the same ``web`` adapter turns it into tokens.
+On Oscar's basket page, for example::
+
+    {"page": "basket", "url": "/basket/", "title": "Basket | ...", "text": "Basket Featured Kettle ...",
+     "fields": {}, "buttons": ["#logout", "#browse", "#remove-item", "#checkout", "#voucher-form"],
+     "links": [], "forms": [], "banner": None, "cart_count": 1,
+     "data": {"user_logged_in": 1, "payment_page_loaded": 0, "cart_count": 1, "retries_used": 0}}
 """
 
 from __future__ import annotations
