@@ -113,10 +113,11 @@ def _variant(i: int, **params: object) -> VariantSpec:
 def test_stratify_covers_every_value_of_every_dimension_first() -> None:
     from agentflow_core.evaluation.sim_to_real import stratify
 
-    sample = [_variant(0), _variant(1), _variant(2, network="latency_500ms"), _variant(3, inventory=0)]
+    sample = [_variant(0), _variant(1, inventory=7), _variant(2, network="latency_500ms"), _variant(3, inventory=0)]
     chosen = stratify(sample, ["network", "inventory"], 3)
     values = {(v.params["network"], v.params["inventory"]) for v in chosen}
     assert ("latency_500ms", 20) in values and ("normal", 0) in values and len(chosen) == 3
+    assert len(stratify(sample, ["inventory"], 2)) == 2  # inventory's strata: 0 and > 0 (7 and 20 are one)
     assert len(stratify(sample, ["network"], 10)) == 4  # never more than the sample, never a repeat
 
 

@@ -198,10 +198,18 @@ def select_pairs(
     return chosen, [int(s) for s in rng.integers(0, 2**31 - 1, size=len(chosen))]
 
 
+def stratum(value: Any) -> str:
+    """A dimension value as a stratum: text for a category; a number is split at zero ("0" / "> 0": for
+    inventory, out of stock or not), since variants sample numeric dimensions continuously."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "0" if value == 0 else "> 0"
+    return str(value)
+
+
 def stratify(sample: Sequence[VariantSpec], dimensions: Sequence[str], episodes: int) -> list[VariantSpec]:
-    """Up to ``episodes`` variants that cover each value of each dimension in turn (round-robin over
-    (dimension, value) strata, first unused variant of each), so a small sample still sees every value."""
-    strata = [(d, v) for d in dimensions for v in sorted({str(x.params.get(d)) for x in sample if d in x.params})]
+    """Up to ``episodes`` variants that cover each stratum of each dimension in turn (round-robin over
+    (dimension, :func:`stratum`) pairs, first unused variant of each), so a small sample sees every value."""
+    strata = [(d, v) for d in dimensions for v in sorted({stratum(x.params.get(d)) for x in sample if d in x.params})]
     chosen: list[VariantSpec] = []
     while len(chosen) < episodes and strata:
         progressed = False
@@ -209,7 +217,7 @@ def stratify(sample: Sequence[VariantSpec], dimensions: Sequence[str], episodes:
             if len(chosen) >= episodes:
                 break
             match = next(
-                (v for v in sample if str(v.params.get(dimension)) == value and v not in chosen),
+                (v for v in sample if stratum(v.params.get(dimension)) == value and v not in chosen),
                 None,
             )
             if match is not None:
@@ -234,11 +242,12 @@ def root_cause(trace: EpisodeTrace) -> str:
 def per_dimension(
     episodes: Sequence[PairedEpisode], params: Mapping[str, Mapping[str, Any]], dimensions: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """Per (dimension, value): episodes, success in the simulator and on the real system, the gap, root causes."""
+    """Per (dimension, :func:`stratum`): episodes, success in the simulator and on the real system, the gap,
+    root causes."""
     rows = []
     for dimension in dimensions:
-        for value in sorted({str(params[e.env_id].get(dimension)) for e in episodes}):
-            mine = [e for e in episodes if str(params[e.env_id].get(dimension)) == value]
+        for value in sorted({stratum(params[e.env_id].get(dimension)) for e in episodes}):
+            mine = [e for e in episodes if stratum(params[e.env_id].get(dimension)) == value]
             sim = sum(e.sim.success for e in mine) / len(mine)
             real = sum(e.real.success for e in mine) / len(mine)
             causes = sorted({root_cause(e.real) for e in mine} - {""})
