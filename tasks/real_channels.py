@@ -23,13 +23,22 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psutil
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import AgentFlowError
-from agentflow_core.evaluation.sim_to_real import SimToRealReport, paired_episodes, select_pairs, summarize
+from agentflow_core.evaluation.sim_to_real import (
+    SimToRealReport,
+    paired_episodes,
+    per_dimension,
+    select_pairs,
+    stratify,
+    summarize,
+)
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.variants import VariantSpec
 from tasks.child_reaper import start_reaper
@@ -218,3 +227,46 @@ def run_sim_to_real(ctx: PhaseContext, policy: LoadedPolicy, sample: list[Varian
             variants, seeds, channels.make_sim, channels.make_real, policy.act, time.perf_counter, channels
         )
     return summarize(episodes, {f: REAL_CHANNELS[f] for f in families})
+
+
+def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> dict[str, Any]:
+    """The policy on the django-oscar store (zero-shot) next to the simulator, over a stratified sample of the
+    web_checkout test variants; per dimension value: success on both sides, the gap, root causes on Oscar."""
+    from agentflow_core.envs.web_browser import acquire_browser, release_browser
+    from tasks.oscar_site import oscar_entry, oscar_store
+
+    cfg = ctx.cfg
+    settings = cfg.stress.sim_to_real
+    dimensions = list(settings.oscar_dimensions)
+    chosen = stratify([v for v in sample if v.family == "web_checkout"], dimensions, settings.oscar_episodes)
+    if not chosen:
+        return {"episodes": 0, "metrics": {}}
+    seeds = [int(s) for s in np.random.default_rng(cfg.base.seed + 39).integers(0, 2**31 - 1, size=len(chosen))]
+    sim = ctx.registry
+    config_dir = Path(settings.oscar_env_config_dir)
+    with oscar_store() as url:
+        entry = oscar_entry(config_dir, url)
+        host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))
+        try:
+            episodes = paired_episodes(
+                chosen,
+                seeds,
+                lambda v: sim.get(v.base_env_id).make(v.params, v.env_id),
+                lambda v: entry.make({k: v.params[k] for k in dimensions if k in v.params}, v.env_id),
+                policy.act,
+                clock=time.perf_counter,
+            )
+        finally:
+            release_browser(host)
+    report = summarize(episodes, {"web_checkout": "django-oscar 4.2.1 store in headless Chromium"})
+    family = report.families[0]
+    return {
+        "episodes": family.episodes,
+        "sim_process_success": family.sim_success,
+        "real_process_success": family.real_success,
+        "gap": family.gap,
+        "real_step_ms_p50": family.real_step_ms_p50,
+        "real_step_ms_p95": family.real_step_ms_p95,
+        "per_dimension": per_dimension(episodes, {v.env_id: v.params for v in chosen}, dimensions),
+        "metrics": {"sim_to_real_gap_oscar": family.gap, "real_process_success_oscar": family.real_success},
+    }

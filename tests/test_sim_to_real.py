@@ -106,3 +106,46 @@ def test_payment_api_process_serves_until_its_parent_closes_the_pipe() -> None:
         assert answered.status_code in (200, 201) and answered.json()
     with pytest.raises(httpx.ConnectError):
         httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, timeout=2)
+
+
+def _variant(i: int, **params: object) -> VariantSpec:
+    base = {"network": "normal", "inventory": 20, "start_stage": "login"}
+    return VariantSpec(f"v{i}", "web_checkout_v2", "web_checkout", {**base, **params}, f"h{i}")
+
+
+def test_stratify_covers_every_value_of_every_dimension_first() -> None:
+    from agentflow_core.evaluation.sim_to_real import stratify
+
+    sample = [_variant(0), _variant(1, inventory=7), _variant(2, network="latency_500ms"), _variant(3, inventory=0)]
+    chosen = stratify(sample, ["network", "inventory"], 3)
+    values = {(v.params["network"], v.params["inventory"]) for v in chosen}
+    assert ("latency_500ms", 20) in values and ("normal", 0) in values and len(chosen) == 3
+    assert len(stratify(sample, ["inventory"], 2)) == 2  # inventory's strata: 0 and > 0 (7 and 20 are one)
+    assert len(stratify(sample, ["network"], 10)) == 4  # never more than the sample, never a repeat
+
+
+def test_per_dimension_gap_and_root_causes_by_hand() -> None:
+    from agentflow_core.evaluation.report import oscar_rows
+    from agentflow_core.evaluation.sim_to_real import per_dimension
+
+    stuck = EpisodeTrace((9, 9), (("NETWORK_TIMEOUT",), ("NETWORK_TIMEOUT",)), False, False, False, (0.1, 0.1))
+    episodes = [
+        PairedEpisode("web_checkout", "v0", 1, _trace(True), _trace(True)),
+        PairedEpisode("web_checkout", "v2", 2, _trace(True), stuck),
+    ]
+    params = {"v0": _variant(0).params, "v2": _variant(2, network="latency_500ms").params}
+    rows = per_dimension(episodes, params, ["network"])
+    slow = next(r for r in rows if r["value"] == "latency_500ms")
+    assert (slow["sim_process_success"], slow["real_process_success"], slow["gap"]) == (1.0, 0.0, 1.0)
+    assert slow["root_causes"] == ["stuck at NETWORK_TIMEOUT"]
+    table = oscar_rows({"sim_to_real_oscar": {"per_dimension": rows}})
+    assert [r[:2] for r in table] == [["network", "latency_500ms"], ["network", "normal"]]
+
+
+def test_the_oscar_gap_is_gated_when_the_oscar_run_is_on() -> None:
+    on = {"enabled": True, "max_gap": 0.02, "oscar_episodes": 2}
+    cfg = AgentFlowConfig.model_validate({"stress": {"sim_to_real": on}})
+    names = [c.metric for c in stress_gate(cfg).checks]
+    assert "sim_to_real_gap_oscar" in names
+    off = AgentFlowConfig.model_validate({"stress": {"sim_to_real": {"enabled": True}}})
+    assert "sim_to_real_gap_oscar" not in [c.metric for c in stress_gate(off).checks]

@@ -33,6 +33,14 @@ class SimToRealConfig(_Section):
     )
     families: list[Literal["web_checkout", "order_db", "payment_api"]] = ["web_checkout", "order_db", "payment_api"]
     env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
+    oscar_env_config_dir: str = Field("configs/oscar", description="Registry of the django-oscar store's env.")
+    oscar_episodes: Annotated[int, Field(ge=0, le=1000)] = Field(
+        0, description="Paired episodes of web_checkout variants on the django-oscar store (0: off)."
+    )
+    oscar_dimensions: list[Literal["network", "inventory", "start_stage", "price_factor"]] = Field(
+        ["network", "inventory", "start_stage"],
+        description="Dimensions that apply on Oscar: the sample is stratified over their values; others take defaults.",
+    )
 
     @field_validator("enabled")
     @classmethod

@@ -36,6 +36,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "champion",
     "cycle",
     "sim_to_real",
+    "sim_to_real_oscar",
 )
 
 
@@ -84,6 +85,7 @@ def build_report(
         "champion": dict(champion) if champion is not None else None,
         "cycle": dict(cycle) if cycle is not None else None,
         "sim_to_real": analysis.get("sim_to_real"),
+        "sim_to_real_oscar": analysis.get("sim_to_real_oscar"),
     }
 
 
@@ -257,6 +259,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
                 ],
             )
         )
+    nodes.extend(_oscar_nodes(report.get("sim_to_real_oscar")))
     if report.get("champion"):
         nodes.append(
             TreeNode(
@@ -360,6 +363,11 @@ def section_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list
             ],
             sim_to_real,
         ),
+        (
+            "Sim-to-real on the django-oscar store, by dimension value",
+            ["dimension", "value", "episodes", "sim success", "oscar success", "gap", "root causes on Oscar"],
+            oscar_rows(report),
+        ),
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),
         (
             "Success by family and dimension value (95% Wilson interval)",
@@ -392,6 +400,43 @@ def sim_to_real_rows(report: Mapping[str, Any]) -> list[list[Any]]:
             f"{f['real_step_ms_p50']:.1f} / {f['real_step_ms_p95']:.1f}",
         ]
         for f in (report.get("sim_to_real") or {}).get("families", [])
+    ]
+
+
+def oscar_rows(report: Mapping[str, Any]) -> list[list[Any]]:
+    """One row per dimension value of the run on the django-oscar store (none when it did not run)."""
+    return [
+        [
+            r["dimension"],
+            r["value"],
+            r["episodes"],
+            _pct(r["sim_process_success"]),
+            _pct(r["real_process_success"]),
+            f"{100 * r['gap']:+.1f} pts",
+            "; ".join(r["root_causes"]),
+        ]
+        for r in (report.get("sim_to_real_oscar") or {}).get("per_dimension", [])
+    ]
+
+
+def _oscar_nodes(oscar: Mapping[str, Any] | None) -> list[TreeNode]:
+    """The django-oscar line of the tree: success on the store, in the simulator, the gap, per dimension value."""
+    if not oscar or not oscar.get("episodes"):
+        return []
+    children = [
+        TreeNode(
+            f"{r['dimension']}={r['value']}: sim {r['sim_process_success']:.1%}, Oscar {r['real_process_success']:.1%} "
+            f"over {r['episodes']} episode(s)" + (f"; {', '.join(r['root_causes'])}" if r["root_causes"] else "")
+        )
+        for r in oscar["per_dimension"]
+    ]
+    return [
+        TreeNode(
+            f"Sim-to-Real on django-oscar: success {oscar['real_process_success']:.1%} (sim "
+            f"{oscar['sim_process_success']:.1%}, gap {100 * oscar['gap']:+.1f} pts) over {oscar['episodes']} paired "
+            f"episodes; step p50 {oscar['real_step_ms_p50']:.0f} ms",
+            children,
+        )
     ]
 
 

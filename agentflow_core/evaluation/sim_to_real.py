@@ -252,3 +252,70 @@ def select_pairs(
         chosen.extend(mine[i % len(mine)] for i in range(per_family) if mine)
     rng = np.random.default_rng(seed)
     return chosen, [int(s) for s in rng.integers(0, 2**31 - 1, size=len(chosen))]
+
+
+def stratum(value: Any) -> str:
+    """A dimension value as a stratum: text for a category; a number is split at zero ("0" / "> 0": for
+    inventory, out of stock or not), since variants sample numeric dimensions continuously."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "0" if value == 0 else "> 0"
+    return str(value)
+
+
+def stratify(sample: Sequence[VariantSpec], dimensions: Sequence[str], episodes: int) -> list[VariantSpec]:
+    """Up to ``episodes`` variants that cover each stratum of each dimension in turn (round-robin over
+    (dimension, :func:`stratum`) pairs, first unused variant of each), so a small sample sees every value."""
+    strata = [(d, v) for d in dimensions for v in sorted({stratum(x.params.get(d)) for x in sample if d in x.params})]
+    chosen: list[VariantSpec] = []
+    while len(chosen) < episodes and strata:
+        progressed = False
+        for dimension, value in strata:
+            if len(chosen) >= episodes:
+                break
+            match = next(
+                (v for v in sample if stratum(v.params.get(dimension)) == value and v not in chosen),
+                None,
+            )
+            if match is not None:
+                chosen.append(match)
+                progressed = True
+        if not progressed:
+            break
+    return chosen
+
+
+def root_cause(trace: EpisodeTrace) -> str:
+    """Why an episode failed, from what the channel showed last ("" when it succeeded)."""
+    if trace.success:
+        return ""
+    last = set(trace.tokens[-1]) if trace.tokens else set()
+    for token in ("NETWORK_TIMEOUT", "SERVER_ERROR", "OUT_OF_STOCK", "LOGGED_OUT", "PAYMENT_PAGE"):
+        if token in last:
+            return f"stuck at {token}" if trace.terminated is False else f"ended at {token}"
+    return "max_steps" if not trace.terminated else f"ended with {sorted(last)}"
+
+
+def per_dimension(
+    episodes: Sequence[PairedEpisode], params: Mapping[str, Mapping[str, Any]], dimensions: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Per (dimension, :func:`stratum`): episodes, success in the simulator and on the real system, the gap,
+    root causes."""
+    rows = []
+    for dimension in dimensions:
+        for value in sorted({stratum(params[e.env_id].get(dimension)) for e in episodes}):
+            mine = [e for e in episodes if stratum(params[e.env_id].get(dimension)) == value]
+            sim = sum(e.sim.success for e in mine) / len(mine)
+            real = sum(e.real.success for e in mine) / len(mine)
+            causes = sorted({root_cause(e.real) for e in mine} - {""})
+            rows.append(
+                {
+                    "dimension": dimension,
+                    "value": value,
+                    "episodes": len(mine),
+                    "sim_process_success": round(sim, 6),
+                    "real_process_success": round(real, 6),
+                    "gap": round(sim - real, 6),
+                    "root_causes": causes,
+                }
+            )
+    return rows

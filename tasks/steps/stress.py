@@ -40,7 +40,7 @@ from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.context import PhaseContext
 from tasks.plots import write_plots
-from tasks.real_channels import run_sim_to_real
+from tasks.real_channels import run_sim_to_real, run_sim_to_real_oscar
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
 METRIC_KEYS = (
@@ -221,6 +221,10 @@ def run_stress(
         real = run_sim_to_real(ctx, policy, sample)
         summary["sim_to_real"] = real.to_dict()
         summary["metrics"].update(real.metrics())
+    if cfg.stress.sim_to_real.enabled and cfg.stress.sim_to_real.oscar_episodes > 0:  # a store nobody here wrote
+        oscar = run_sim_to_real_oscar(ctx, policy, sample)
+        summary["sim_to_real_oscar"] = oscar
+        summary["metrics"].update(oscar["metrics"])
     summary["reward_validator"] = validator_flags(ctx, rollout)
     if summary["reward_validator"] is not None:
         summary["metrics"]["validator_flagged"] = summary["reward_validator"]["flagged"]
@@ -238,7 +242,7 @@ def run_stress(
         {k: summary["metrics"][k] for k in METRIC_KEYS}
         | {"passed": summary["passed"]}
         | summary["breakdown_metrics"]
-        | {k: v for k, v in summary["metrics"].items() if k.startswith("sim_to_real_")}
+        | {k: v for k, v in summary["metrics"].items() if k.startswith(("sim_to_real_", "real_process_success_"))}
         | summary["budget"]
         | {
             k: summary["metrics"][k] for k in ("validator_flagged", "validator_flagged_rate") if k in summary["metrics"]
