@@ -46,7 +46,7 @@ elif kind == "chromium":
     from agentflow_core.envs.web_browser import acquire_browser
     acquire_browser()
 elif kind == "ray":
-    from tasks.compose import start_ray
+    from tasks.ray_runtime import start_ray
     from tasks.config_io import load_config
     start_ray(load_config(sys.argv[2]))
 print("ready", *extra, flush=True)
