@@ -8,9 +8,14 @@ small watchdog (``python -m tasks.child_reaper <pid>``) in its own session, so a
 command's process group does not reach it. The watchdog:
 
 * every :data:`POLL_S` records each descendant of the command (pid and start time, so a reused pid
-  is never mistaken for one), keeping those that were reparented away since (the postmaster);
-* when the command is gone (its pipe to the watchdog closes: exit, crash or SIGKILL alike), sends
-  SIGTERM to every recorded process still alive -- to its whole process group when it leads one
+  is never mistaken for one), keeping those that were reparented away since;
+* reads, on its pipe from the command, the folders of the services the command starts detached
+  (``dir <path>`` lines, written by :func:`start_reaper`'s listener on
+  :func:`agentflow_core.procs.on_detached` before such a service starts: the embedded PostgreSQL,
+  whose postmaster ``pg_ctl`` reparents to init at once, faster than any poll is sure to see);
+* when the command is gone (the pipe closes: exit, crash or SIGKILL alike), sends SIGTERM to every
+  recorded process still alive and to every process whose command line names a folder it was told
+  (the postmaster's ``-D <folder>/pgdata``) -- to its whole process group when it leads one
   (Chromium's and PostgreSQL's helpers follow their leader) -- then SIGKILL after
   :data:`GRACE_S` to any that remain, and exits.
 
@@ -25,7 +30,10 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
+
+from agentflow_core.procs import on_detached
 
 POLL_S = 0.2
 GRACE_S = 3.0
@@ -41,12 +49,27 @@ def start_reaper() -> None:
             return
         _reaper[os.getpid()] = subprocess.Popen(
             [sys.executable, "-m", "tasks.child_reaper", str(os.getpid())],
-            stdin=subprocess.PIPE,  # never written: its end-of-file is the command's end
+            stdin=subprocess.PIPE,  # the detached services' folders; its end-of-file is the command's end
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C or a kill of the command's group does not stop it first
             close_fds=True,
         )
+    on_detached(_tell_folder)
+
+
+def _tell_folder(folder: Path) -> None:
+    """Tell this process's watchdog a detached service's folder (none in a fork that started no watchdog)."""
+    names = {os.fsencode(str(folder.absolute())), os.fsencode(str(folder.resolve()))}  # as named, and real
+    with _lock:
+        reaper = _reaper.get(os.getpid())
+        if reaper is None or reaper.stdin is None or reaper.poll() is not None:
+            return
+        try:
+            reaper.stdin.write(b"".join(b"dir " + name + b"\n" for name in names if b"\n" not in name))
+            reaper.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            return  # the watchdog is gone: nothing to tell
 
 
 def _poll(parent_pid: int, seen: dict[int, float], me: int) -> None:
@@ -97,13 +120,31 @@ def _signal(processes: list[Any], sig: int, own_group: int) -> None:
             continue
 
 
-def reap(seen: dict[int, float]) -> list[int]:
-    """SIGTERM every recorded process still alive, SIGKILL what remains after :data:`GRACE_S`; the pids signalled."""
+def _naming(folders: list[bytes], me: int) -> list[Any]:
+    """The processes (other than the watchdog) with an argument inside one of ``folders``."""
+    import psutil
+
+    if not folders:
+        return []
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        args = [os.fsencode(arg) for arg in process.info["cmdline"] or ()]
+        if process.pid != me and any(arg == f or arg.startswith(f + b"/") for arg in args for f in folders):
+            found.append(process)
+    return found
+
+
+def reap(seen: dict[int, float], folders: list[bytes] | None = None) -> list[int]:
+    """SIGTERM every recorded process still alive and every process naming one of ``folders``.
+
+    SIGKILL what remains after :data:`GRACE_S`; returns the pids signalled.
+    """
     import psutil
 
     own_group = os.getpgid(0)
     _poll(-1, seen, os.getpid())  # children born since the last poll, while the command was ending
     targets = _alive(seen)
+    targets += [p for p in _naming(folders or [], os.getpid()) if p.pid not in seen]
     _signal(targets, signal.SIGTERM, own_group)
     _, remaining = psutil.wait_procs(targets, timeout=GRACE_S)
     _signal(remaining, signal.SIGKILL, own_group)
@@ -112,21 +153,25 @@ def reap(seen: dict[int, float]) -> list[int]:
 
 
 def watch(parent_pid: int) -> None:
-    """Record the command's descendants until its pipe closes, then reap them."""
+    """Record the command's descendants and the folders it names until its pipe closes, then reap them."""
 
     gone = threading.Event()
+    folders: list[bytes] = []
 
-    def wait_for_eof() -> None:
-        sys.stdin.buffer.read()
+    def read_until_eof() -> None:
+        for line in sys.stdin.buffer:
+            kind, _, value = line.rstrip(b"\n").partition(b" ")
+            if kind == b"dir" and value.startswith(b"/"):
+                folders.append(value.rstrip(b"/"))
         gone.set()
 
-    threading.Thread(target=wait_for_eof, daemon=True).start()
+    threading.Thread(target=read_until_eof, daemon=True).start()
     seen: dict[int, float] = {}
     me = os.getpid()
     while not gone.is_set():
         _poll(parent_pid, seen, me)
         gone.wait(POLL_S)
-    reap(seen)
+    reap(seen, folders)
 
 
 if __name__ == "__main__":

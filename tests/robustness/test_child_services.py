@@ -5,7 +5,9 @@ Each case starts a small command process that starts one real service the way th
 with its watchdog (:func:`tasks.child_reaper.start_reaper`), records the service's processes --
 the command's descendants, plus the postmaster, which ``pg_ctl`` reparents away at once -- then
 SIGKILLs the command (no exit handler runs) and waits for every recorded process to end.
-Everything listens on loopback only.
+Everything listens on loopback only. The postmaster is found by construction, not by polling: the
+command tells its watchdog the server's folder before the server starts, and the watchdog stops
+whatever names that folder (checked on its own with a process outside any command's tree).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tasks.child_reaper import reap
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0
@@ -42,7 +46,7 @@ elif kind == "chromium":
     from agentflow_core.envs.web_browser import acquire_browser
     acquire_browser()
 elif kind == "ray":
-    from tasks.compose import start_ray
+    from tasks.ray_runtime import start_ray
     from tasks.config_io import load_config
     start_ray(load_config(sys.argv[2]))
 print("ready", *extra, flush=True)
@@ -109,3 +113,20 @@ def test_killing_the_command_stops_its_child_services(kind: str) -> None:
         if command.poll() is None:
             command.kill()
             command.wait()
+
+
+def test_a_detached_service_naming_a_told_folder_is_stopped(tmp_path: Path) -> None:
+    # started in its own session by the test, never a descendant of any recorded process
+    service = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", "-D", str(tmp_path / "pgdata")],
+        start_new_session=True,
+    )
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(tmp_path) + "-other"])
+    try:
+        assert reap({}, [os.fsencode(str(tmp_path))]) == [service.pid]
+        assert not psutil.pid_exists(service.pid)  # reap waited for it (and so collected its exit status)
+        assert bystander.poll() is None
+    finally:
+        for process in (service, bystander):
+            process.kill()
+            process.wait()
