@@ -37,9 +37,9 @@ test-timing: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m timing
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentflow_core agentflow_refund tasks flows tests
-	$(BIN)/ruff format --check agentflow_core agentflow_refund tasks flows tests
-	$(BIN)/mypy agentflow_core agentflow_refund tasks flows
+	$(BIN)/ruff check agentflow_core agentflow_refund agentflow_oscar tasks benchmarks flows tests
+	$(BIN)/ruff format --check agentflow_core agentflow_refund agentflow_oscar tasks benchmarks flows tests
+	$(BIN)/mypy agentflow_core agentflow_refund agentflow_oscar tasks benchmarks flows
 	$(BIN)/lint-imports
 
 # The docs/ site (mkdocs.yml) into site/; --strict fails on a missing page, a broken link or anchor.

@@ -10,6 +10,7 @@ globs over real outputs (``update_*``, ``part-*.parquet``) never see them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -64,6 +65,58 @@ def write_text(path: Path, text: str) -> None:
 def write_json(path: Path, data: Any, indent: int = 2) -> None:
     """Write JSON atomically (sorted keys, a trailing newline; non-JSON values as ``str``)."""
     write_text(path, json.dumps(data, indent=indent, sort_keys=True, default=str) + "\n")
+
+
+MIN_FREE_BYTES = 16 << 20  # the least a phase is assumed to write when it has no earlier output to go by
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (0 when it does not exist)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def check_output(path: Path, need_bytes: int | None = None) -> None:
+    """Before a phase writes ``path`` (a file or folder): its folder is writable and has room, else ``OSError``.
+
+    The check writes and removes one temporary file in the nearest existing folder (so a read-only
+    or full file system, or missing permission, fails here with its own errno, not minutes into the
+    phase) and compares free space with ``need_bytes``: by default twice what an earlier output
+    there holds (an atomic swap keeps the old copy until the new one is complete), at least
+    :data:`MIN_FREE_BYTES`. The ``OSError`` names the path and the errno.
+    """
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".write-check.", suffix=".tmp")
+        try:
+            os.write(fd, b"x")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    except OSError as exc:  # name the output, not the probe file
+        raise OSError(exc.errno, f"cannot write here: {exc.strerror}", str(path)) from None
+    need = max(2 * folder_bytes(path), MIN_FREE_BYTES) if need_bytes is None else need_bytes
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left for this phase: about {need >> 20} MiB needed, {free >> 20} MiB free",
+            str(path),
+        )
+
+
+def save_tensors(tensors: dict[str, Any], path: Path) -> None:
+    """Write a safetensors file atomically (``safetensors.torch.save_file`` onto a temporary name)."""
+    from safetensors.torch import save_file  # here, not at import: most writers need no torch
+
+    with atomic_file(path) as tmp:
+        save_file(tensors, str(tmp))
 
 
 @contextmanager

@@ -143,9 +143,13 @@ def stress_checks(s: StressConfig) -> tuple[GateCheck, ...]:
 
 
 def sim_to_real_checks(s: StressConfig) -> tuple[GateCheck, ...]:
-    """The sim-to-real gap check (largest per-family gap in process success), when the run is enabled."""
+    """The sim-to-real gap checks (largest per-family gap in process success; the gap on the django-oscar store
+    when that run is on), when the run is enabled."""
     real = s.sim_to_real
-    return (GateCheck("sim_to_real_max_gap", "<=", real.max_gap),) if real.enabled else ()
+    if not real.enabled:
+        return ()
+    oscar = (GateCheck("sim_to_real_gap_oscar", "<=", real.max_gap),) if real.oscar_episodes > 0 else ()
+    return (GateCheck("sim_to_real_max_gap", "<=", real.max_gap), *oscar)
 
 
 def stress_gate(cfg: AgentFlowConfig) -> PhaseGate:

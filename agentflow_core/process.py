@@ -9,7 +9,11 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
     actions:                           # semantic actions, in action-id order, with declared risk
       - {name: LOGIN}
       - {name: CANCEL_ORDER, risk: 0.5}
-    features: [user_logged_in, ...]    # numeric features (after the tokens)
+    features:                          # numeric features (after the tokens): a name, or its declaration
+      - user_logged_in
+      - {name: balance_ratio, meaning: wallet over price, scale: ratio / 2, observed_with: [LOGGED_IN], unknown: 0}
+    legal_actions:                     # action -> tokens that make it legal (any / all / none); unlisted: always
+      LOGIN: {any: [LOGGED_OUT, SESSION_EXPIRED]}
     goal: PAYMENT_SUCCESS
     scenario:                          # the business parameters a variant sets (agentflow_core/scenario.py)
       user_tier: {type: str, values: [standard, vip, blocked], default: standard, role: dimension}
@@ -45,9 +49,9 @@ from typing import Any
 
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import ConfigError
-from agentflow_core.evaluation.consistency import CanonicalState
 from agentflow_core.scenario import FIELD_TYPES, ROLES, STEP_LIMIT_FIELD, ScenarioField, ScenarioSpec
 from agentflow_core.semantics import Vocabulary
+from agentflow_core.state_contract import FeatureSpec, contract_from_data
 
 MAX_NAMES = 256  # tokens, actions or features per process
 MAX_ITEMS = 1024  # rules, outcomes, probes, channels
@@ -70,12 +74,31 @@ TOP_KEYS = frozenset(
         "escape_action",
         "exclusive_tokens",
         "scenario",
+        "legal_actions",
+        "supersedes",
     }
 )
 REQUIRED = frozenset(
     {"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action", "scenario"}
 )
 FIELD_KEYS = frozenset({"type", "values", "range", "default", "role", "description"})
+
+
+@dataclass(frozen=True)
+class CanonicalState:
+    """A semantic state every channel can be in: its tokens and the feature values it fixes.
+
+    A process lists them as its consistency probes; :mod:`agentflow_core.evaluation.consistency`
+    encodes each in every variant and compares the policy's choices. ``features`` are the process's own
+    (feature name, value) pairs; ``logged_in``, ``cart_items`` (in items) and ``payment_page`` are
+    checkout's stage features, used where the vocabulary has them."""
+
+    name: str
+    tokens: frozenset[str]
+    logged_in: bool = True
+    cart_items: int = 0
+    payment_page: bool = False
+    features: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,10 +161,10 @@ class _Parser:
     def mapping(self, key: str, value: Any, allowed: frozenset[str], required: frozenset[str]) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
             raise self.fail(key, value, "a mapping")
-        unknown = sorted(str(k) for k in set(value) - allowed)
+        unknown = sorted((k for k in value if k not in allowed), key=str)  # keys may be None or numbers
         if unknown:
             raise self.fail(
-                f"{key}.{unknown[0]}" if key else unknown[0], value[unknown[0]], f"no such key ({sorted(allowed)})"
+                f"{key}.{unknown[0]}" if key else str(unknown[0]), value[unknown[0]], f"no such key ({sorted(allowed)})"
             )
         missing = sorted(required - set(value))
         if missing:
@@ -187,15 +210,18 @@ class _Parser:
         if not isinstance(version, str | int) or isinstance(version, bool) or not str(version):
             raise self.fail("version", version, "a string or integer")
         tokens = self.names("tokens", doc["tokens"])
-        features = self.names("features", doc["features"])
+        specs = self.features(doc["features"], tokens)
+        features = self.names("features", [s.name for s in specs])
         actions, risks = self.actions(doc["actions"])
         goal = self.member("goal", doc["goal"], tokens, "token")
         scenario = self.scenario(doc["scenario"])
         outcomes = self.outcomes(doc.get("handled_outcomes"), tokens, scenario)
         escape = self.member("escape_action", doc["escape_action"], actions, "action")
         exclusive = self.exclusive(doc.get("exclusive_tokens"), tokens)
+        legal = self.legal(doc.get("legal_actions"), tokens, actions)
+        contract = contract_from_data(actions, escape, legal, specs, self.supersedes(doc.get("supersedes"), tokens))
         vocabulary = Vocabulary(
-            str(version), tokens, actions, features, risks, goal, outcomes, escape, exclusive, scenario
+            str(version), tokens, actions, features, risks, goal, outcomes, escape, exclusive, scenario, contract
         )
         rules, fallback = self.expert(doc["expert"], tokens, actions)
         return ProcessSpec(
@@ -208,6 +234,70 @@ class _Parser:
             source=self.source,
             description=str(doc.get("description", "")),
         )
+
+    def features(self, value: Any, tokens: tuple[str, ...]) -> tuple[FeatureSpec, ...]:
+        keys = frozenset({"name", "meaning", "scale", "unknown", "observed_with", "range"})
+        out = []
+        for i, entry in enumerate(self.items("features", value)):
+            if isinstance(entry, str):
+                out.append(FeatureSpec(entry))
+                continue
+            item = self.mapping(f"features.{i}", entry, keys, frozenset({"name"}))
+            unknown = item.get("unknown", 0.0)
+            if isinstance(unknown, bool) or not isinstance(unknown, int | float) or not math.isfinite(unknown):
+                raise self.fail(f"features.{i}.unknown", unknown, "a finite number")
+            bounds = item.get("range", [0.0, 1.0])
+            if not isinstance(bounds, list) or len(bounds) != 2 or not all(isinstance(x, int | float) for x in bounds):
+                raise self.fail(f"features.{i}.range", bounds, "[low, high] numbers")
+            low, high = bounds
+            gate = self.names(f"features.{i}.observed_with", item["observed_with"]) if "observed_with" in item else ()
+            for j, token in enumerate(gate):
+                self.member(f"features.{i}.observed_with.{j}", token, tokens, "token")
+            out.append(
+                FeatureSpec(
+                    str(item["name"]),
+                    str(item.get("meaning", "")),
+                    str(item.get("scale", "")),
+                    float(unknown),
+                    frozenset(gate),
+                    float(low),
+                    float(high),
+                )
+            )
+        return tuple(out)
+
+    def supersedes(self, value: Any, tokens: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail("supersedes", value, "a mapping of token -> the tokens it replaces")
+        out = {}
+        for token, old in value.items():
+            self.member("supersedes", token, tokens, "token")
+            listed = self.names(f"supersedes.{token}", old)
+            for j, name in enumerate(listed):
+                self.member(f"supersedes.{token}.{j}", name, tokens, "token")
+            out[str(token)] = listed
+        return out
+
+    def legal(
+        self, value: Any, tokens: tuple[str, ...], actions: tuple[str, ...]
+    ) -> dict[str, dict[str, tuple[str, ...]]]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail("legal_actions", value, "a mapping of action -> {any, all, none} token lists")
+        out: dict[str, dict[str, tuple[str, ...]]] = {}
+        for action, rule in value.items():
+            self.member("legal_actions", action, actions, "action")
+            item = self.mapping(f"legal_actions.{action}", rule or {}, frozenset({"any", "all", "none"}), frozenset())
+            out[action] = {}
+            for kind, names in item.items():
+                listed = self.names(f"legal_actions.{action}.{kind}", names)
+                for j, token in enumerate(listed):
+                    self.member(f"legal_actions.{action}.{kind}.{j}", token, tokens, "token")
+                out[action][kind] = listed
+        return out
 
     def actions(self, value: Any) -> tuple[tuple[str, ...], tuple[float, ...]]:
         entries = self.items("actions", value)

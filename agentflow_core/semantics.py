@@ -16,6 +16,7 @@ from enum import IntEnum
 import numpy as np
 
 from agentflow_core.scenario import ScenarioField, ScenarioSpec
+from agentflow_core.state_contract import FeatureSpec, StateContract, contract_from_data, permissive
 
 VOCAB_VERSION = "1"
 
@@ -196,6 +197,14 @@ class Vocabulary:
     escape_action: str = "ESCALATE"  # legal whenever a channel maps no other action (never no legal move)
     exclusive: tuple[frozenset[str], ...] = ()  # token groups no state may hold two of (the mapping audit)
     scenario: ScenarioSpec = ScenarioSpec(())  # the business parameters a variant sets (agentflow_core.scenario)
+    contract: StateContract | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @property
+    def state_contract(self) -> StateContract:
+        """Legal actions and feature presentation from the tokens (every action legal if none is declared)."""
+        if self.contract is not None:
+            return self.contract
+        return permissive(self.actions, self.actions.index(self.escape_action), self.features)
 
     @property
     def n_tokens(self) -> int:
@@ -263,6 +272,34 @@ class Vocabulary:
         return terminated and not self.accepted_outcomes(params).isdisjoint(final_tokens)
 
 
+_LIVE = frozenset({"LOGGED_IN"})
+# Checkout's features as the process defines them (configs/processes/checkout.yaml declares the same).
+CHECKOUT_FEATURES: tuple[FeatureSpec, ...] = (
+    FeatureSpec("user_logged_in", "a live session", "0 or 1"),
+    FeatureSpec("cart_items", "items in the cart", "count / 5, clipped to 1"),
+    FeatureSpec("payment_page_loaded", "the payment form is open", "0 or 1", observed_with=frozenset({"PAYMENT_PAGE"})),
+    FeatureSpec("is_vip", "the signed-in user is a VIP member", "0 or 1", observed_with=_LIVE),
+    FeatureSpec("price_factor", "list price of the product", "price / 200, clipped to 1", observed_with=_LIVE),
+    FeatureSpec("balance_ratio", "wallet balance over the unit price", "ratio / 2, clipped to 1", observed_with=_LIVE),
+    FeatureSpec("retries_used", "client retries spent on the last request", "count / 5, clipped to 1"),
+    FeatureSpec("step_fraction", "episode progress", "step / max steps"),
+)
+# Checkout's legal actions per business state (action -> {any, all, none} of tokens; ESCALATE always).
+CHECKOUT_LEGAL: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    "LOGIN": {"any": ("LOGGED_OUT", "SESSION_EXPIRED")},
+    "VIEW_PRODUCT": {"all": ("LOGGED_IN",)},
+    "ADD_TO_CART": {"all": ("LOGGED_IN", "PRODUCT_VIEWED"), "none": ("OUT_OF_STOCK",)},
+    "REMOVE_FROM_CART": {"all": ("LOGGED_IN", "CART_FILLED")},
+    "CHECKOUT": {"all": ("LOGGED_IN", "CART_FILLED")},
+    "ENTER_PAYMENT": {"all": ("ORDER_PENDING",), "none": ("PAYMENT_PAGE", "FUNDS_TOPPED_UP")},
+    "SUBMIT_PAYMENT": {"any": ("PAYMENT_PAGE", "FUNDS_TOPPED_UP")},
+    "TOP_UP_FUNDS": {"any": ("INSUFFICIENT_FUNDS",)},
+    "USE_BACKUP_CARD": {"any": ("INVALID_CARD", "PAYMENT_FAILED")},
+    "RETRY": {"any": ("NETWORK_TIMEOUT", "SERVER_ERROR", "PAGE_NOT_FOUND")},
+    "CANCEL_ORDER": {"any": ("ORDER_PENDING", "ORDER_EXPIRED")},
+    "ESCALATE": {},
+}
+
 # The checkout process's vocabulary as a value (configs/processes/checkout.yaml must load to exactly this).
 CHECKOUT = Vocabulary(
     version=VOCAB_VERSION,
@@ -274,4 +311,7 @@ CHECKOUT = Vocabulary(
     handled_outcomes=HANDLED_OUTCOMES,
     exclusive=EXCLUSIVE_TOKENS,
     scenario=CHECKOUT_SCENARIO,
+    contract=contract_from_data(
+        ACTIONS, "ESCALATE", CHECKOUT_LEGAL, CHECKOUT_FEATURES, {"ESCALATED": ("USER_BLOCKED",)}
+    ),
 )

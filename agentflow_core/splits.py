@@ -14,14 +14,14 @@ validation picks the checkpoint; test is read only to report.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agentflow_core.errors import DATA_ERRORS, DataFileError
-from agentflow_core.variants import VariantSpec, catalogue_counts, read_catalogue, write_catalogue
+from agentflow_core.variants import VariantSpec, catalogue_counts, read_catalogue, read_meta, write_catalogue
 
 SPLITS = ("train", "validation", "test")
 SPLIT_FILE = "splits.json"
@@ -132,3 +132,22 @@ def read_splits(catalogue: Path | str) -> dict[str, list[VariantSpec]]:
     if empty:
         raise DataFileError(file, f"split(s) {', '.join(empty)} hold no variant: raise the catalogue size or fractions")
     return out
+
+
+def channel_catalogue(catalogue: Path | str, out_dir: Path | str, base_envs: Collection[str]) -> Path:
+    """The catalogue's variants of the channels ``base_envs`` only, each in the split it already had.
+
+    Splits are not redrawn: a channel's test variants stay exactly the test variants of the full
+    catalogue, so a policy trained on the other channels' train split never saw them. Returns
+    ``out_dir`` (the catalogue directory the steps read).
+    """
+    directory = Path(catalogue) if Path(catalogue).is_dir() else Path(catalogue).parent
+    splits = read_splits(directory)
+    kept = {name: [v for v in members if v.base_env_id in base_envs] for name, members in splits.items()}
+    drawn = json.loads((directory / SPLIT_FILE).read_text(encoding="utf-8"))
+    drawn.pop("splits", None)
+    hashes = {name: [v.content_hash for v in members] for name, members in kept.items()}
+    meta = {**read_meta(directory), "channels": sorted(base_envs)}
+    variants = [v for v in read_catalogue(directory) if v.base_env_id in base_envs]
+    write_catalogue(variants, out_dir, meta, {SPLIT_FILE: splits_json(hashes, drawn)})
+    return Path(out_dir)

@@ -5,7 +5,7 @@ about 1.5x consumption, and an update interval that matches how sparse the rewar
 become measured quantities of AgentFlow's synchronous, worker-side-rollout PPO loop:
 
 - *env-step rate* and *inference rate* of one env worker stepping ``k`` envs (its rollout loop is
-  one batched policy forward, then one pool step, :func:`agentflow_core.pool.slices.collect_slice`):
+  one batched policy forward, then one pool step, :func:`agentflow_core.rl.rollout.collect_slice`):
   ``k / t_env(k)`` and ``k / t_inf(k)``. The forward's fixed cost is paid once per pool step, so the
   inference rate grows with ``k`` while the env rate stays about flat; their ratio falls with ``k``.
   The tuner takes the smallest ``k`` at which it reaches the design's 1.2 (envs no longer wait on a

@@ -118,6 +118,13 @@ def _business(case: RefundCase, action: str, scenario: Scenario, rng: np.random.
         return INAPPLICABLE_REWARD, "not_signed_in"
     if case.account == "flagged":
         return INAPPLICABLE_REWARD, "account_flagged"
+    return _request_step(case, action, scenario, rng)
+
+
+def _request_step(
+    case: RefundCase, action: str, scenario: Scenario, rng: np.random.Generator
+) -> tuple[float, str | None]:
+    """A signed-in, unflagged customer's step through the refund request: find, open, evidence, submit, check."""
     if action == "find_order":
         case.order_found = True
         return STEP_REWARD, None

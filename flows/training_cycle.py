@@ -23,7 +23,7 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
 
 from agentflow_core.config import AgentFlowConfig
-from tasks.compose import backend
+from tasks.backend import backend_of
 from tasks.config_io import flatten_params, load_config
 from tasks.determinism import determinism_tags, make_deterministic
 from tasks.lifetime import bind_ephemeral_servers
@@ -136,7 +136,7 @@ def training_cycle(
     name_flow_run(cfg, run_name or cfg.base.run_name)
     parent = open_cycle(tracker, cfg, params_path, run_name or cfg.base.run_name, resume)
     paths = DataPaths.of(cfg)
-    tracker.set_tags(parent, backend(cfg).params(cfg.train.num_envs))  # where the envs are stepped
+    tracker.set_tags(parent, backend_of(cfg).place().params(cfg.train.num_envs))  # where the envs are stepped
     results: dict[str, Any] = {
         "mlflow_run_id": parent,
         "params_path": params_path,

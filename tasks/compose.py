@@ -1,361 +1,41 @@
-"""One place that wires a phase: where its envs run, its reward function and its base-env infos.
+"""One place that wires a phase: its pools and rollouts, its reward function and its base-env infos.
 
 Calibration, exploration, training (whose env workers also play its held-out evaluations), stress
 validation, the report's champion/challenger rollouts and the benchmarks all build their pools
-here, from ``params.yaml``:
-
-- ``pool.backend: ray`` (the default whenever ``pool.num_workers > 0``): env workers are Ray
-  actors (:class:`~agentflow_core.pool.ray_pool.RayPool`), on a private local Ray started with
-  ``address="local"`` (a cluster someone else started on this machine is never joined by accident)
-  or on the cluster named by ``RAY_ADDRESS`` / ``base.ray.address``;
-- ``pool.backend: inprocess``: the same driver with its workers in this process
-  (:class:`~agentflow_core.pool.inprocess.InProcessPool`).
-
-Both backends run the same scheduler, slots and episode seeds, so a phase gives the same records
-on either. Training collects its rollouts worker-side (:func:`build_rollouts`): each env worker runs
-its own slots for a whole rollout and returns them in one call. Calibration runs its per-variant
-checks as Ray tasks on the same backend.
+here, from ``params.yaml``, on the configured backend (:mod:`tasks.backend`: Ray actors on the Ray
+of :mod:`tasks.ray_runtime`, or workers in this process). Training collects its rollouts
+worker-side (:func:`build_rollouts`): each env worker runs its own slots for a whole rollout and
+returns them in one call. Calibration runs its per-variant checks as chunks on the same backend
+(:func:`map_chunks`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-import logging
-import os
-import queue
-import signal
-import socket
-import sys
-import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from urllib.parse import urlparse
 
-from agentflow_core.config import AgentFlowConfig, PoolConfig
+from agentflow_core.config import PoolConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.envs.experts import ScriptedExpert
-from agentflow_core.errors import AgentFlowError
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
-from agentflow_core.semantics import Vocabulary
 from agentflow_core.variants import BaseEnvInfo, VariantSpec
-from tasks.process_io import load_process
-from tasks.registry_io import load_registry
+from tasks.context import PhaseContext
 
 if TYPE_CHECKING:  # the rollout module imports torch: a command imports it when it trains, not at start-up
-    from agentflow_core.pool.ray_pool import BlankWorkers
     from agentflow_core.pool.rollout import SlicedRollouts
-
-logger = logging.getLogger("agentflow.compose")
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-# How long the reachability probe of a cluster address waits (the whole error stays well under 30 s).
-PROBE_TIMEOUT_S = 5.0
-# Ray 2.60's switch for multi-node clusters (named for the platforms where it is off by default).
-RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-AUTH_HINT = (
-    "Clusters started with `ray start` use token authentication by default: on a machine of the cluster the "
-    "token is in ~/.ray/auth_token; export RAY_AUTH_TOKEN=<that token> (or RAY_AUTH_TOKEN_PATH=<file>) here."
-)
 
-
-class RayUnavailable(AgentFlowError):
-    """The configured Ray cluster cannot be reached or joined."""
-
-
-@dataclass(frozen=True)
-class Backend:
-    """Where a run's envs are stepped: what ``agentflow run`` prints and logs to MLflow."""
-
-    name: str  # "ray" | "inprocess"
-    address: str  # "local", a cluster address, or "this process"
-    num_workers: int
-    nodes: int
-
-    def describe(self, num_envs: int) -> str:
-        """One line for the terminal, e.g. ``ray (local), 2 workers x 16 envs, 1 node``."""
-        per_worker = num_envs / max(self.num_workers, 1)
-        where = f"{self.name} ({self.address})"
-        return f"{where}, {max(self.num_workers, 1)} workers x {per_worker:g} envs, {self.nodes} node(s)"
-
-    def params(self, num_envs: int) -> dict[str, str]:
-        """The same facts as MLflow params/tags."""
-        return {
-            "pool.backend": self.name,
-            "pool.address": self.address,
-            "pool.workers": str(max(self.num_workers, 1)),
-            "pool.envs_per_worker": f"{num_envs / max(self.num_workers, 1):g}",
-            "pool.nodes": str(self.nodes),
-        }
-
-
-def ray_address(cfg: AgentFlowConfig) -> str | None:
-    """``RAY_ADDRESS`` beats ``base.ray.address``; None means a private local Ray."""
-    return os.environ.get("RAY_ADDRESS") or cfg.base.ray.address
-
-
-def _probe(address: str) -> None:
-    """Fail fast, naming the address, when nothing listens there (``ray.init`` would retry for a minute)."""
-    if address == "auto":
-        return
-    parsed = urlparse(address if "://" in address else f"gcs://{address}")
-    if not parsed.hostname or not parsed.port:
-        raise RayUnavailable(f"Ray address {address!r} is not host:port or ray://host:port")
-    try:
-        socket.create_connection((parsed.hostname, parsed.port), timeout=PROBE_TIMEOUT_S).close()
-    except OSError as exc:
-        raise RayUnavailable(f"no Ray cluster reachable at {address}: {exc.strerror or exc}") from None
-
-
-def _token_available() -> bool:
-    return bool(
-        os.environ.get("RAY_AUTH_TOKEN")
-        or os.environ.get("RAY_AUTH_TOKEN_PATH")
-        or (Path.home() / ".ray" / "auth_token").is_file()
-    )
-
-
-def _enable_token_auth() -> None:
-    """Token mode for this process (Ray reads the mode into its config at import: set it, then refresh)."""
-    os.environ["RAY_AUTH_MODE"] = "token"
-    from ray._private.authentication.authentication_token_setup import _enable_token_auth as refresh  # Ray 2.60
-
-    refresh()
-
-
-def _loopback_only() -> None:
-    """Make a private local Ray listen on loopback only (Ray 2.60).
-
-    Ray resolves ``127.0.0.1`` to the machine's routable address for its node address
-    (``services.resolve_ip_for_localhost``) and then binds its gRPC servers (GCS, raylet, workers,
-    agents) on all interfaces, unless clusters are switched off, which makes the node address the
-    loopback one and every server bind it. Ray reads the switch into ``ray_constants`` at import and
-    its child processes read it from the environment, so both are set.
-    """
-    os.environ[RAY_CLUSTER_SWITCH] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010 (not in Ray's stubs)
-
-
-# The head processes a private local Ray starts that such a Ray never uses (Ray 2.60's ``Node`` methods):
-# the autoscaler monitor (a one-node Ray never scales), the log monitor (it streams worker output to the
-# driver, which ``log_to_driver=False`` turns away) and, with the dashboard off, the API server (the
-# dashboard head's job, state and metrics modules, which it starts even with ``include_dashboard=False``).
-UNUSED_HEAD_PROCESSES = ("start_monitor", "start_log_monitor")
-DASHBOARD_HEAD_PROCESS = "start_api_server"
-
-
-@contextmanager
-def _lean_head(include_dashboard: bool) -> Iterator[list[str]]:
-    """While a private local Ray starts, skip the head processes it would not use; yields what was skipped.
-
-    Measured on the 2-core machine: a bare ``ray.init`` took 4.7 s and 5.6 s of CPU across its
-    processes with them, 2.5 s and 3.3 s without (the monitor 0.5-0.7, the API server 1.0, the log
-    monitor 0.4-0.6 CPU-s), all of it beside a command's own start-up. Ray has no switch for them in
-    ``ray.init``: the methods that start them are replaced for the duration of the start. Where a Ray
-    release lacks one, it starts as usual.
-    """
-    from ray._private.node import Node
-
-    names = [*UNUSED_HEAD_PROCESSES, *([] if include_dashboard else [DASHBOARD_HEAD_PROCESS])]
-    originals = {name: Node.__dict__[name] for name in names if callable(Node.__dict__.get(name))}
-
-    def skip(self: Any, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    for name in originals:
-        setattr(Node, name, skip)
-    try:
-        yield sorted(originals)
-    finally:
-        for name, method in originals.items():
-            setattr(Node, name, method)
-
-
-def _start_local(cfg: AgentFlowConfig) -> None:
-    import ray
-
-    _loopback_only()
-    rc = cfg.base.ray
-    with _lean_head(rc.include_dashboard):
-        ray.init(
-            address="local",
-            num_cpus=rc.num_cpus,
-            include_dashboard=rc.include_dashboard,
-            object_store_memory=rc.object_store_mb * 1024 * 1024,
-            log_to_driver=False,
-        )
-
-
-class _NotMainThread(logging.Filter):
-    """Drops ``ray.init``'s warning that a helper thread cannot set its SIGTERM handler (:class:`LocalRayStart` does)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
-
-
-class LocalRayStart:
-    """A private local Ray started on a helper thread and waited for by the first phase that uses it.
-
-    A local Ray takes about 5 s to come up, most of it waiting for its raylet to register; a command
-    meanwhile opens its MLflow run, reads its catalogue and runs its warm start. The helper thread
-    lives as long as the process: Ray's node processes are started with ``PR_SET_PDEATHSIG``, which
-    kills them when the *thread* that started them ends. The SIGTERM handler ``ray.init`` sets only
-    on the main thread (exit, so Ray's exit hook stops its processes) is set here instead. A cluster
-    address is joined at once, not here: a bad one fails before anything is written.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: queue.SimpleQueue[tuple[AgentFlowConfig, bool, threading.Event]] | None = None
-        self._blank: BlankWorkers | None = None  # env workers started with Ray, for the first pool to take
-        self._pending: threading.Event | None = None  # set once the start asked for has finished
-        self._error: BaseException | None = None
-        logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
-
-    def begin(self, cfg: AgentFlowConfig, blank_workers: bool = False) -> None:
-        """Start it (a no-op when Ray runs here already or is being started).
-
-        With ``blank_workers`` it then starts ``pool.num_workers`` env-worker actors and a standby
-        (:func:`~agentflow_core.pool.ray_pool.start_blank_workers`): the command's first pool takes them
-        (:meth:`claim`) instead of starting its own after the command's warm-up.
-        """
-        import ray
-
-        with self._lock:
-            if (self._pending is not None and not self._pending.is_set()) or ray.is_initialized():
-                return
-            main = threading.current_thread() is threading.main_thread()
-            if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
-            if self._requests is None:
-                self._requests = queue.SimpleQueue()
-                threading.Thread(target=self._serve, args=(self._requests,), name="agentflow-ray", daemon=True).start()
-            self._pending, self._error = threading.Event(), None
-            self._requests.put((cfg, blank_workers, self._pending))
-
-    def _serve(self, requests: queue.SimpleQueue[tuple[AgentFlowConfig, bool, threading.Event]]) -> None:
-        while True:
-            cfg, blank_workers, done = requests.get()
-            try:
-                _start_local(cfg)
-                if blank_workers:
-                    self._start_blank(cfg)
-            except BaseException as exc:  # handed to the thread that waits
-                self._error = exc
-            finally:
-                done.set()
-
-    def _start_blank(self, cfg: AgentFlowConfig) -> None:
-        from agentflow_core.pool.ray_pool import start_blank_workers
-
-        pc = cfg.pool
-        try:
-            registry = load_registry(cfg)
-            factory = RegistryEnvFactory({b: registry.get(b) for b in sorted(set(cfg.variants.base_envs))})
-            blank = start_blank_workers(
-                factory, pc.num_workers + 1, pc.max_live_per_worker, pc.step_timeout_s, active=pc.num_workers
-            )
-        except Exception:  # an optimisation only: the pool starts its own workers (and reports a real error)
-            logger.debug("blank env workers not started", exc_info=True)
-            return
-        with self._lock:
-            self._blank = blank
-
-    def claim(self) -> BlankWorkers | None:
-        """The blank env workers started with Ray, once (None when there are none, or no longer)."""
-        with self._lock:
-            blank, self._blank = self._blank, None
-        return blank
-
-    def wait(self) -> None:
-        """Block until the start begun has finished; raise :class:`RayUnavailable` if it failed."""
-        with self._lock:
-            pending = self._pending
-        if pending is None:
-            return
-        pending.wait()
-        with self._lock:
-            if self._pending is pending:
-                self._pending = None
-            error, self._error = self._error, None
-        if error is not None:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise RayUnavailable(f"the private local Ray did not start: {first}") from error
-
-
-LOCAL_RAY = LocalRayStart()
-
-
-def start_ray(cfg: AgentFlowConfig, wait: bool = True, blank_workers: bool = False) -> Backend:
-    """Start a private local Ray, or join the configured cluster; a no-op when Ray already runs here.
-
-    With ``wait=False`` a local Ray comes up on a helper thread (:class:`LocalRayStart`); the next
-    ``start_ray`` (every pool builder calls it) waits for it. ``blank_workers``: a local Ray then
-    starts the env workers of the command's first pool too. A cluster is always joined before this returns.
-    """
-    import ray
-
-    address = ray_address(cfg)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not address:
-        LOCAL_RAY.begin(cfg, blank_workers)
-        if wait:
-            LOCAL_RAY.wait()
-        return Backend("ray", "local", cfg.pool.num_workers, 1)  # a private local Ray is this one node
-    if not ray.is_initialized():
-        _probe(address)
-        # A client joining a cluster sends its token only in token mode; ``ray start`` clusters require it.
-        if "RAY_AUTH_MODE" not in os.environ and _token_available():
-            _enable_token_auth()
-        try:
-            ray.init(address=address, log_to_driver=False)
-        except Exception as exc:  # Ray raises ConnectionError/RuntimeError with multi-line text
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RayUnavailable(f"could not join the Ray cluster at {address}: {first}. {AUTH_HINT}") from None
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    return Backend("ray", address, cfg.pool.num_workers, nodes)
-
-
-def stop_ray() -> None:
-    """Leave Ray before the interpreter exits: a private local Ray is shut down, a joined cluster keeps running.
-
-    Ray's own exit hook does the same after a half-second pause it takes to print late worker
-    errors; a command's pools are closed by then, so the CLI calls this instead. A local start
-    still under way is waited for first, so none of its processes is left behind. A private local
-    Ray has no autoscaler monitor to stop (:func:`_lean_head`): shut down with the rest, it spent
-    Ray's one-second grace reporting its end to the GCS that had just stopped (1.0 s of 1.4 s here).
-    """
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return
-    with suppress(RayUnavailable):  # one that did not start leaves nothing to stop
-        LOCAL_RAY.wait()
-    LOCAL_RAY.claim()  # blank workers no pool took end with the Ray
-    if ray.is_initialized():
-        ray.shutdown()
-
-
-def backend(cfg: AgentFlowConfig) -> Backend:
-    """The run's backend; for ``ray`` this joins the cluster (so a bad address fails here, early) or
-    begins starting a private local Ray on a helper thread (the first pool waits for it)."""
-    if cfg.pool.backend == "ray":
-        return start_ray(cfg, wait=False, blank_workers=cfg.pool.num_workers > 0)
-    return Backend("inprocess", "this process", max(cfg.pool.num_workers, 1), 1)
-
-
-def env_factory(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
+def env_factory(ctx: PhaseContext, variants: Sequence[VariantSpec]) -> RegistryEnvFactory:
     """The picklable factory building the variants' envs from their registry entries."""
-    registry = load_registry(cfg)
-    return RegistryEnvFactory({b: registry.get(b) for b in sorted({v.base_env_id for v in variants})})
+    return RegistryEnvFactory({b: ctx.registry.get(b) for b in sorted({v.base_env_id for v in variants})})
 
 
 class PoolFactory(Protocol):
@@ -363,7 +43,7 @@ class PoolFactory(Protocol):
 
     def __call__(
         self,
-        cfg: AgentFlowConfig,
+        ctx: PhaseContext,
         variants: Sequence[VariantSpec],
         num_envs: int,
         *,
@@ -375,7 +55,7 @@ class PoolFactory(Protocol):
 
 
 def build_pool(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     variants: Sequence[VariantSpec],
     num_envs: int,
     *,
@@ -388,24 +68,15 @@ def build_pool(
     ``scheduler`` overrides ``pool.scheduler`` (evaluations use ``round_robin``: equal episodes per
     variant). ``standby=False`` skips the Ray pool's warm spare worker (short-lived pools).
     """
-    from agentflow_core.pool.inprocess import InProcessPool
-
-    pool_cfg: PoolConfig = cfg.pool if scheduler is None else cfg.pool.model_copy(update={"scheduler": scheduler})
-    factory = env_factory(cfg, variants)
+    pool = ctx.cfg.pool
+    pool_cfg: PoolConfig = pool if scheduler is None else pool.model_copy(update={"scheduler": scheduler})
+    factory = env_factory(ctx, variants)
     num_envs = min(num_envs, max(len(variants), 1)) if scheduler == "round_robin" else num_envs
-    if pool_cfg.backend == "inprocess":
-        return InProcessPool(variants, factory, num_envs, pool_cfg, seed=seed)
-    from agentflow_core.pool.ray_pool import RayPool
-
-    start_ray(cfg)
-    standby_workers = 1 if standby else 0
-    return RayPool(
-        variants, factory, num_envs, pool_cfg, seed=seed, standby_workers=standby_workers, blank=LOCAL_RAY.claim()
-    )
+    return ctx.backend.pool(variants, factory, num_envs, pool_cfg, seed=seed, standby=standby)
 
 
 def build_rollouts(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     variants: Sequence[VariantSpec],
     num_envs: int,
     *,
@@ -419,48 +90,34 @@ def build_rollouts(
     same workers play training's validation and test episodes (:meth:`SlicedRollouts.evaluate`),
     so their env factory also covers ``eval_variants``' base envs; no evaluation pool is started.
     """
-    from agentflow_core.pool.inprocess import InProcessPool
-    from agentflow_core.pool.rollout import InProcessSlices, SliceBackend, SlicedRollouts
+    from agentflow_core.pool.rollout import SlicedRollouts
 
-    factory = env_factory(cfg, [*variants, *eval_variants])
-    backend: SliceBackend
-    if cfg.pool.backend == "inprocess":
-        backend = InProcessSlices(InProcessPool(variants, factory, num_envs, cfg.pool, seed=seed))
-    else:
-        from agentflow_core.pool.ray_pool import RayPool
-
-        start_ray(cfg)
-        backend = RayPool(variants, factory, num_envs, cfg.pool, seed=seed, standby_workers=1, blank=LOCAL_RAY.claim())
-    return SlicedRollouts(backend, variants, num_envs, cfg.pool, seed=seed)
+    factory = env_factory(ctx, [*variants, *eval_variants])
+    slices = ctx.backend.slices(variants, factory, num_envs, seed=seed)
+    return SlicedRollouts(slices, variants, num_envs, ctx.cfg.pool, seed=seed)
 
 
 @contextmanager
-def reward_function(cfg: AgentFlowConfig, num_envs: int) -> Iterator[RewardFunction]:
+def reward_function(ctx: PhaseContext, num_envs: int) -> Iterator[RewardFunction]:
     """The configured training reward over ``num_envs`` slots (its reward-model client closed on exit)."""
-    rc = cfg.train.reward
+    rc = ctx.cfg.train.reward
     client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
     try:
-        yield RewardFunction(rc, num_envs, client, vocabulary(cfg))
+        yield RewardFunction(rc, num_envs, client, ctx.vocabulary)
     finally:
         if client is not None:
             client.close()
 
 
-def base_env_infos(cfg: AgentFlowConfig) -> list[BaseEnvInfo]:
+def base_env_infos(ctx: PhaseContext) -> list[BaseEnvInfo]:
     """(env id, family, version) of every base env the catalogue is generated from."""
-    registry = load_registry(cfg)
-    return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
+    return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(ctx.registry.get, ctx.cfg.variants.base_envs)]
 
 
 def expert_policy_hash(expert: ScriptedExpert) -> str:
     """A stable id of the scripted expert's rules (the policy that generated the rows)."""
     text = repr([(token, int(action)) for token, action in expert.rules])
     return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def vocabulary(cfg: AgentFlowConfig) -> Vocabulary:
-    """The vocabulary of the process ``params.yaml`` selects: the widths and names every phase builds over."""
-    return load_process(cfg).vocabulary
 
 
 def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str]) -> list[str]:
@@ -492,39 +149,27 @@ def unreachable_tokens(class_paths: Collection[str], tokens: Sequence[str]) -> d
 
 
 def map_chunks(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     fn: Callable[[list[T]], list[R]],
     items: Sequence[T],
     progress: Callable[[int, int], None] | None = None,
 ) -> list[R]:
-    """``fn`` over ``items`` in one chunk per env worker, as Ray tasks on the Ray backend; results in order.
+    """``fn`` over ``items`` in one chunk per env worker, on the configured backend; results in order.
 
     For work that is per-item rather than per-step (calibration's repeated episodes per variant).
     ``progress(done items, total)`` is called as chunks finish.
     """
-    n = max(cfg.pool.num_workers, 1)
+    n = max(ctx.cfg.pool.num_workers, 1)
     chunks = [list(items[i::n]) for i in range(n)]
-    results: list[list[R]] = []
     done = 0
-    if cfg.pool.backend == "inprocess":
-        for chunk in chunks:
-            results.append(fn(chunk))
-            done += len(chunk)
-            if progress is not None:
-                progress(done, len(items))
-    else:
-        import ray
 
-        start_ray(cfg)
-        remote = ray.remote(num_cpus=0, scheduling_strategy="SPREAD")(fn)
-        refs = [remote.remote(chunk) for chunk in chunks]
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            done += len(chunks[refs.index(ready[0])])
-            if progress is not None:
-                progress(done, len(items))
-        results = ray.get(refs)
+    def on_done(index: int) -> None:
+        nonlocal done
+        done += len(chunks[index])
+        if progress is not None:
+            progress(done, len(items))
+
+    results = ctx.backend.map_chunks(fn, chunks, on_done)
     out: list[R | None] = [None] * len(items)
     for i, chunk_results in enumerate(results):
         for j, value in enumerate(chunk_results):
@@ -547,7 +192,7 @@ def recovery_summary(pool: EnvPool | SlicedRollouts) -> dict[str, Any]:
         "steps_lost": int(stats["steps_lost"]),
         "recoveries": stats["recoveries"],
         "nodes_used": stats.get("nodes_used", []),  # Ray node ids (the in-process pool has none)
-        "workers_started_ahead": int(stats.get("started_ahead", 0)),  # started with Ray (LocalRayStart)
+        "workers_started_ahead": int(stats.get("started_ahead", 0)),  # started with Ray (ray_runtime.LocalRayStart)
     }
     if isinstance(pool, rollout.SlicedRollouts):
         summary["rollout_workers"] = list(pool.slots)

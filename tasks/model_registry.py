@@ -2,7 +2,8 @@
 
 Every trained candidate is registered as a new version of ``base.tracking.registered_model``;
 only a promoted one gets the ``champion`` alias. The decision itself (consistency and reward
-gain on a slice of the variants) is made by ``tasks.steps.report.run_champion_challenger``.
+gain on a slice of the variants, and for a retrain the paired held-out comparison) is made in
+:mod:`tasks.promotion`.
 """
 
 from __future__ import annotations
@@ -13,20 +14,18 @@ from typing import Any
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.rl.checkpoint import BEST, load_intact
-from tasks.paths import DataPaths
+from tasks.context import PhaseContext
 from tasks.policy_model import log_policy_model, tracking_uri_set
-from tasks.process_io import load_process
 from tasks.tracking import MlflowTracker
 
 CHAMPION = "champion"
 
 
-def candidate_checkpoint(cfg: AgentFlowConfig) -> Path:
+def candidate_checkpoint(ctx: PhaseContext) -> Path:
     """The best checkpoint of the last training run (the latest if none was ranked)."""
-    root = DataPaths.of(cfg).checkpoints / "checkpoints"
-    found = load_intact(root, BEST, vocabulary=load_process(cfg).vocabulary) if root.is_dir() else None
+    root = ctx.paths.checkpoints / "checkpoints"
+    found = load_intact(root, BEST, vocabulary=ctx.vocabulary) if root.is_dir() else None
     if found is None:
         raise FileNotFoundError(f"no checkpoint under {root}: run `agentflow train` first")
     return found.path
@@ -55,31 +54,12 @@ def champion_checkpoint(tracker: MlflowTracker, name: str) -> Path | None:
     return found[0]
 
 
-def promote_if_better(
-    cfg: AgentFlowConfig, tracker: MlflowTracker, train_run_id: str, allowed: bool = True, paired: bool = False
+def register_candidate(
+    ctx: PhaseContext, tracker: MlflowTracker, train_run_id: str, challenger: Path, decision: dict[str, Any]
 ) -> dict[str, Any]:
-    """Register the candidate; move the ``champion`` alias to it only if the canary test passes.
-
-    ``allowed=False`` (the candidate failed stress validation) registers it without promoting.
-    ``paired=True`` (a retrain) adds the paired held-out comparison after a passed canary
-    (:func:`tasks.retrain.paired_decision`): promoted only if it beats the champion there too.
-    """
-    from tasks.retrain import paired_decision
-    from tasks.steps.report import run_champion_challenger
-
-    name = cfg.base.tracking.registered_model
-    challenger = candidate_checkpoint(cfg)
-    champion = champion_checkpoint(tracker, name)
-    decision = run_champion_challenger(cfg, challenger, champion)
-    if paired and champion is not None:
-        decision = paired_decision(cfg, challenger, champion, decision)
-    if not allowed:
-        decision = {
-            **decision,
-            "promote": False,
-            "reason": f"not promoted: the candidate failed stress validation ({decision['reason']})",
-        }
-    info = log_policy_model(train_run_id, challenger, tracker.tracking_uri, load_process(cfg).vocabulary)
+    """Register ``challenger`` as a new version; move the ``champion`` alias to it if ``decision`` promotes it."""
+    name = ctx.cfg.base.tracking.registered_model
+    info = log_policy_model(train_run_id, challenger, tracker.tracking_uri, ctx.vocabulary)
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from agentflow_core.atomic import write_text
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError
 from tasks.config_io import parse_config
@@ -90,7 +91,5 @@ def resolve_params(params_path: str | Path, overrides: Mapping[str, Any] | None)
     out = Path(cfg.base.state_dir) / "params" / f"{digest}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists():
-        tmp = out.with_suffix(".yaml.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)
+        write_text(out, text)
     return str(out)

@@ -17,6 +17,7 @@ the output folder still has the DVC md5 it was written with. Training resumes fr
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import is_transient
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
 from tasks.paths import DataPaths
 from tasks.runtime import state_dir
@@ -64,9 +66,14 @@ def _config(params_path: str) -> AgentFlowConfig:
     return cfg
 
 
-def _open(params_path: str, tracking_uri: str, experiment: str) -> tuple[AgentFlowConfig, DataPaths, MlflowTracker]:
-    cfg = _config(params_path)
-    return cfg, DataPaths.of(cfg), MlflowTracker(tracking_uri, experiment)
+def _context(params_path: str) -> PhaseContext:
+    """The task's phase context: its config parsed once (the process made deterministic first)."""
+    return PhaseContext.of(_config(params_path))
+
+
+def _open(params_path: str, tracking_uri: str, experiment: str) -> tuple[PhaseContext, DataPaths, MlflowTracker]:
+    ctx = _context(params_path)
+    return ctx, ctx.paths, MlflowTracker(tracking_uri, experiment)
 
 
 def _numeric(summary: dict[str, Any]) -> dict[str, float]:
@@ -98,6 +105,22 @@ class Throttled:
             self.next = share + self.fraction
 
 
+def _cache_record(record_path: Path) -> dict[str, Any]:
+    """A phase-cache record, or ``{}`` (the phase reruns) with a warning line when the file is damaged."""
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        record, problem = None, f"{type(exc).__name__}: {str(exc)[:120]}"
+    else:
+        problem = "not a record with a summary"
+    if isinstance(record, dict) and isinstance(record.get("summary"), dict):
+        return record
+    logging.getLogger("agentflow.phase_cache").warning(
+        "phase cache %s is damaged (%s): treated as absent, the phase reruns", record_path, problem
+    )
+    return {}
+
+
 def cached(
     cfg: AgentFlowConfig, stage: str, out_dir: Path, use_cache: bool, run: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -105,10 +128,7 @@ def cached(
     record_path = state_dir(cfg) / "phase-cache" / f"{stage}.json"
     key = stage_fingerprint(cfg, stage)
     if use_cache and record_path.exists() and out_dir.exists():
-        try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            record = {}
+        record = _cache_record(record_path)
         if record.get("key") == key and record.get("out_md5") == dvc_md5(out_dir):
             get_run_logger().info("%s: inputs unchanged and %s intact, reusing it", stage, out_dir)
             return dict(record["summary"])
@@ -122,9 +142,9 @@ def calibrate_task(params_path: str, parent_run_id: str, tracking_uri: str, expe
     """Phase 0: the calibration gate."""
     from tasks.steps.calibrate import run_calibrate
 
-    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    ctx, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "calibrate")
-    summary = run_calibrate(cfg, paths.calibration, paths.metrics_file("calibrate"))
+    summary = run_calibrate(ctx, paths.calibration, paths.metrics_file("calibrate"))
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.calibration, "calibration")
     tracker.end(run_id, "FINISHED" if summary["passed"] else "FAILED")
@@ -138,14 +158,14 @@ def variants_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
     """Variant generation (deterministic for its deps and params: reused across reruns)."""
     from tasks.steps.variants import run_variants
 
-    cfg = _config(params_path)
-    paths = DataPaths.of(cfg)
+    ctx = _context(params_path)
+    paths = ctx.paths
     summary = cached(
-        cfg,
+        ctx.cfg,
         "variants",
         paths.variants,
         use_cache,
-        lambda: run_variants(cfg, paths.variants, paths.metrics_file("variants"), source=params_path),
+        lambda: run_variants(ctx, paths.variants, paths.metrics_file("variants"), source=params_path),
     )
     _publish("variants", "Variant catalogue", summary)
     return summary
@@ -159,14 +179,14 @@ def explore_task(params_path: str, use_cache: bool = True, retrain_plan: str | N
     """
     from tasks.steps.explore import run_explore
 
-    cfg = _config(params_path)
-    paths = DataPaths.of(cfg)
+    ctx = _context(params_path)
+    paths = ctx.paths
     progress = Throttled("explore")
     if retrain_plan is not None:
         from tasks.retrain import RetrainPlan, explore_retrain
 
         summary = explore_retrain(
-            cfg,
+            ctx,
             RetrainPlan.read(retrain_plan),
             paths.metrics_file("explore"),
             on_progress=lambda p: progress(p.steps, p.total_steps, f"coverage {p.state_coverage_ratio:.3f}"),
@@ -174,12 +194,12 @@ def explore_task(params_path: str, use_cache: bool = True, retrain_plan: str | N
         _publish("exploration", "Phase 1: exploration (retrain, appended)", summary)
         return summary
     summary = cached(
-        cfg,
+        ctx.cfg,
         "explore",
         paths.trajectories,
         use_cache,
         lambda: run_explore(
-            cfg,
+            ctx,
             paths.variants,
             paths.trajectories,
             paths.metrics_file("explore"),
@@ -197,14 +217,14 @@ def offline_task(params_path: str, use_cache: bool = True) -> dict[str, Any]:
     """Phase 1b: BC -> discrete CQL (prioritized replay) -> BC actor improved by Q (reused for the same inputs)."""
     from tasks.steps.offline import run_offline
 
-    cfg = _config(params_path)
-    paths = DataPaths.of(cfg)
+    ctx = _context(params_path)
+    paths = ctx.paths
     summary = cached(
-        cfg,
+        ctx.cfg,
         "offline",
         paths.offline,
         use_cache,
-        lambda: run_offline(cfg, paths.variants, paths.trajectories, paths.offline, paths.metrics_file("offline")),
+        lambda: run_offline(ctx, paths.variants, paths.trajectories, paths.offline, paths.metrics_file("offline")),
     )
     _publish("offline", "Phase 1b: offline RL (CQL)", summary)
     get_run_logger().info("offline: %s", summary["message"])
@@ -223,7 +243,7 @@ def track_phase(
     """Log a phase that ran (or came from cache) into its nested MLflow run."""
     tracker = MlflowTracker(tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, phase)
-    tracker.log_metrics(run_id, _numeric(summary))
+    tracker.log_new_metrics(run_id, _numeric(summary))  # a resume reopens this run: no second copy
     if artifacts is not None:
         for card in sorted(artifacts.glob("*.json"))[:5]:
             tracker.log_artifacts(run_id, card, phase)
@@ -240,10 +260,10 @@ def tune_task(
     """
     from tasks.steps.tune import run_tune
 
-    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    ctx, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "tune")
     summary = run_tune(
-        cfg,
+        ctx,
         paths.variants,
         paths.trajectories,
         paths.tuning,
@@ -275,13 +295,13 @@ def train_task(
     from tasks.retrain import RetrainPlan
     from tasks.tracked import tracked_train
 
-    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    ctx, _, tracker = _open(params_path, tracking_uri, experiment)
     plan = RetrainPlan.read(retrain_plan) if retrain_plan is not None else None
     warm_start = Path(plan.champion_checkpoint) if plan is not None and plan.champion_checkpoint else None
     run_id = tracker.start_phase(parent_run_id, "train")
     progress = Throttled("train update")
     summary = tracked_train(
-        cfg,
+        ctx,
         tracker,
         run_id,
         resume,
@@ -305,9 +325,9 @@ def stress_task(params_path: str, parent_run_id: str, tracking_uri: str, experim
     """Phase 3: stress validation of the best checkpoint."""
     from tasks.steps.stress import run_stress
 
-    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    ctx, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "stress")
-    full = run_stress(cfg, on_progress=Throttled("stress episodes"))
+    full = run_stress(ctx, on_progress=Throttled("stress episodes"))
     summary = {
         **full["metrics"],
         **full["budget"],
@@ -344,26 +364,26 @@ def report_task(
     from prefect.settings import PREFECT_UI_URL
 
     from tasks.budgets import budget_metrics
-    from tasks.model_registry import promote_if_better
+    from tasks.promotion import promote_if_better
     from tasks.retrain import keep_cycle_report
     from tasks.steps.report import run_report
 
     started = time.perf_counter()
-    cfg, paths, tracker = _open(params_path, tracking_uri, experiment)
+    ctx, paths, tracker = _open(params_path, tracking_uri, experiment)
     run_id = tracker.start_phase(parent_run_id, "report")
-    decision = promote_if_better(cfg, tracker, train_run_id, allowed=stress_passed, paired=retrain)
+    decision = promote_if_better(ctx, tracker, train_run_id, allowed=stress_passed, paired=retrain)
     links = {"MLflow run": tracker.run_url(parent_run_id)}
     if flow_run.id:
         links["Prefect flow run"] = f"{PREFECT_UI_URL.value() or 'http://127.0.0.1:4200'}/runs/flow-run/{flow_run.id}"
-    summary = run_report(cfg, champion=decision, links=links)
-    summary["cycle_report"] = str(keep_cycle_report(cfg, parent_run_id, decision))
+    summary = run_report(ctx, champion=decision, links=links)
+    summary["cycle_report"] = str(keep_cycle_report(ctx, parent_run_id, decision))
     if "paired" in decision:
         summary["paired"] = decision["paired"]
     summary = {
         **summary,
         "promoted": decision["promote"],
         "promotion_reason": decision["reason"],
-        **budget_metrics("report", time.perf_counter() - started, cfg.report.budget_s),
+        **budget_metrics("report", time.perf_counter() - started, ctx.cfg.report.budget_s),
     }
     tracker.log_metrics(run_id, _numeric(summary))
     tracker.log_artifacts(run_id, paths.reports, "reports")

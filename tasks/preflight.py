@@ -69,6 +69,9 @@ def preflight(cfg: AgentFlowConfig) -> list[Check]:
         checks.append(check_browser(path, users, files))
     if browsers:
         checks.append(check_module("playwright", "the browser envs' driver"))
+    real = cfg.stress.sim_to_real
+    if "stress" in cfg.phases and real.enabled and real.oscar_episodes > 0:
+        checks.append(check_module("oscar", "the django-oscar store of the stress phase's sim-to-real run"))
     postgres = [e.env_id for e in entries if e.kwargs.get("url") == EMBEDDED_POSTGRES]
     if postgres:
         checks.append(check_embedded_postgres(postgres))

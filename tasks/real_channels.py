@@ -15,20 +15,34 @@ one server process) and shuts all of them down on exit, also on an error.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import AgentFlowError
-from agentflow_core.evaluation.sim_to_real import SimToRealReport, paired_episodes, select_pairs, summarize
+from agentflow_core.evaluation.sim_to_real import (
+    SimToRealReport,
+    paired_episodes,
+    per_dimension,
+    select_pairs,
+    stratify,
+    summarize,
+)
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.variants import VariantSpec
+from tasks.child_reaper import start_reaper
+from tasks.context import PhaseContext
 from tasks.registry_io import load_registry
 from tasks.rollout import LoadedPolicy
 
@@ -38,12 +52,15 @@ REAL_CHANNELS = {
     "order_db": "PostgreSQL (pgserver)",
     "payment_api": "HTTP server in a separate process",
 }
-SERVER_START_TIMEOUT_S = 30.0
+logger = logging.getLogger("agentflow.real_channels")
 
 
 @contextmanager
-def payment_api_process() -> Iterator[str]:
-    """A payment API server in its own process; yields its base URL, stops it on exit."""
+def payment_api_process(on_start: Callable[[subprocess.Popen[str]], None] | None = None) -> Iterator[str]:
+    """A payment API server in its own process; yields its base URL, stops it on exit.
+
+    ``on_start`` receives the process (the real channels watch it to notice its death).
+    """
     process = subprocess.Popen(
         [sys.executable, "-m", "tasks.payment_api_process"],
         stdin=subprocess.PIPE,
@@ -55,6 +72,8 @@ def payment_api_process() -> Iterator[str]:
         url = process.stdout.readline().strip()
         if not url.startswith("http://"):
             raise AgentFlowError(f"payment API process exited before announcing its URL (rc {process.poll()})")
+        if on_start is not None:
+            on_start(process)
         yield url
     finally:
         if process.stdin is not None:
@@ -68,10 +87,36 @@ def payment_api_process() -> Iterator[str]:
 
 @dataclass(frozen=True)
 class RealChannels:
-    """Env makers for both sides of each variant."""
+    """Env makers for both sides of each variant, and the health of each real channel's process.
+
+    ``probes`` tells whether a family's process still serves; ``starters`` start it again (once per
+    family: a channel that dies twice, or cannot come back, ends the run with one error).
+    """
 
     sim: EnvRegistry
     real: dict[str, EnvEntry]
+    probes: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    starters: dict[str, Callable[[], None]] = field(default_factory=dict)
+    restarted: set[str] = field(default_factory=set)
+    pids: dict[str, int] = field(default_factory=dict)  # the serving process of a family, where one is known
+
+    def alive(self, family: str) -> bool:
+        """Is the family's real channel process still serving (True when it has no probe)?"""
+        probe = self.probes.get(family)
+        return probe is None or probe()
+
+    def restart(self, family: str) -> None:
+        """Start the family's channel again, once; a second death or a failed start is an AgentFlowError."""
+        if family in self.restarted or family not in self.starters:
+            raise AgentFlowError(
+                f"real channel {family} ({REAL_CHANNELS.get(family, family)}) died again after a restart"
+            )
+        self.restarted.add(family)
+        logger.warning("real channel %s died; restarting it once", family)
+        try:
+            self.starters[family]()
+        except Exception as exc:
+            raise AgentFlowError(f"real channel {family} could not be restarted: {type(exc).__name__}: {exc}") from None
 
     def make_sim(self, variant: VariantSpec) -> SemanticEnv:
         """The variant on its simulated channel (the training registry)."""
@@ -82,45 +127,146 @@ class RealChannels:
         return self.real[variant.family].make(variant.params, variant.env_id)
 
 
-@contextmanager
-def open_real_channels(
-    cfg: AgentFlowConfig, families: list[str], base_env_ids: dict[str, str]
-) -> Iterator[RealChannels]:
-    """Start the real services the families need; yield the env makers; stop every service on exit."""
-    from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES, acquire_embedded, release_embedded
+def _postmaster_pid() -> int | None:
+    from agentflow_core.envs.order_db.postgres import _folder_path
 
-    sim = load_registry(cfg)
-    real: dict[str, EnvEntry] = {}
+    folder = _folder_path()
+    try:
+        return int((folder / "pgdata" / "postmaster.pid").read_text().splitlines()[0]) if folder else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _postmaster_alive() -> bool:
+    pid = _postmaster_pid()
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _open_browser(cfg: AgentFlowConfig, stack: ExitStack, channels: RealChannels) -> None:
+    from agentflow_core.envs.web_browser import BrowserHost, acquire_browser, release_browser
+
+    entry = load_registry(config_dir=Path(cfg.stress.sim_to_real.env_config_dir)).get(BROWSER_ENV_ID)
+    path = str(entry.kwargs.get("chromium_path", "/usr/bin/chromium"))
+    hosts: list[BrowserHost] = []
+
+    def start() -> None:
+        if hosts:
+            with suppress(Exception):  # the dead browser's host: its driver may be gone too
+                release_browser(hosts.pop())
+        hosts.append(acquire_browser(path))
+
+    start()
+    stack.callback(lambda: hosts and release_browser(hosts.pop()))
+    channels.real["web_checkout"] = entry
+    channels.probes["web_checkout"] = lambda: bool(hosts) and hosts[-1].browser.is_connected()
+    channels.starters["web_checkout"] = start
+
+
+def _open_postgres(stack: ExitStack, channels: RealChannels, base: EnvEntry) -> None:
+    from agentflow_core.envs.order_db.postgres import (
+        EMBEDDED_POSTGRES,
+        acquire_embedded,
+        release_embedded,
+        restart_embedded,
+    )
+
+    def start() -> None:
+        restart_embedded()
+        channels.pids["order_db"] = _postmaster_pid() or 0
+
+    acquire_embedded()
+    channels.pids["order_db"] = _postmaster_pid() or 0
+    stack.callback(release_embedded)
+    channels.real["order_db"] = dataclasses.replace(base, kwargs={**base.kwargs, "url": EMBEDDED_POSTGRES})
+    channels.probes["order_db"] = _postmaster_alive
+    channels.starters["order_db"] = start
+
+
+def _open_payment(stack: ExitStack, channels: RealChannels, base: EnvEntry) -> None:
+    processes: list[subprocess.Popen[str]] = []
+
+    def start() -> None:
+        url = stack.enter_context(payment_api_process(processes.append))
+        channels.pids["payment_api"] = processes[-1].pid
+        channels.real["payment_api"] = dataclasses.replace(base, kwargs={**base.kwargs, "server_url": url})
+
+    start()
+    channels.probes["payment_api"] = lambda: processes[-1].poll() is None
+    channels.starters["payment_api"] = start
+
+
+@contextmanager
+def open_real_channels(ctx: PhaseContext, families: list[str], base_env_ids: dict[str, str]) -> Iterator[RealChannels]:
+    """Start the real services the families need; yield the env makers; stop every service on exit."""
+    cfg = ctx.cfg
+    channels = RealChannels(ctx.registry, {})
+    start_reaper()  # Chromium, PostgreSQL and the server process end with this command, even a killed one
     with ExitStack() as stack:
         for family in families:
             if family == "web_checkout":
-                from agentflow_core.envs.web_browser import acquire_browser, release_browser
-
-                registry = load_registry(config_dir=Path(cfg.stress.sim_to_real.env_config_dir))
-                entry = registry.get(BROWSER_ENV_ID)
-                host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))
-                stack.callback(release_browser, host)
-                real[family] = entry
+                _open_browser(cfg, stack, channels)
             elif family == "order_db":
-                acquire_embedded()
-                stack.callback(release_embedded)
-                base = sim.get(base_env_ids[family])
-                real[family] = dataclasses.replace(base, kwargs={**base.kwargs, "url": EMBEDDED_POSTGRES})
+                _open_postgres(stack, channels, channels.sim.get(base_env_ids[family]))
             elif family == "payment_api":
-                url = stack.enter_context(payment_api_process())
-                base = sim.get(base_env_ids[family])
-                real[family] = dataclasses.replace(base, kwargs={**base.kwargs, "server_url": url})
-        yield RealChannels(sim, real)
+                _open_payment(stack, channels, channels.sim.get(base_env_ids[family]))
+        yield channels
 
 
-def run_sim_to_real(cfg: AgentFlowConfig, policy: LoadedPolicy, sample: list[VariantSpec]) -> SimToRealReport:
+def run_sim_to_real(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> SimToRealReport:
     """The configured families' paired episodes (same variants, same seeds) and their gaps."""
+    cfg = ctx.cfg
     settings = cfg.stress.sim_to_real
     present = {v.family: v.base_env_id for v in sample}
     families: list[str] = [f for f in settings.families if f in present]
     variants, seeds = select_pairs(sample, families, settings.episodes_per_family, cfg.base.seed)
-    with open_real_channels(cfg, families, present) as channels:
+    with open_real_channels(ctx, families, present) as channels:
         episodes = paired_episodes(
-            variants, seeds, channels.make_sim, channels.make_real, policy.act, clock=time.perf_counter
+            variants, seeds, channels.make_sim, channels.make_real, policy.act, time.perf_counter, channels
         )
     return summarize(episodes, {f: REAL_CHANNELS[f] for f in families})
+
+
+def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> dict[str, Any]:
+    """The policy on the django-oscar store (zero-shot) next to the simulator, over a stratified sample of the
+    web_checkout test variants; per dimension value: success on both sides, the gap, root causes on Oscar."""
+    from agentflow_core.envs.web_browser import acquire_browser, release_browser
+    from tasks.oscar_site import oscar_entry, oscar_store
+
+    cfg = ctx.cfg
+    settings = cfg.stress.sim_to_real
+    dimensions = list(settings.oscar_dimensions)
+    chosen = stratify([v for v in sample if v.family == "web_checkout"], dimensions, settings.oscar_episodes)
+    if not chosen:
+        return {"episodes": 0, "metrics": {}}
+    seeds = [int(s) for s in np.random.default_rng(cfg.base.seed + 39).integers(0, 2**31 - 1, size=len(chosen))]
+    sim = ctx.registry
+    config_dir = Path(settings.oscar_env_config_dir)
+    with oscar_store() as url:
+        entry = oscar_entry(config_dir, url)
+        host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))
+        try:
+            episodes = paired_episodes(
+                chosen,
+                seeds,
+                lambda v: sim.get(v.base_env_id).make(v.params, v.env_id),
+                lambda v: entry.make({k: v.params[k] for k in dimensions if k in v.params}, v.env_id),
+                policy.act,
+                clock=time.perf_counter,
+            )
+        finally:
+            release_browser(host)
+    report = summarize(episodes, {"web_checkout": "django-oscar 4.2.1 store in headless Chromium"})
+    family = report.families[0]
+    return {
+        "episodes": family.episodes,
+        "sim_process_success": family.sim_success,
+        "real_process_success": family.real_success,
+        "gap": family.gap,
+        "real_step_ms_p50": family.real_step_ms_p50,
+        "real_step_ms_p95": family.real_step_ms_p95,
+        "per_dimension": per_dimension(episodes, {v.env_id: v.params for v in chosen}, dimensions),
+        "metrics": {"sim_to_real_gap_oscar": family.gap, "real_process_success_oscar": family.real_success},
+    }

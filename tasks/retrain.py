@@ -50,15 +50,14 @@ from agentflow_core.semantics import Vocabulary
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from tasks.compose import PoolFactory, build_pool, reward_function
+from tasks.context import PhaseContext
 from tasks.dataset import append_cycle, dataset_seeds, visit_counts
-from tasks.paths import DataPaths
-from tasks.process_io import load_process
 from tasks.rollout import load_policy, resolve_checkpoint, stress_rollout
 from tasks.runtime import state_dir
 from tasks.tracking import MlflowTracker
 
 PLAN_FILE = "plan.json"
-HELDOUT_EPISODES = 128  # as many as training's final test evaluation plays (tasks.steps.train.FINAL_EVAL_EPISODES)
+HELDOUT_EPISODES = 128  # as many as training's final test evaluation plays (tasks.steps.evaluation.FINAL_EVAL_EPISODES)
 PRIORITY_SAMPLE = 128  # train variants the champion plays to find what it fails
 
 
@@ -124,12 +123,13 @@ def priority_order(train: Sequence[VariantSpec], failures: Counter[str], visits:
 
 
 def plan_retrain(
-    cfg: AgentFlowConfig, tracker: MlflowTracker, cycle: str, pool_factory: PoolFactory = build_pool
+    ctx: PhaseContext, tracker: MlflowTracker, cycle: str, pool_factory: PoolFactory = build_pool
 ) -> RetrainPlan:
     """Download the champion, draw the cycle seed, rank the train variants; write ``plan.json``."""
     from tasks.model_registry import champion_checkpoint, champion_version
 
-    paths = DataPaths.of(cfg)
+    cfg = ctx.cfg
+    paths = ctx.paths
     out = cycle_dir(cfg, cycle)
     seed = draw_cycle_seed({cfg.base.seed, *dataset_seeds(paths.trajectories)})
     name = cfg.base.tracking.registered_model
@@ -144,12 +144,12 @@ def plan_retrain(
             shutil.rmtree(checkpoint)
         shutil.copytree(downloaded, checkpoint)
         sample = stratified_eval_variants(train, PRIORITY_SAMPLE, sorted(cfg.variants.dimensions), seed)
-        champion = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
-        rollout = stress_rollout(cfg, champion, sample, len(sample), pool_factory=pool_factory, seed=seed)
+        champion = load_policy(resolve_checkpoint(ctx, checkpoint), ctx.process)
+        rollout = stress_rollout(ctx, champion, sample, len(sample), pool_factory=pool_factory, seed=seed)
         failures = _outcomes(rollout.episodes)
     ewc = None
     if checkpoint is not None and cfg.train.ewc.enabled:
-        ewc = str(champion_fisher(cfg, checkpoint, paths.trajectories))
+        ewc = str(champion_fisher(ctx, checkpoint, paths.trajectories))
     plan = RetrainPlan(
         cycle=cycle,
         seed=seed,
@@ -164,7 +164,7 @@ def plan_retrain(
     return plan
 
 
-def champion_fisher(cfg: AgentFlowConfig, checkpoint: Path, trajectories: Path) -> Path:
+def champion_fisher(ctx: PhaseContext, checkpoint: Path, trajectories: Path) -> Path:
     """EWC at the start of a retrain: the champion's diagonal Fisher on its data, written next to its checkpoint.
 
     Its data: ``train.ewc.samples`` states drawn (seeded by ``base.seed``) from the trajectory
@@ -175,10 +175,11 @@ def champion_fisher(cfg: AgentFlowConfig, checkpoint: Path, trajectories: Path) 
     from agentflow_core.rl.ewc import FISHER_FILE, champion_penalty
     from agentflow_core.rl.policy import ActorCritic
 
-    vocabulary = load_process(cfg).vocabulary
+    cfg = ctx.cfg
+    vocabulary = ctx.vocabulary
     obs, masks = dataset_states(trajectories, cfg.train.ewc.samples, cfg.base.seed, vocabulary)
     policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
-    checkpoint_path = Path(resolve_checkpoint(cfg, checkpoint))
+    checkpoint_path = Path(resolve_checkpoint(ctx, checkpoint))
     policy.load_state_dict(load_checkpoint(checkpoint_path, cfg.train.hidden_sizes, vocabulary=vocabulary).model)
     path = checkpoint.parent / FISHER_FILE
     champion_penalty(policy, obs, masks, cfg.train.ewc.lam).save(path)
@@ -206,7 +207,7 @@ def dataset_states(trajectories: Path, n: int, seed: int, vocabulary: Vocabulary
 
 
 def explore_retrain(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     plan: RetrainPlan,
     metrics_path: Path | None = None,
     on_progress: Callable[[ExploreProgress], None] | None = None,
@@ -216,10 +217,11 @@ def explore_retrain(
     append the shards to the dataset."""
     from tasks.steps.explore import run_explore
 
-    paths = DataPaths.of(cfg)
+    cfg = ctx.cfg
+    paths = ctx.paths
     fresh = cycle_dir(cfg, plan.cycle) / "trajectories"
     summary = run_explore(
-        cfg,
+        ctx,
         paths.variants,
         fresh,
         metrics_path,
@@ -241,14 +243,15 @@ def explore_retrain(
     }
 
 
-def _heldout(cfg: AgentFlowConfig) -> list[VariantSpec]:
-    splits = read_splits(DataPaths.of(cfg).variants)
+def _heldout(ctx: PhaseContext) -> list[VariantSpec]:
+    cfg = ctx.cfg
+    splits = read_splits(ctx.paths.variants)
     n = max(cfg.train.eval_episodes, HELDOUT_EPISODES)
     return stratified_eval_variants(splits["test"], n, sorted(cfg.variants.dimensions), cfg.base.seed)
 
 
 def heldout_outcomes(
-    cfg: AgentFlowConfig, checkpoint: str | Path, pool_factory: PoolFactory = build_pool
+    ctx: PhaseContext, checkpoint: str | Path, pool_factory: PoolFactory = build_pool
 ) -> list[EpisodeOutcome]:
     """One policy's outcomes on the held-out episodes (test split, ``base.seed``), identical for every policy.
 
@@ -258,12 +261,13 @@ def heldout_outcomes(
     """
     from agentflow_core.evaluation.stress import RiskRule, run_stress_episodes
 
-    variants = _heldout(cfg)
+    cfg = ctx.cfg
+    variants = _heldout(ctx)
     n = max(cfg.train.eval_episodes, HELDOUT_EPISODES)
-    policy = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
-    pool = pool_factory(cfg, variants, 1, seed=cfg.base.seed + 13, scheduler="round_robin", standby=False)
+    policy = load_policy(resolve_checkpoint(ctx, checkpoint), ctx.process)
+    pool = pool_factory(ctx, variants, 1, seed=cfg.base.seed + 13, scheduler="round_robin", standby=False)
     try:
-        with reward_function(cfg, pool.num_envs) as reward_fn:
+        with reward_function(ctx, pool.num_envs) as reward_fn:
             rollout = run_stress_episodes(
                 pool,
                 policy.act,
@@ -282,21 +286,22 @@ def heldout_outcomes(
 
 
 def paired_heldout(
-    cfg: AgentFlowConfig, challenger: str | Path, champion: str | Path, pool_factory: PoolFactory = build_pool
+    ctx: PhaseContext, challenger: str | Path, champion: str | Path, pool_factory: PoolFactory = build_pool
 ) -> PairedComparison:
     """Challenger vs champion on the identical held-out episodes."""
     return compare_paired(
-        heldout_outcomes(cfg, challenger, pool_factory), heldout_outcomes(cfg, champion, pool_factory)
+        heldout_outcomes(ctx, challenger, pool_factory), heldout_outcomes(ctx, champion, pool_factory)
     )
 
 
 def paired_decision(
-    cfg: AgentFlowConfig, challenger: str | Path, champion: str | Path, canary: dict[str, Any]
+    ctx: PhaseContext, challenger: str | Path, champion: str | Path, canary: dict[str, Any]
 ) -> dict[str, Any]:
     """The canary decision, then (only if it passed) the paired held-out comparison, as one decision."""
+    cfg = ctx.cfg
     if not canary["promote"]:
         return {**canary, "reason": f"canary failed on the {cfg.report.champion_slice:.0%} slice: {canary['reason']}"}
-    paired = paired_heldout(cfg, challenger, champion)
+    paired = paired_heldout(ctx, challenger, champion)
     detail = (
         f"held-out paired on {paired.episodes} identical episodes: process success {paired.challenger_success:.3f} "
         f"vs champion {paired.champion_success:.3f} ({paired.wins} wins, {paired.losses} losses), "
@@ -325,13 +330,14 @@ def reports_root(cfg: AgentFlowConfig) -> Path:
     return state_dir(cfg) / "reports"
 
 
-def keep_cycle_report(cfg: AgentFlowConfig, cycle: str, decision: dict[str, Any]) -> Path:
+def keep_cycle_report(ctx: PhaseContext, cycle: str, decision: dict[str, Any]) -> Path:
     """Copy this cycle's rendered report to ``reports/<cycle>/`` with its decision; move ``latest`` (and ``champion`` if promoted)."""
+    cfg = ctx.cfg
     root = reports_root(cfg)
     out = root / cycle
     if out.exists():
         shutil.rmtree(out)
-    shutil.copytree(DataPaths.of(cfg).reports, out)
+    shutil.copytree(ctx.paths.reports, out)
     write_json(out / "decision.json", decision)
     _point(root, "latest", cycle)
     if decision.get("promote"):

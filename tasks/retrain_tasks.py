@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from tasks.prefect_tasks import NOT_PERSISTED, _config
+from tasks.prefect_tasks import NOT_PERSISTED, _context
 from tasks.retrain import PLAN_FILE, cycle_dir, plan_retrain
 from tasks.tracking import MlflowTracker
 
@@ -13,10 +13,10 @@ from tasks.tracking import MlflowTracker
 @task(name="plan-retrain", retries=0, **NOT_PERSISTED)
 def plan_retrain_task(params_path: str, parent_run_id: str, tracking_uri: str, experiment: str) -> dict[str, object]:
     """Champion, fresh cycle seed, exploration priority; returns the plan's summary and its ``plan.json`` path."""
-    cfg = _config(params_path)
+    ctx = _context(params_path)
     tracker = MlflowTracker(tracking_uri, experiment)
-    plan = plan_retrain(cfg, tracker, parent_run_id)
-    path = cycle_dir(cfg, parent_run_id) / PLAN_FILE
+    plan = plan_retrain(ctx, tracker, parent_run_id)
+    path = cycle_dir(ctx.cfg, parent_run_id) / PLAN_FILE
     tracker.client.log_param(parent_run_id, "cycle_seed", str(plan.seed))
     tracker.set_tags(
         parent_run_id,

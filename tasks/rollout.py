@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import AgentFlowError
@@ -22,9 +21,7 @@ from agentflow_core.semantics import CHECKOUT
 from agentflow_core.splits import assign_splits, read_splits
 from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.compose import PoolFactory, base_env_infos, build_pool, expert_policy_hash, reward_function
-from tasks.paths import DataPaths
-from tasks.process_io import load_process
-from tasks.registry_io import load_registry
+from tasks.context import PhaseContext
 
 EXPERT = "expert"
 
@@ -38,18 +35,18 @@ class LoadedPolicy:
     act: PolicyFn
 
 
-def resolve_checkpoint(cfg: AgentFlowConfig, checkpoint: str | Path | None) -> str:
+def resolve_checkpoint(ctx: PhaseContext, checkpoint: str | Path | None) -> str:
     """``expert``, or the checkpoint directory that ``checkpoint`` (default: the best one) points at."""
     from agentflow_core.rl.checkpoint import BEST, STATE_FILE, load_intact
 
     if checkpoint is not None and str(checkpoint) == EXPERT:
         return EXPERT
-    path = Path(checkpoint) if checkpoint is not None else DataPaths.of(cfg).checkpoints
+    path = Path(checkpoint) if checkpoint is not None else ctx.paths.checkpoints
     for root in (path, path / "checkpoints"):  # a checkpoint, a checkpoint root, or a training output dir
         if (root / STATE_FILE).is_file():
             return str(root)
         found = (
-            load_intact(root, BEST, vocabulary=load_process(cfg).vocabulary) if root.is_dir() else None
+            load_intact(root, BEST, vocabulary=ctx.vocabulary) if root.is_dir() else None
         )  # a damaged best falls back to the newest intact
         if found is not None:
             return str(found.path)
@@ -78,31 +75,32 @@ def load_policy(ref: str, process: ProcessSpec | None = None) -> LoadedPolicy:
     return LoadedPolicy(f"{Path(ref).name}@{policy_hash(model)}", ref, model.act)
 
 
-def load_variants(cfg: AgentFlowConfig, catalogue: Path | None = None, split: str = "test") -> list[VariantSpec]:
+def load_variants(ctx: PhaseContext, catalogue: Path | None = None, split: str = "test") -> list[VariantSpec]:
     """One split of the catalogue (``data/variants``; stress and report read ``test``), or of the same
     generator's output and split when the catalogue was not written yet."""
-    path = catalogue or DataPaths.of(cfg).variants
+    cfg = ctx.cfg
+    path = catalogue or ctx.paths.variants
     if path.exists():
         return read_splits(path)[split]
     if catalogue is not None:
         raise AgentFlowError(f"catalogue {catalogue} does not exist")
     v = cfg.variants
     variants = generate_variants(
-        base_env_infos(cfg),
+        base_env_infos(ctx),
         v.dimensions,
         v.perturbations,
         v.samples_per_combination,
         cfg.base.seed,
-        scenario=load_process(cfg).vocabulary.scenario,
+        scenario=ctx.vocabulary.scenario,
     )
     hashes = set(assign_splits(variants, v.split.validation, v.split.test, sorted(v.dimensions), cfg.base.seed)[split])
     return [variant for variant in variants if variant.content_hash in hashes]
 
 
-def cart_scales(cfg: AgentFlowConfig, families: Sequence[str] | None = None) -> dict[str, float]:
+def cart_scales(ctx: PhaseContext, families: Sequence[str] | None = None) -> dict[str, float]:
     """Per family, the encoded value of one cart item (its mapping's ``cart_items`` scale)."""
     scales = {}
-    for entry in load_registry(cfg).entries():
+    for entry in ctx.registry.entries():
         for rule in entry.mapping.get("feature_rules", []):
             if rule.get("feature") == "cart_items" and (families is None or entry.family in families):
                 scales[entry.family] = float(rule.get("scale", 1.0))
@@ -110,7 +108,7 @@ def cart_scales(cfg: AgentFlowConfig, families: Sequence[str] | None = None) -> 
 
 
 def stress_rollout(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     policy: LoadedPolicy,
     variants: Sequence[VariantSpec],
     episodes: int,
@@ -120,10 +118,11 @@ def stress_rollout(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> StressRollout:
     """Run ``episodes`` greedy episodes of ``policy`` over ``variants`` with the configured shaped reward."""
+    cfg = ctx.cfg
     stress = cfg.stress
-    pool = pool_factory(cfg, variants, stress.num_envs, seed=cfg.base.seed, scheduler="round_robin", standby=False)
+    pool = pool_factory(ctx, variants, stress.num_envs, seed=cfg.base.seed, scheduler="round_robin", standby=False)
     try:
-        with reward_function(cfg, pool.num_envs) as reward_fn:
+        with reward_function(ctx, pool.num_envs) as reward_fn:
             return run_stress_episodes(
                 pool,
                 policy.act,

@@ -14,15 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentflow_core.config import AgentFlowConfig
-from tasks.paths import DataPaths
+from tasks.context import PhaseContext
 from tasks.tracking import MlflowSink, MlflowTracker
 
 UpdateHook = Callable[[int, int, dict[str, float]], None]
 
 
 def tracked_train(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     tracker: MlflowTracker,
     run_id: str,
     resume: bool,
@@ -40,17 +39,19 @@ def tracked_train(
     ``seed``, ``warm_start`` and ``ewc`` are a retrain's cycle seed, champion checkpoint and the champion's
     EWC file (``run_train``).
     """
-    from tasks.steps.train import run_train, train_metrics
+    from tasks.steps.train import run_train
+    from tasks.steps.train_outputs import train_metrics
     from tasks.steps.tune import tuned_config
 
-    paths = DataPaths.of(cfg)
+    paths = ctx.paths
     out = out or paths.checkpoints
-    cfg, tuning = tuned_config(cfg, paths.tuning)  # the auto-tuner's choice when tune.enabled
+    tuned, tuning = tuned_config(ctx.cfg, paths.tuning)  # the auto-tuner's choice when tune.enabled
+    ctx = ctx.with_config(tuned)
     sink: MlflowSink | None = None
     try:
         sink = tracker.sink(run_id, prefix="train/")
         summary = run_train(
-            cfg,
+            ctx,
             catalogue or paths.variants,
             trajectories or paths.trajectories,
             out,

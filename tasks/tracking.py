@@ -131,6 +131,17 @@ class MlflowTracker:
         for start in range(0, len(batch), MAX_BATCH):
             self.client.log_batch(run_id, metrics=batch[start : start + MAX_BATCH])
 
+    def log_new_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Log only the metrics the run does not already hold at that value (a resumed cycle's cached phase).
+
+        A resume reopens the phase's nested run; logging an unchanged summary again would add a second
+        point of every metric to its history.
+        """
+        held = self.client.get_run(run_id).data.metrics
+        fresh = {k: v for k, v in metrics.items() if held.get(metric_name(k)) != float(v)}
+        if fresh:
+            self.log_metrics(run_id, fresh, step)
+
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         """Set several tags in one call."""
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])

@@ -66,6 +66,8 @@ class _LimitedLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, MappingNode):  # ``!!set x``: PyYAML's own check raises its ConstructorError
+            return SafeConstructor.construct_mapping(self, node, deep=deep)
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if isinstance(key_node, ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
@@ -85,24 +87,37 @@ class _LimitedLoader(yaml.SafeLoader):
 _LimitedLoader.add_constructor("tag:yaml.org,2002:int", _LimitedLoader.construct_yaml_int)
 
 
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 def _expanded_size(root: Node) -> int:
-    """Nodes the document would have with every alias expanded, memoised by node identity (no expansion)."""
+    """Nodes the document would have with every alias expanded, memoised by node identity (no expansion).
+
+    A depth-first walk with the nodes of the current path kept aside: an alias that points at one of
+    them (``x: &a [*a]``, a recursive structure) is a cycle, refused at once. Without that check a
+    cycle kept the walk pushing the same node forever (100% CPU, memory growing).
+    """
     sizes: dict[int, int] = {}
-    stack: list[tuple[Node, bool]] = [(root, False)]
+    on_path: set[int] = {id(root)}
+    stack: list[tuple[Node, list[Node]]] = [(root, _children(root))]
     while stack:
-        node, children_done = stack.pop()
-        if id(node) in sizes:
+        node, pending = stack[-1]
+        if pending:
+            child = pending.pop()
+            if id(child) in on_path:
+                raise YamlLimitError(_at(child), "recursive alias (the anchor defined here is used inside itself)")
+            if id(child) not in sizes:
+                on_path.add(id(child))
+                stack.append((child, _children(child)))
             continue
-        children: list[Node] = []
-        if isinstance(node, SequenceNode):
-            children = list(node.value)
-        elif isinstance(node, MappingNode):
-            children = [part for pair in node.value for part in pair]
-        if children_done or not children:
-            sizes[id(node)] = min(1 + sum(sizes.get(id(c), 0) for c in children), MAX_NODES + 1)
-            continue
-        stack.append((node, True))
-        stack.extend((c, False) for c in children if id(c) not in sizes)
+        stack.pop()
+        on_path.discard(id(node))
+        sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in _children(node)), MAX_NODES + 1)
     return sizes[id(root)]
 
 
@@ -112,8 +127,9 @@ def load_yaml_text(text: str) -> Any:
         raise YamlLimitError("<file>", f"larger than {MAX_BYTES} bytes ({len(text)})")
     if "\x00" in text:
         raise YamlLimitError("<file>", "contains NUL characters (a binary or UTF-16 file, not YAML text)")
-    loader = _LimitedLoader(text)
+    loader: _LimitedLoader | None = None
     try:
+        loader = _LimitedLoader(text)  # its reader already refuses control characters
         root = loader.get_single_node()
         if root is None:
             return None
@@ -127,10 +143,15 @@ def load_yaml_text(text: str) -> Any:
         raise YamlLimitError(where, f"malformed YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise YamlLimitError("<file>", f"malformed YAML: {exc}") from None
+    except YamlLimitError:
+        raise
     except (RecursionError, MemoryError, OverflowError) as exc:
         raise YamlLimitError("<file>", f"cannot be parsed within limits ({type(exc).__name__})") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # a constructor PyYAML did not guard
+        raise YamlLimitError("<file>", f"malformed YAML: {type(exc).__name__}: {str(exc)[:200]}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_text_file(path: Path) -> str:

@@ -8,8 +8,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -48,6 +50,22 @@ def test_entry_points(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> Callable[..., Any]:
+    """``tiny_config(**section_overrides)``: the tiny cycle's configuration with its outputs under ``tmp_path``."""
+    from tests.tiny import tiny_config as make
+
+    return partial(make, tmp_path)
+
+
+@pytest.fixture
+def local_config(tmp_path: Path) -> Callable[..., Any]:
+    """``local_config(**section_overrides)``: the shipped defaults with the data under ``tmp_path``."""
+    from tests.tiny import local_config as make
+
+    return partial(make, tmp_path)
 
 
 def owned_chromium_pids(owner_pid: int) -> list[int]:

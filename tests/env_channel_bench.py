@@ -17,19 +17,20 @@ import numpy as np
 from agentflow_core.envs.experts import ScriptedExpert
 from tasks.compose import build_pool
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.rollout import load_variants
 
 
 def main(params: str, batches: int) -> None:
     cfg = load_config(params)
     cfg = cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"num_workers": 1})})
-    variants = load_variants(cfg)
+    variants = load_variants(PhaseContext.of(cfg))
     expert = ScriptedExpert()
     for family in sorted({v.base_env_id for v in variants}):
         own = [v for v in variants if v.base_env_id == family]
         for mode in ("expert", "random"):
             rng = np.random.default_rng(0)
-            pool = build_pool(cfg, own, 16, seed=0)
+            pool = build_pool(PhaseContext.of(cfg), own, 16, seed=0)
             batch = pool.reset(seed=0)
             cpu, wall = time.process_time(), time.perf_counter()
             for _ in range(batches):

@@ -45,7 +45,8 @@ SCENARIOS: tuple[dict[str, Any], ...] = (
 )
 
 POLICIES = ("expert", "random", "wander")
-_ENDING = np.array([SemanticAction.ESCALATE, SemanticAction.CANCEL_ORDER])
+# Actions that can end an episode (paying included): "wander" avoids them to reach expiry and truncation.
+_ENDING = np.array([SemanticAction.ESCALATE, SemanticAction.CANCEL_ORDER, SemanticAction.SUBMIT_PAYMENT])
 
 
 class _Recorder:

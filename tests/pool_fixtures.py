@@ -9,6 +9,7 @@ fixture runs in-process and inside Ray actors.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import resource
 import time
@@ -19,6 +20,7 @@ from typing import Any
 from agentflow_core.adapters.base import BaseSemanticAdapter
 from agentflow_core.envs.base import Scenario, StepResult
 from agentflow_core.envs.semantic_env import SemanticEnv
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 from agentflow_core.variants import VariantSpec, content_hash
 
 TINY_MAPPING: dict[str, Any] = {
@@ -35,10 +37,20 @@ TINY_MAPPING: dict[str, Any] = {
 }
 
 
+# The tiny shop speaks checkout's words but is its own process: it declares no legal actions, so its
+# masks are its mapping's (the three mapped actions) rather than checkout's funnel.
+TINY_VOCABULARY = dataclasses.replace(CHECKOUT, contract=None)
+
+
 class TinyAdapter(BaseSemanticAdapter):
     """Equality rules on the raw dict; features read straight from it."""
 
     template = "web"
+
+    def __init__(
+        self, mapping: Mapping[str, Any], source: str = "<mapping>", vocabulary: Vocabulary = TINY_VOCABULARY
+    ) -> None:
+        super().__init__(mapping, source, vocabulary)
 
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
         return all(raw.get(k) == v for k, v in when.items())

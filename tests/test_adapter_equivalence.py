@@ -23,7 +23,7 @@ from agentflow_core.adapters.audit import raw_states_of
 from agentflow_core.adapters.base import BaseSemanticAdapter
 from agentflow_core.adapters.db import DBAdapter
 from agentflow_core.registry import EnvEntry, EnvRegistry
-from agentflow_core.semantics import N_ACTIONS, N_TOKENS, TOKEN_INDEX, SemanticAction, SemanticObs, encode
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, N_TOKENS, TOKEN_INDEX, SemanticAction, SemanticObs, encode
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
@@ -32,8 +32,10 @@ CONTEXT = {"step_fraction": 0.375}
 
 
 def _reference_tokens(adapter: BaseSemanticAdapter, raw: Any) -> frozenset[str]:
-    """The generic engine: every rule through ``holds`` (combinators) and the template's ``match``."""
-    return frozenset(t for r in adapter.token_rules if adapter.holds(r["when"], raw) for t in r["emit"])
+    """The generic engine: every rule through ``holds`` (combinators) and the template's ``match``, then the
+    process's superseded tokens dropped."""
+    emitted = frozenset(t for r in adapter.token_rules if adapter.holds(r["when"], raw) for t in r["emit"])
+    return adapter.contract.canonical(emitted)
 
 
 def assert_equivalent(adapter: BaseSemanticAdapter, raw: Any, context: Mapping[str, float] = CONTEXT) -> None:
@@ -176,8 +178,9 @@ def test_equal_keys_share_a_dispatch_entry_and_both_rules_fire() -> None:
 def test_non_finite_features_are_flagged() -> None:
     adapter = DBAdapter(EDGE_MAPPING, "edge.json")
     assert not adapter.adapt_step({"cart": {"items": float("inf")}}).finite
-    assert not adapter.adapt_step({"wallet": {"ratio": 1e39}}).finite  # finite float64, inf as float32
-    assert adapter.adapt_step({"wallet": {"ratio": 3e38}}).finite
+    # finite float64, inf as float32 (balance_ratio is presented only in a live session: the flag signs in)
+    assert not adapter.adapt_step({"flag": True, "wallet": {"ratio": 1e39}}).finite
+    assert adapter.adapt_step({"flag": True, "wallet": {"ratio": 3e38}}).finite
     assert not adapter.adapt_step({}, {"step_fraction": float("nan")}).finite
 
 
@@ -192,7 +195,8 @@ def test_cached_token_blocks_and_masks_are_shared_and_read_only() -> None:
 
 
 class _Shouting(DBAdapter):
-    """A template that overrides ``adapt_observation``/``action_mask``: adapt_step must honour both."""
+    """A template that overrides ``adapt_observation``/``action_mask``: adapt_step honours the first, and the
+    mask stays the process's legal actions in the tokens it reports (a channel never widens or narrows it)."""
 
     template: ClassVar[str] = "db"
 
@@ -209,7 +213,7 @@ class _Shouting(DBAdapter):
 def test_template_overrides_are_honoured_by_adapt_step() -> None:
     step = _Shouting(EDGE_MAPPING, "edge.json").adapt_step(EDGE_RAWS[0], CONTEXT)
     assert "ESCALATED" in step.tokens and step.vec[TOKEN_INDEX["ESCALATED"]] == 1.0
-    assert np.flatnonzero(step.mask).tolist() == [int(SemanticAction.RETRY)]
+    assert np.array_equal(step.mask, CHECKOUT.state_contract.legal_mask(step.tokens))
     assert step.vec.tobytes() == encode(step.tokens, step.obs.features).tobytes() and math.isfinite(
         float(step.vec[N_TOKENS])
     )

@@ -14,7 +14,7 @@ import yaml
 from agentflow_core.adapters.audit import audit_entry, audit_mapping, errors_only, raw_states_of
 from agentflow_core.adapters.base import BaseSemanticAdapter
 from agentflow_core.registry import EnvEntry, EnvRegistry, load_entry
-from agentflow_core.semantics import TOKENS
+from agentflow_core.semantics import FEATURES, TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
@@ -50,6 +50,7 @@ def order_mapping(expired_emits: str = "ORDER_EXPIRED") -> dict[str, Any]:
             {"id": "R_EXPIRED", "when": {"field": "status", "equals": "expired"}, "emit": [expired_emits]},
             {"id": "R_PAID", "when": {"field": "status", "equals": "paid"}, "emit": ["ORDER_PENDING"]},
         ],
+        "unobservable_features": [f for f in FEATURES if f != "step_fraction"],
     }
 
 
@@ -66,6 +67,20 @@ def test_clean_mapping_has_only_info_findings() -> None:
     unproducible = {f.detail.removeprefix("no rule emits ") for f in findings}
     assert unproducible == set(TOKENS) - {"ORDER_PENDING", "ORDER_CANCELLED", "ORDER_EXPIRED"}
     assert {(f.kind, f.severity, f.file) for f in findings} == {("unproducible_token", "info", "orders.json")}
+
+
+def test_a_mapping_that_disagrees_with_the_process_names_the_feature_and_the_action() -> None:
+    mapping = order_mapping()
+    mapping["unobservable_features"].remove("cart_items")
+    mapping["unobservable_features"].remove("retries_used")
+    mapping["feature_rules"] = [{"id": "f_retries", "feature": "retries_used", "source": "retries", "clip": [0, 5]}]
+    mapping["actions"]["CHECKOUT"]["requires"] = {"field": "status", "equals": "cancelled"}
+    findings = errors_only(audit_mapping(FieldAdapter(mapping), RAW, "orders.json"))
+    details = sorted(f.detail for f in findings if f.kind == "feature_disagrees")
+    assert len(details) == 2 and "feature cart_items: no rule reads it" in details[0]
+    assert "feature retries_used: clipped to [0, 5]" in details[1]
+    (mask,) = [f for f in findings if f.kind == "mask_disagrees"]
+    assert mask.rule == "actions.CHECKOUT" and "action CHECKOUT: the process says not legal" in mask.detail
 
 
 def test_unmapped_and_wrong_token_are_located() -> None:

@@ -10,16 +10,17 @@ from typer.testing import CliRunner
 
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
+from benchmarks.forgetting_bench import SHIFTS, shifted
 from flows.cli.bench import bench_app
-from tasks.bench.forgetting_bench import SHIFTS, shifted
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.steps.variants import run_variants
 from tests.tiny import write_tiny_params
 
 
 def test_the_recovery_shift_leaves_nothing_to_recover_from(tmp_path: Path) -> None:
     cfg = shifted(load_config(write_tiny_params(tmp_path)), tmp_path / "b", SHIFTS["recovery"])
-    run_variants(cfg, tmp_path / "b" / "variants")
+    run_variants(PhaseContext.of(cfg), tmp_path / "b" / "variants")
     variants: list[VariantSpec] = [v for split in read_splits(tmp_path / "b" / "variants").values() for v in split]
     assert variants
     assert {v.params["user_tier"] for v in variants} == {"standard"}

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from agentflow_core.splits import read_splits
+from benchmarks.learning_bench import _vs
+from benchmarks.sb3_envs import TrainVariantEnv, _batch
 from flows.cli.bench import bench_app
-from tasks.bench.learning_bench import _vs
-from tasks.bench.sb3_envs import TrainVariantEnv, _batch
 from tasks.compose import env_factory
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.steps.variants import run_variants
 from tests.tiny import write_tiny_params
 
@@ -50,7 +52,7 @@ def test_bench_learning_end_to_end_on_a_tiny_config(tmp_path: Path, monkeypatch:
     hashes = out["test_variant_hashes"]
     assert hashes["agentflow"] and hashes["agentflow"] == hashes["maskableppo"]
     cfg = load_config(params)
-    run_variants(cfg, tmp_path / "catalogue")  # the same seed gives the bench's catalogue and splits
+    run_variants(PhaseContext.of(cfg), tmp_path / "catalogue")  # the same seed gives the bench's catalogue and splits
     splits = read_splits(tmp_path / "catalogue")
     assert set(hashes["agentflow"]) <= {v.content_hash for v in splits["test"]}
     steps = cfg.train.num_updates * cfg.train.num_envs * cfg.train.n_steps
@@ -102,11 +104,11 @@ def test_sb3_step_batch_keeps_terminated_truncated_and_final_obs_apart() -> None
     assert batch.obs is obs and batch.reward.dtype == np.float32
 
 
-def test_train_variant_env_plays_only_its_split_and_exposes_masks(tmp_path: Path) -> None:
-    cfg = load_config(write_tiny_params(tmp_path))
-    run_variants(cfg, tmp_path / "variants")
+def test_train_variant_env_plays_only_its_split_and_exposes_masks(tmp_path: Path, tiny_config: Any) -> None:
+    cfg = tiny_config()
+    run_variants(PhaseContext.of(cfg), tmp_path / "variants")
     train = read_splits(tmp_path / "variants")["train"]
-    env = TrainVariantEnv(train, env_factory(cfg, train))
+    env = TrainVariantEnv(train, env_factory(PhaseContext.of(cfg), train))
     seen = set()
     try:
         env.reset(seed=0)

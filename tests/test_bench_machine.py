@@ -1,4 +1,4 @@
-"""tasks.bench.machine: the steal share and load a timing benchmark records about its machine."""
+"""benchmarks.machine: the steal share and load a timing benchmark records about its machine."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import namedtuple
 
 import pytest
 
-from tasks.bench import machine
-from tasks.bench.machine import MachineLoad
+from benchmarks import machine
+from benchmarks.machine import MachineLoad
 
 Times = namedtuple("Times", "user nice system idle iowait irq softirq steal")
 

@@ -1,12 +1,13 @@
-"""tasks.bench.train_bench.post_kill_ratios: the kill run's slowdown after the kill, against uninterrupted runs."""
+"""benchmarks.train_bench.post_kill_ratios: the kill run's slowdown after the kill, against uninterrupted runs."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from tasks.bench.train_bench import post_kill_ratios, replacement_speed
+from benchmarks.train_bench import post_kill_ratios, replacement_speed
 
 
 def test_a_drift_shared_with_the_uninterrupted_runs_is_not_counted_as_the_kills() -> None:
@@ -67,7 +68,7 @@ def test_no_loss_in_a_rollout_or_none_before_it_is_nan() -> None:
 
 
 def test_the_split_ceiling_divides_only_the_rollouts_among_the_workers() -> None:
-    from tasks.bench.train_bench import split_ceiling
+    from benchmarks.train_bench import split_ceiling
 
     # 80 s runs whose rollouts took 60 s: two workers at best take 80 - 30 = 50 s -> 1.6x
     assert split_ceiling([80.0], [60.0], 2) == pytest.approx(1.6)
@@ -81,7 +82,7 @@ def test_the_split_ceiling_divides_only_the_rollouts_among_the_workers() -> None
 
 
 def test_repeated_runs_keep_the_keys_a_benchmark_lists_per_run() -> None:
-    from tasks.bench_runs import combine_runs
+    from benchmarks.runs import combine_runs
 
     runs = [
         {"ratio": r, "ceiling": c, "order": f"run {i}", "targets": {"ratio": 1.5}, "repeat_keys": ["ceiling", "order"]}
@@ -89,3 +90,21 @@ def test_repeated_runs_keep_the_keys_a_benchmark_lists_per_run() -> None:
     ]
     out = combine_runs(runs)
     assert out["runs"] == {"ratio": [1.4, 1.6], "ceiling": [1.5, 1.7], "order": ["run 0", "run 1"]}
+
+
+def test_the_kill_runs_params_turn_the_convergence_stop_off_and_change_nothing_else(tmp_path: Path) -> None:
+    """A small config converges before the kill's update; the kill run must reach it (and the updates after)."""
+    import yaml
+
+    from benchmarks.train_bench import _params_with
+    from tests.tiny import tiny_params
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params(tmp_path, pool={"num_workers": 2})))
+    ray = yaml.safe_load(_params_with(params, tmp_path, "ray").read_text())
+    kill_path = _params_with(params, tmp_path, "ray", "ray-kill", stop_on_convergence=False)
+    kill = yaml.safe_load(kill_path.read_text())
+    assert kill_path.name == "params-ray-kill.yaml" and kill["train"]["gate"]["stop_on_convergence"] is False
+    kill["train"]["gate"].pop("stop_on_convergence")
+    ray["train"]["gate"].pop("stop_on_convergence", None)
+    assert kill == ray

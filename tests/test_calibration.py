@@ -6,6 +6,7 @@ import copy
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from agentflow_core.envs.experts import expert_for
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.registry import EnvRegistry
 from tasks.config_io import parse_config
+from tasks.context import PhaseContext
 from tasks.steps.calibrate import run_calibrate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,14 +107,9 @@ def test_a_crashing_env_fails_with_its_reason(registry: EnvRegistry) -> None:
     assert "0/1 stable" in report.summary()
 
 
-def test_run_calibrate_writes_report_stats_and_metrics(tmp_path: Path) -> None:
-    cfg = parse_config(
-        {
-            "base": {"env_config_dir": str(REPO / "configs" / "envs")},
-            "calibrate": {"variants_per_family": 2, "resets": 5},
-        }
-    )
-    summary = run_calibrate(cfg, tmp_path / "calibration", tmp_path / "metrics" / "calibrate.json")
+def test_run_calibrate_writes_report_stats_and_metrics(tmp_path: Path, local_config: Any) -> None:
+    cfg = local_config(calibrate={"variants_per_family": 2, "resets": 5})
+    summary = run_calibrate(PhaseContext.of(cfg), tmp_path / "calibration", tmp_path / "metrics" / "calibrate.json")
     # 2 per family asked, 4 per family drawn: the sample covers the 4 start stages of every family
     assert summary["passed"] and summary["variants"] == 12 and summary["env_stability_score"] == 1.0
     stats = json.loads((tmp_path / "calibration" / "reward_stats.json").read_text())
@@ -127,7 +124,7 @@ def test_run_calibrate_writes_report_stats_and_metrics(tmp_path: Path) -> None:
     ]
     from tasks.steps.calibrate import sample_variants
 
-    sampled = sample_variants(cfg, 2, np.random.default_rng(cfg.base.seed))
+    sampled = sample_variants(PhaseContext.of(cfg), 2, np.random.default_rng(cfg.base.seed))
     report = json.loads((tmp_path / "calibration" / "report.json").read_text())
     assert [v["env_id"] for v in report["variants"]] == [v.env_id for v in sampled]
     for dim, values in cfg.variants.dimensions.items():  # every family x every dimension value is calibrated
@@ -149,7 +146,7 @@ def test_planted_broken_env_config_fails_run_calibrate(tmp_path: Path) -> None:
             "variants": {"dimensions": {"user_tier": ["standard"], "start_stage": ["login"]}},
         }
     )
-    summary = run_calibrate(cfg, tmp_path / "calibration")
+    summary = run_calibrate(PhaseContext.of(cfg), tmp_path / "calibration")
     assert not summary["passed"]
     assert summary["failed"] >= 1
     assert all(env_id.startswith("web_checkout_v2") for env_id in summary["quarantine"])

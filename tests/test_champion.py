@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion, reward_gain, slice_position
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec, content_hash
+from tasks.context import PhaseContext
 
 
 def test_promotes_when_consistent_and_better() -> None:
@@ -50,22 +51,14 @@ def test_slice_is_stable_and_about_the_fraction() -> None:
     assert len(champion_slice(specs[:3], 1e-9)) == 1
 
 
-def test_real_slice_evaluation_keeps_and_promotes(repo_root: Path, tmp_path: Path) -> None:
+def test_real_slice_evaluation_keeps_and_promotes(tmp_path: Path, local_config: Any) -> None:
     from agentflow_core.rl.checkpoint import save_checkpoint
     from agentflow_core.rl.policy import ActorCritic
     from agentflow_core.semantics import VOCAB_VERSION
     from tasks.steps.report import run_champion_challenger
 
-    cfg = AgentFlowConfig()
-    cfg = cfg.model_copy(
-        update={
-            "base": cfg.base.model_copy(
-                update={"data_dir": str(tmp_path / "data"), "env_config_dir": str(repo_root / "configs/envs")}
-            ),
-            "variants": cfg.variants.model_copy(update={"samples_per_combination": 2}),
-            "stress": cfg.stress.model_copy(update={"num_envs": 8}),
-            "report": cfg.report.model_copy(update={"champion_episodes": 30}),
-        }
+    cfg = local_config(
+        variants={"samples_per_combination": 2}, stress={"num_envs": 8}, report={"champion_episodes": 30}
     )
     untrained = save_checkpoint(
         tmp_path / "ckpt",
@@ -74,12 +67,12 @@ def test_real_slice_evaluation_keeps_and_promotes(repo_root: Path, tmp_path: Pat
         {},
         {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
     )
-    same = run_champion_challenger(cfg, "expert", "expert")
+    same = run_champion_challenger(PhaseContext.of(cfg), "expert", "expert")
     assert not same["promote"] and same["numbers"]["consistency"] == 1.0
     assert same["numbers"]["reward_gain"] == 0.0 and "reward does not improve enough" in same["reason"]
     assert same["slice_variants"] >= 1 and same["states_compared"] > 0
-    better = run_champion_challenger(cfg, "expert", untrained)
+    better = run_champion_challenger(PhaseContext.of(cfg), "expert", untrained)
     assert better["numbers"]["challenger_return"] > better["numbers"]["champion_return"]
     assert better["numbers"]["consistency"] < 0.85 and not better["promote"]  # better, but too different to canary
-    first = run_champion_challenger(cfg, "expert", None)
+    first = run_champion_challenger(PhaseContext.of(cfg), "expert", None)
     assert first["promote"] and first["reason"].startswith("no champion yet")

@@ -152,7 +152,7 @@ def _real_learner(seed: int, sink: MemorySink | None = None) -> Any:
     from agentflow_core.rl.policy import ActorCritic
     from agentflow_core.rl.ppo import PPO, TrainingReward
     from agentflow_core.rl.reward import RewardFunction
-    from tasks.bench.ppo_bench import _packaged_factory, demo_catalogue
+    from benchmarks.ppo_bench import _packaged_factory, demo_catalogue
 
     variants = demo_catalogue(1, seed=0)
     cfg = small_cfg()

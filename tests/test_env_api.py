@@ -154,7 +154,7 @@ def test_blocked_user_escalation_is_the_right_move(drive: Any) -> None:
     assert d.act(A.LOGIN)[:2] == ({"USER_BLOCKED"}, -0.01)
     assert d.act(A.VIEW_PRODUCT)[:2] == ({"USER_BLOCKED"}, -0.05)
     tokens, reward, terminated, _, info = d.act(A.ESCALATE)
-    assert {"USER_BLOCKED", "ESCALATED"} <= tokens
+    assert tokens == {"ESCALATED"}  # support has the case: ESCALATED supersedes USER_BLOCKED (the process says)
     assert (reward, terminated, info["failure_reason"]) == (1.0, True, "user_blocked")
     assert drive(user_tier="blocked", start_stage="payment").reset() == {"USER_BLOCKED"}
 

@@ -61,7 +61,7 @@ def test_rolled_back_episodes_leave_the_postgresql_database_unchanged(url: str, 
         before = dump_tables(conn)
     rng = np.random.default_rng(0)
     applied = 0
-    for episode in range(150):
+    for episode in range(200):  # enough applied writes (> 300) under the random policy and the process masks
         _, info = env.reset(seed=episode)
         while True:
             legal = np.flatnonzero(info["action_mask"])
@@ -166,7 +166,7 @@ def test_sql_bench_plays_the_same_expert_episodes_on_both_databases() -> None:
     import yaml
 
     from agentflow_core.registry import EnvRegistry
-    from tasks.bench.sql_bench import ENV_ID, run_sql_bench
+    from benchmarks.sql_bench import ENV_ID, run_sql_bench
 
     entry = EnvRegistry(Path(__file__).resolve().parents[1] / "configs/envs", yaml.safe_load).get(ENV_ID)
     result = run_sql_bench(entry, episodes=10)

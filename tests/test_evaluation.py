@@ -22,11 +22,10 @@ from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.report import (
     REPORT_KEYS,
     build_report,
-    render_html,
-    render_markdown,
     report_tree,
     tree_text,
 )
+from agentflow_core.evaluation.report_render import render_html, render_markdown
 from agentflow_core.evaluation.risk import risk_report
 from agentflow_core.evaluation.robustness import robustness_score
 from agentflow_core.evaluation.root_causes import cause_of, root_causes

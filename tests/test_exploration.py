@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from agentflow_core.rl.trajectories import (
     read_steps,
 )
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM, encode
+from tasks.context import PhaseContext
 
 TINY_TOKENS = ["LOGGED_OUT", "LOGGED_IN", "PRODUCT_VIEWED", "PAYMENT_SUCCESS"]
 
@@ -191,12 +193,12 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
     )
     seen: list[ExploreProgress] = []
     summary = run_explore(
-        cfg,
+        PhaseContext.of(cfg),
         tmp_path / "variants",
         tmp_path / "explore",
         tmp_path / "metrics.json",
         on_progress=seen.append,
-        pool_factory=lambda c, variants, num_envs, **_: InProcessPool(variants, TinyFactory(), num_envs, c.pool),
+        pool_factory=lambda c, variants, num_envs, **_: InProcessPool(variants, TinyFactory(), num_envs, c.cfg.pool),
         class_paths=["pool_fixtures:TinyShopEnv"],
     )
     # the tiny family declares no RAW_STATES, so all 23 tokens count as reachable: coverage 4/23
@@ -215,7 +217,7 @@ def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
+def test_run_explore_on_registry_envs(tmp_path: Path, local_config: Any) -> None:
     """End to end over the three real channel families built from ``configs/envs`` by the real pool."""
     from agentflow_core.splits import read_splits, write_split_catalogue
     from agentflow_core.variants import VariantSpec, content_hash
@@ -234,19 +236,11 @@ def test_run_explore_on_registry_envs(tmp_path: Path, repo_root: Path) -> None:
         specs, tmp_path / "variants", {"generator": "test"}, validation=0.1, test=0.1, seed=0, dimensions=["user_tier"]
     )
     specs = read_splits(tmp_path / "variants")["train"]
-    cfg = AgentFlowConfig.model_validate(
-        {
-            "base": {"env_config_dir": str(repo_root / "configs" / "envs")},
-            "explore": {
-                "total_steps": 1600,
-                "num_envs": 16,
-                "reference_pool_steps": 20,
-                "remediation": {"max_steps": 0},
-            },
-            "pool": {"num_workers": 1},
-        }
+    cfg = local_config(
+        explore={"total_steps": 1600, "num_envs": 16, "reference_pool_steps": 20, "remediation": {"max_steps": 0}},
+        pool={"num_workers": 1},
     )
-    summary = run_explore(cfg, tmp_path / "variants", tmp_path / "explore", tmp_path / "metrics.json")
+    summary = run_explore(PhaseContext.of(cfg), tmp_path / "variants", tmp_path / "explore", tmp_path / "metrics.json")
     # PAGE_NOT_FOUND: every family's mapping can emit it, no semantic action leads to it (UNREACHABLE_TOKENS)
     assert summary["rows"] == 1600 and summary["reachable_tokens"] == 22
     assert list(summary["unreachable_tokens"]) == ["PAGE_NOT_FOUND"]
@@ -270,7 +264,7 @@ def test_behaviour_policy_is_the_expert_or_the_network_ppo_starts_from(behaviour
     from tasks.steps.explore import behaviour_policy
 
     cfg = AgentFlowConfig.model_validate({"explore": {"behaviour": behaviour}, "base": {"seed": 3}})
-    act, digest = behaviour_policy(cfg)
+    act, digest = behaviour_policy(PhaseContext.of(cfg))
     obs = np.zeros((4, OBS_DIM), np.float32)
     masks = np.ones((4, N_ACTIONS), bool)
     actions = act(obs, masks)
@@ -304,11 +298,11 @@ def test_remediation_runs_until_the_gate_or_its_step_budget(tmp_path: Path, gate
         }
     )
     summary = run_explore(
-        cfg,
+        PhaseContext.of(cfg),
         tmp_path / "variants",
         tmp_path / "explore",
         tmp_path / "metrics.json",
-        pool_factory=lambda c, variants, num_envs, **_: InProcessPool(variants, TinyFactory(), num_envs, c.pool),
+        pool_factory=lambda c, variants, num_envs, **_: InProcessPool(variants, TinyFactory(), num_envs, c.cfg.pool),
         class_paths=["pool_fixtures:TinyShopEnv"],
     )
     assert summary["explore_steps"] == expected_steps and summary["rows"] == expected_steps

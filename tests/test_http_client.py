@@ -68,8 +68,14 @@ def api() -> Iterator[PaymentAPIServer]:
     server.stop()
 
 
+_CLIENT_OF: dict[str, str] = {}  # episode id -> the client token that owns it
+
+
 def _episode(api: PaymentAPIServer, **scenario: object) -> str:
-    return api.state.create(Scenario(**scenario), seed=0)  # type: ignore[arg-type]
+    client = api.state.register_client()
+    episode = api.state.create(Scenario(**scenario), seed=0, client=client)  # type: ignore[arg-type]
+    _CLIENT_OF[episode] = client
+    return episode
 
 
 def _scripted(*faults: str, latency: float = 0.01) -> Iterator[dict[str, str]]:
@@ -88,7 +94,7 @@ def _client(
         config or ClientConfig(),
         SimulatedClock(),
         fault_source=(lambda: next(faults)) if faults is not None else None,
-        default_headers={"X-Episode-Id": episode},
+        default_headers={"X-Episode-Id": episode, "X-Client-Token": _CLIENT_OF[episode]},
     )
 
 

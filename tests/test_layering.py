@@ -1,12 +1,13 @@
-"""The dependency direction flows -> tasks -> agentflow_core, checked by parsing imports."""
+"""The dependency direction flows -> benchmarks -> tasks -> agentflow_core, checked by parsing imports."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-FORBIDDEN_IN_CORE = {"prefect", "mlflow", "dvc", "yaml", "tasks", "flows"}
-FORBIDDEN_IN_TASKS = {"flows"}
+FORBIDDEN_IN_CORE = {"prefect", "mlflow", "dvc", "yaml", "tasks", "benchmarks", "flows"}
+FORBIDDEN_IN_TASKS = {"benchmarks", "flows"}
+FORBIDDEN_IN_BENCHMARKS = {"flows"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -35,6 +36,10 @@ def test_core_imports_no_orchestration_tracking_or_yaml(repo_root: Path) -> None
 
 def test_tasks_do_not_import_flows(repo_root: Path) -> None:
     assert offenders("tasks", FORBIDDEN_IN_TASKS, repo_root) == {}
+
+
+def test_benchmarks_do_not_import_flows(repo_root: Path) -> None:
+    assert offenders("benchmarks", FORBIDDEN_IN_BENCHMARKS, repo_root) == {}
 
 
 def test_core_reads_no_environment_and_prints_nothing(repo_root: Path) -> None:
@@ -69,3 +74,19 @@ def test_the_cli_starts_without_importing_torch_mlflow_or_ray(repo_root: Path) -
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_core_layers_contract_places_every_core_module(repo_root: Path) -> None:
+    """import-linter checks only the modules a layer names: a new top-level module of the core must be
+    given its layer in pyproject.toml, or nothing would check which way its imports point."""
+    import re
+    import tomllib
+
+    contracts = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers" and c.get("containers") == ["agentflow_core"]]
+    placed = [name for layer in layers for name in re.split(r"\s*[|:]\s*", layer)]
+    core = repo_root / "agentflow_core"
+    modules = {p.stem for p in core.glob("*.py") if p.stem != "__init__"} | {
+        p.parent.name for p in core.glob("*/__init__.py")
+    }
+    assert sorted(placed) == sorted(modules)

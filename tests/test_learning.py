@@ -17,6 +17,7 @@ import torch
 from agentflow_core.config import AgentFlowConfig, PoolConfig, TrainConfig
 from agentflow_core.splits import write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, generate_variants
+from tasks.context import PhaseContext
 from tasks.steps.train import run_train
 
 
@@ -59,7 +60,7 @@ def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_ppo_learns_on_test_variants(repo_root: Path, catalogue: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    summary = run_train(_cfg(repo_root), catalogue, None, tmp_path, resume=False)
+    summary = run_train(PhaseContext.of(_cfg(repo_root)), catalogue, None, tmp_path, resume=False)
     assert summary["test_variants"] > 30 and summary["train_variants"] > 200
     # the token_table reward pays PAYMENT_SUCCESS only (and BC is off here): payment success is what is learnt
     assert summary["test_payment_success_vs_exploration"] >= 2.0, summary
@@ -86,10 +87,16 @@ def test_train_resume_after_interruption_matches_uninterrupted_run(
         eval_episodes=16,
         checkpoint_every_updates=100,
     )
-    full = run_train(_cfg(repo_root, total_steps=4 * 512, **small), catalogue, None, tmp_path / "full", resume=False)
+    full = run_train(
+        PhaseContext.of(_cfg(repo_root, total_steps=4 * 512, **small)), catalogue, None, tmp_path / "full", resume=False
+    )
     # "killed" after update 2: a run that stopped there, then `train --resume` with the full budget
-    run_train(_cfg(repo_root, total_steps=2 * 512, **small), catalogue, None, tmp_path / "cut", resume=False)
-    resumed = run_train(_cfg(repo_root, total_steps=4 * 512, **small), catalogue, None, tmp_path / "cut", resume=True)
+    run_train(
+        PhaseContext.of(_cfg(repo_root, total_steps=2 * 512, **small)), catalogue, None, tmp_path / "cut", resume=False
+    )
+    resumed = run_train(
+        PhaseContext.of(_cfg(repo_root, total_steps=4 * 512, **small)), catalogue, None, tmp_path / "cut", resume=True
+    )
     assert resumed["updates"] == full["updates"] == 4 and resumed["global_step"] == full["global_step"]
     a = load_checkpoint(latest_checkpoint(tmp_path / "full" / "checkpoints"))
     b = load_checkpoint(latest_checkpoint(tmp_path / "cut" / "checkpoints"))

@@ -13,6 +13,7 @@ import torch
 from agentflow_core.rl.offline_data import load_transitions
 from agentflow_core.rl.trajectories import TrajectoryWriter
 from agentflow_core.semantics import CHECKOUT, GOAL_TOKEN, N_ACTIONS, OBS_DIM
+from tasks.context import PhaseContext
 from tasks.dataset import append_cycle
 
 
@@ -85,26 +86,24 @@ def test_transitions_pair_steps_drop_unbootstrappable_ends_and_age_by_cycle(tmp_
 
 
 @pytest.mark.slow
-def test_offline_stage_hands_ppo_its_actor_and_a_decaying_kl(tmp_path: Path) -> None:
+def test_offline_stage_hands_ppo_its_actor_and_a_decaying_kl(tmp_path: Path, tiny_config: Any) -> None:
     from agentflow_core.rl.ppo import MemorySink
-    from tasks.config_io import load_config
     from tasks.steps.explore import run_explore
     from tasks.steps.offline import ACTOR_FILE, run_offline
     from tasks.steps.train import run_train
     from tasks.steps.variants import run_variants
-    from tests.tiny import write_tiny_params
 
     torch.set_num_threads(1)
-    cfg = load_config(write_tiny_params(tmp_path, train={"total_steps": 1024, "eval_every_updates": 2}))
+    cfg = tiny_config(train={"total_steps": 1024, "eval_every_updates": 2})
     catalogue, traj, offline = (
         tmp_path / "data" / "variants",
         tmp_path / "data" / "trajectories",
         tmp_path / "data" / "offline",
     )
-    run_variants(cfg, catalogue)
-    run_explore(cfg, catalogue, traj)
+    run_variants(PhaseContext.of(cfg), catalogue)
+    run_explore(PhaseContext.of(cfg), catalogue, traj)
     metrics = tmp_path / "offline.json"
-    summary = run_offline(cfg, catalogue, traj, offline, metrics)
+    summary = run_offline(PhaseContext.of(cfg), catalogue, traj, offline, metrics)
     assert summary["passed"] and (offline / ACTOR_FILE).is_file()
     assert summary["transitions"] > 0 and summary["replay_draws_newest_share"] == 1.0  # one cycle: all newest
     assert summary["improve_kl_after"] < summary["improve_kl_before"]
@@ -113,13 +112,13 @@ def test_offline_stage_hands_ppo_its_actor_and_a_decaying_kl(tmp_path: Path) -> 
         written["offline_validation_process_success"] - written["bc_validation_process_success"]
     )
     sink = MemorySink()
-    result = run_train(cfg, catalogue, traj, tmp_path / "out", False, sink=sink, offline_dir=offline)
+    result = run_train(PhaseContext.of(cfg), catalogue, traj, tmp_path / "out", False, sink=sink, offline_dir=offline)
     assert result["bc"]["source"] == "offline" and result["offline"]["kl_coef"] == 0.1
     assert sink.series("offline/kl_coef") == pytest.approx([0.1, 0.1 * (1 - 1 / 20)])
     assert all(np.isfinite(sink.series("offline/kl_to_offline")))
     # switched off: no actor is left for training, which falls back to BC
     off = cfg.model_copy(update={"offline": cfg.offline.model_copy(update={"enabled": False})})
-    assert run_offline(off, catalogue, traj, offline)["enabled"] is False
+    assert run_offline(PhaseContext.of(off), catalogue, traj, offline)["enabled"] is False
     assert not (offline / ACTOR_FILE).exists()
 
 

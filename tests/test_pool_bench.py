@@ -16,7 +16,7 @@ from pool_fixtures import registry_catalogue
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import N_ACTIONS
-from tasks.bench.pool_bench import semantic_overhead
+from benchmarks.semantic_overhead import semantic_overhead
 
 _, FACTORY, VARIANTS = registry_catalogue()
 
@@ -67,8 +67,8 @@ def test_semantic_overhead_sides_play_the_same_trajectories() -> None:
 
 def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: Path) -> None:
     from agentflow_core.atomic import write_json
-    from flows.cli.bench import render_benchmarks
-    from tasks.bench_runs import combine_runs
+    from benchmarks.markdown import render_benchmarks
+    from benchmarks.runs import combine_runs
 
     pool_runs = [
         {
@@ -99,3 +99,29 @@ def test_repeated_runs_count_a_target_as_met_only_if_every_run_met_it(tmp_path: 
     assert "| `sps_ratio_vs_sb3` | 3.6 | 3 | yes | 3.4 / 3.6 |" in text
     with pytest.raises(ValueError, match="at least one"):
         combine_runs([])
+
+
+def test_live_layout_keeps_every_worker_within_the_config_bound() -> None:
+    from agentflow_core.config import MAX_ENVS
+    from agentflow_core.variants import stable_worker
+    from benchmarks.pool_bench import live_layout
+
+    env_ids = [f"env_{i}" for i in range(2 * MAX_ENVS - 100)]
+    assert live_layout(env_ids, 300) == (1, 300)
+    workers, max_live = live_layout(env_ids, len(env_ids))
+    assert workers >= 2 and max_live == MAX_ENVS
+    slices = np.bincount([stable_worker(e, workers) for e in env_ids], minlength=workers)
+    assert slices.max() <= MAX_ENVS and slices.sum() == len(env_ids)
+    PoolConfig(num_workers=workers, max_live_per_worker=max_live)  # within the bounds: no ValidationError
+
+
+def test_the_all_live_probe_holds_every_variant_live_beyond_one_workers_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the bound at 8 the 24 variants are spread over workers of at most 8 each, and all 24 are live at once."""
+    import benchmarks.pool_bench as pool_bench
+
+    monkeypatch.setattr(pool_bench, "MAX_ENVS", 8)
+    sample = VARIANTS[:24]
+    workers, max_live = pool_bench.live_layout([v.env_id for v in sample], len(sample))
+    assert workers >= 3 and max_live == 8
+    out = pool_bench._memory_probe([v.to_json() for v in sample], FACTORY, len(sample), workers, max_live)
+    assert out["live_envs"] == len(sample)

@@ -12,7 +12,7 @@ from pool_fixtures import Fault, TinyFactory, tiny_variants
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import PoolError
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.pool.worker import TIMED_OUT, BatchWatchdog
+from agentflow_core.pool.watchdog import TIMED_OUT, BatchWatchdog
 from agentflow_core.semantics import SemanticAction
 
 LOGIN, VIEW, PAY = int(SemanticAction.LOGIN), int(SemanticAction.VIEW_PRODUCT), int(SemanticAction.SUBMIT_PAYMENT)

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from agentflow_core.config import TrainConfig
-from agentflow_core.pool.slices import slice_seeds
 from agentflow_core.rl.adaptive import AdaptiveKLController
 from agentflow_core.rl.losses import (
     approx_kl,
@@ -31,6 +30,7 @@ from agentflow_core.rl.losses import (
 )
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink
+from agentflow_core.rl.rollout import slice_seeds
 from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec
 

@@ -116,12 +116,26 @@ def test_malformed_documents_name_the_file_and_key(document: dict[str, Any]) -> 
     _fails(changed(("handled_outcomes", 0, "tokens"), ["SUPPORT"]), "handled_outcomes.0.tokens.0")
     _fails(changed(("channels", "order_db", "mapping"), "../../etc/passwd"), "channels.order_db.mapping")
     _fails(changed(("features", 0), "user logged in"), "features.0")
+    _fails(changed(("legal_actions", "LOGIN", "any"), ["SIGNED_OUT"]), "legal_actions.LOGIN.any.0")
+    _fails(changed(("features", 3, "observed_with"), ["NOT_A_TOKEN"]), "features.3.observed_with.0")
+    _fails(changed(("supersedes", "ESCALATED"), ["NOPE"]), "supersedes.ESCALATED.0")
+
+
+def test_the_checkout_yaml_declares_the_core_s_contract(document: dict[str, Any]) -> None:
+    contract = ProcessSpec.from_document(document, "checkout.yaml").vocabulary.state_contract
+    assert contract == semantics.CHECKOUT.state_contract
+    assert contract.legal_actions({"LOGGED_OUT"}) == ("LOGIN", "ESCALATE")
+    assert contract.feature("balance_ratio").observed_with == {"LOGGED_IN"}
+    assert contract.canonical(frozenset({"ESCALATED", "USER_BLOCKED"})) == {"ESCALATED"}
 
 
 def test_a_channel_mapping_outside_the_vocabulary_is_refused(document: dict[str, Any], tmp_path: Path) -> None:
     doc = copy.deepcopy(document)
     doc["tokens"] = [t for t in doc["tokens"] if t != "FUNDS_TOPPED_UP"]
     doc["expert"]["rules"] = [r for r in doc["expert"]["rules"] if r["when"] != "FUNDS_TOPPED_UP"]
+    for rule in doc["legal_actions"].values():
+        for kind in list(rule):
+            rule[kind] = [t for t in rule[kind] if t != "FUNDS_TOPPED_UP"]
     process = ProcessSpec.from_document(doc, "short.yaml")
     with pytest.raises(MappingError, match=r"web_checkout_v2\.json: at \$\.token_rules: 'FUNDS_TOPPED_UP' is not in"):
         check_channels(process, REPO / "configs" / "envs")

@@ -28,7 +28,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.compose import RAY_CLUSTER_SWITCH
+from tasks.context import PhaseContext
+from tasks.ray_runtime import RAY_CLUSTER_SWITCH
 from tests.tiny import tiny_params, write_tiny_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,13 +53,13 @@ def _phases(root: Path, backend: str) -> dict[str, Any]:
 
     cfg = _cfg(root, backend)
     paths = DataPaths.of(cfg)
-    out: dict[str, Any] = {"calibrate": run_calibrate(cfg, paths.calibration)}
-    out["variants"] = run_variants(cfg, paths.variants)["catalogue_sha256"]
-    out["explore"] = run_explore(cfg, paths.variants, paths.trajectories)
-    train = run_train(cfg, paths.variants, paths.trajectories, paths.checkpoints, resume=False)
+    out: dict[str, Any] = {"calibrate": run_calibrate(PhaseContext.of(cfg), paths.calibration)}
+    out["variants"] = run_variants(PhaseContext.of(cfg), paths.variants)["catalogue_sha256"]
+    out["explore"] = run_explore(PhaseContext.of(cfg), paths.variants, paths.trajectories)
+    train = run_train(PhaseContext.of(cfg), paths.variants, paths.trajectories, paths.checkpoints, resume=False)
     out["train"] = {k: train[k] for k in ("policy_hash", "test_process_success", "test_return", "global_step")}
     out["train_pool"] = train["pool"]
-    out["stress"] = run_stress(cfg)["metrics"]
+    out["stress"] = run_stress(PhaseContext.of(cfg))["metrics"]
     return out
 
 
@@ -85,8 +86,8 @@ def _untimed(summary: Any) -> Any:
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_config_default_backend_follows_num_workers(tmp_path: Path) -> None:
-    from agentflow_core.config import AgentFlowConfig, PoolConfig
+def test_config_default_backend_follows_num_workers(tiny_config: Any) -> None:
+    from agentflow_core.config import PoolConfig
     from agentflow_core.pool.inprocess import InProcessPool
     from agentflow_core.pool.ray_pool import RayPool
     from agentflow_core.variants import read_catalogue
@@ -97,16 +98,16 @@ def test_config_default_backend_follows_num_workers(tmp_path: Path) -> None:
     assert PoolConfig().backend == "ray" and PoolConfig(num_workers=0).backend == "inprocess"
     with pytest.raises(ValueError, match="needs num_workers >= 1"):
         PoolConfig(num_workers=0, backend="ray")
-    cfg = AgentFlowConfig.model_validate(tiny_params(tmp_path, pool={"num_workers": 1}))
-    run_variants(cfg, DataPaths.of(cfg).variants)
+    cfg = tiny_config(pool={"num_workers": 1})
+    run_variants(PhaseContext.of(cfg), DataPaths.of(cfg).variants)
     variants = read_catalogue(DataPaths.of(cfg).variants)
-    pool = build_pool(cfg, variants, 4, seed=0, standby=False)
+    pool = build_pool(PhaseContext.of(cfg), variants, 4, seed=0, standby=False)
     try:
         assert isinstance(pool, RayPool)
     finally:
         pool.close()
-    cfg = AgentFlowConfig.model_validate(tiny_params(tmp_path, pool={"num_workers": 0}))
-    assert isinstance(build_pool(cfg, variants, 4, seed=0), InProcessPool)
+    cfg = tiny_config(pool={"num_workers": 0})
+    assert isinstance(build_pool(PhaseContext.of(cfg), variants, 4, seed=0), InProcessPool)
 
 
 # ---------------------------------------------------------------------------------------- CLI runs
@@ -290,7 +291,7 @@ def test_a_sigkilled_env_worker_is_replaced_and_training_completes(tmp_path: Pat
     assert _agentflow("variants", "--params", str(params), env=env, cwd=tmp_path).returncode == 0
 
     def kill_a_stepping_worker(train: subprocess.Popen) -> None:
-        from tasks.bench.train_bench import busy_env_worker
+        from benchmarks.train_bench import busy_env_worker
 
         victim = busy_env_worker(train.pid, deadline=time.monotonic() + 60)
         assert victim is not None, "no env worker of the training run was seen stepping"
@@ -320,16 +321,15 @@ def test_an_unreachable_cluster_fails_fast_naming_it_and_writes_nothing(tmp_path
 
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.skipif(os.geteuid() != 0, reason="raising a process's priority back to nice 0 needs root or RLIMIT_NICE")
-def test_ray_env_workers_run_at_normal_priority(tmp_path: Path) -> None:
-    from agentflow_core.config import AgentFlowConfig
+def test_ray_env_workers_run_at_normal_priority(tiny_config: Any) -> None:
     from agentflow_core.variants import read_catalogue
     from tasks.compose import build_pool
     from tasks.paths import DataPaths
     from tasks.steps.variants import run_variants
 
-    cfg = AgentFlowConfig.model_validate(tiny_params(tmp_path, pool={"num_workers": 2}))
-    run_variants(cfg, DataPaths.of(cfg).variants)
-    pool = build_pool(cfg, read_catalogue(DataPaths.of(cfg).variants), 4, seed=0, standby=False)
+    cfg = tiny_config(pool={"num_workers": 2})
+    run_variants(PhaseContext.of(cfg), DataPaths.of(cfg).variants)
+    pool = build_pool(PhaseContext.of(cfg), read_catalogue(DataPaths.of(cfg).variants), 4, seed=0, standby=False)
     try:
         pids = pool.worker_pids()  # type: ignore[attr-defined]
         assert [psutil.Process(pid).nice() for pid in pids] == [0, 0]  # Ray itself starts workers at nice 15

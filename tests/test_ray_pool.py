@@ -20,7 +20,8 @@ from ray import cloudpickle
 
 from agentflow_core.config import PoolConfig, VariantsConfig
 from agentflow_core.pool.base import PoolError, RegistryEnvFactory
-from agentflow_core.pool.ray_pool import RayPool, start_blank_workers
+from agentflow_core.pool.ray_actors import start_blank_workers
+from agentflow_core.pool.ray_pool import RayPool
 from agentflow_core.registry import EnvRegistry
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM, SemanticAction
 from agentflow_core.variants import BaseEnvInfo, generate_variants

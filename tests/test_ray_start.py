@@ -21,11 +21,12 @@ import json, sys, time
 import psutil
 import ray
 from agentflow_core.config import AgentFlowConfig
-from tasks.compose import LOCAL_RAY, backend, start_ray, stop_ray
+from tasks.backend import backend_of
+from tasks.ray_runtime import LOCAL_RAY, start_ray, stop_ray
 
 cfg = AgentFlowConfig.model_validate(json.loads(sys.argv[1]))
 began = time.monotonic()
-where = backend(cfg)
+where = backend_of(cfg).place()
 returned_s = time.monotonic() - began
 up_at_return = ray.is_initialized()
 start_ray(cfg)  # what every pool builder calls first: waits for the start under way
@@ -80,7 +81,7 @@ def test_the_lean_head_skips_only_what_a_private_ray_never_uses_and_restores_ray
     """The autoscaler and log monitors always; the API server only with the dashboard off; Ray's own methods after."""
     from ray._private.node import Node
 
-    from tasks.compose import _lean_head
+    from tasks.ray_runtime import _lean_head
 
     before = {name: Node.__dict__[name] for name in ("start_monitor", "start_log_monitor", "start_api_server")}
     with _lean_head(include_dashboard=dashboard) as names:

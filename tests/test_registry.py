@@ -85,6 +85,14 @@ TOY_MAPPING: dict[str, Any] = {
         {"id": "PAID", "when": {"stage": "paid"}, "emit": ["PAYMENT_SUCCESS"]},
     ],
     "feature_rules": [{"id": "BALANCE", "feature": "balance_ratio", "source": "balance", "scale": 0.001}],
+    "unobservable_features": [
+        "user_logged_in",
+        "cart_items",
+        "payment_page_loaded",
+        "is_vip",
+        "price_factor",
+        "retries_used",
+    ],
     "actions": {"LOGIN": {"type": "login"}, "SUBMIT_PAYMENT": {"type": "pay"}},
 }
 
@@ -133,7 +141,7 @@ def test_load_and_make(config_dir: Path) -> None:
     assert env.physical.scenario.balance == 400.0 and env.max_episode_steps == 7
     obs, info = env.reset(seed=0)
     assert info["tokens"] == ["LOGGED_OUT"] and info["step_id"] == 0
-    assert obs[-3] == pytest.approx(0.4)  # balance_ratio = 400 * 0.001
+    assert obs[-3] == 0.0  # balance_ratio is presented only in a live session (LOGGED_IN)
     env.step(SemanticAction.LOGIN)
     _, reward, terminated, truncated, info = env.step(SemanticAction.SUBMIT_PAYMENT)
     assert (reward, terminated, truncated) == (10.0, True, False)

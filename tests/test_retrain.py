@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from agentflow_core.rl.trajectories import read_card, read_steps
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from tasks.context import PhaseContext
 from tasks.prefect_tasks import GateFailed
 from tests.tiny import write_tiny_params
 
@@ -169,10 +170,10 @@ def test_paired_comparison_plays_identical_episodes_and_rejects_an_untrained_pol
         {},
         {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
     )
-    a, b = heldout_outcomes(cfg, champion), heldout_outcomes(cfg, untrained)
+    a, b = heldout_outcomes(PhaseContext.of(cfg), champion), heldout_outcomes(PhaseContext.of(cfg), untrained)
     assert len(a) == 128 and [o.key for o in a] == [o.key for o in b]
-    assert heldout_outcomes(cfg, champion) == a  # the same episodes give the same outcomes
-    result = paired_heldout(cfg, untrained, champion)
+    assert heldout_outcomes(PhaseContext.of(cfg), champion) == a  # the same episodes give the same outcomes
+    result = paired_heldout(PhaseContext.of(cfg), untrained, champion)
     assert not result.beats and result.losses > result.wins
 
 

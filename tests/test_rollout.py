@@ -21,17 +21,17 @@ import pytest
 import torch
 
 from agentflow_core.config import PoolConfig, RewardConfig, TrainConfig
-from agentflow_core.contracts import PoolBatch
+from agentflow_core.contracts import PoolBatch, RolloutSlice, RolloutSource
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.pool.rollout import InProcessSlices, SlicedRollouts
-from agentflow_core.pool.slices import RolloutSlice, collect_slice, slice_seeds
 from agentflow_core.rl.checkpoint import CheckpointManager, load_checkpoint, restore_ppo
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
+from agentflow_core.rl.rollout import CentralRollouts, collect_slice, rollout_source, slice_seeds
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
-from tasks.bench.ppo_bench import _packaged_factory, demo_catalogue
+from benchmarks.ppo_bench import _packaged_factory, demo_catalogue
 from tasks.compose import recovery_summary
 
 NUM_ENVS, N_STEPS = 8, 16
@@ -106,6 +106,22 @@ def test_reward_after_the_rollout_equals_the_reward_while_stepping(variants: lis
         assert rollout.done.sum() > 10  # episodes ended and autoreset inside the rollout
         assert post_hoc.state_dict() == reference.reward.state_dict()
     finally:
+        pool.close()
+
+
+def test_both_rollout_sources_meet_the_protocol_and_a_plain_pool_is_stepped_centrally(variants: list[Any]) -> None:
+    """The learner's seam is ``contracts.RolloutSource``: worker-side slices are taken as they are, a plain
+    :class:`EnvPool` is wrapped in ``CentralRollouts`` (stepped from the learner's process)."""
+    sliced = _inprocess(variants)
+    pool = InProcessPool(variants, _packaged_factory(variants), NUM_ENVS, POOL, seed=0)
+    try:
+        central = rollout_source(pool)
+        assert rollout_source(sliced) is sliced
+        assert isinstance(central, CentralRollouts) and central.pool is pool
+        assert isinstance(sliced, RolloutSource) and isinstance(central, RolloutSource)
+        assert not isinstance(pool, RolloutSource)
+    finally:
+        sliced.close()
         pool.close()
 
 
@@ -228,7 +244,7 @@ def test_a_rollout_sent_ahead_is_the_rollout_collect_sends(variants: list[Any], 
 
 
 def _records(rollouts: SlicedRollouts, eval_variants: list[Any], policy: ActorCritic) -> list[tuple[Any, ...]]:
-    from agentflow_core.evaluation.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
+    from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
 
     out = []
     for actor, net in (

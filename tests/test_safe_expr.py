@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agentflow_core.config import RewardConfig
-from agentflow_core.rl.safe_expr import ExpressionEvalError, UnsafeExpressionError, compile_condition
+from agentflow_core.safe_expr import ExpressionEvalError, UnsafeExpressionError, compile_condition
 from agentflow_core.semantics import CHECKOUT, FEATURES, TOKENS
 
 NAMES = (*CHECKOUT.tokens, *CHECKOUT.features)

@@ -13,7 +13,7 @@ from agentflow_core.config import PoolConfig
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.pool.scheduler import EpisodeStats, HeatTracker, Scheduler, gumbel_top_k
 from agentflow_core.pool.strategies import STRATEGIES, PLRCoverageScheduler, make_scheduler
-from tasks.bench.scheduler_bench import run_scheduler_bench
+from benchmarks.scheduler_bench import run_scheduler_bench
 
 WIN = EpisodeStats(return_=10.0, success=True, length=5, tokens=frozenset({"PAYMENT_SUCCESS"}))
 LOSS = EpisodeStats(

@@ -15,6 +15,7 @@ from agentflow_core.evaluation.sim_to_real import EpisodeTrace, PairedEpisode, s
 from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.variants import VariantSpec
 from tasks.config_io import parse_config
+from tasks.context import PhaseContext
 from tasks.real_channels import REAL_CHANNELS, payment_api_process
 from tasks.steps.stress import run_stress
 
@@ -71,7 +72,7 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
     params = tiny_params(tmp_path)
     params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 1, "max_gap": 0.02}
     cfg = parse_config(params)
-    summary = run_stress(cfg, "expert")
+    summary = run_stress(PhaseContext.of(cfg), "expert")
     report = summary["sim_to_real"]
     assert [f["family"] for f in report["families"]] == ["order_db", "payment_api", "web_checkout"]
     for family in report["families"]:
@@ -99,7 +100,52 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
 def test_payment_api_process_serves_until_its_parent_closes_the_pipe() -> None:
     """The real HTTP channel's server runs in its own process; leaving the context stops it (stdin EOF)."""
     with payment_api_process() as url:
-        answered = httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, timeout=10)
+        token = httpx.post(f"{url}/clients", json={}, timeout=10).json()["client_token"]
+        headers = {"X-Client-Token": token}
+        answered = httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, headers=headers, timeout=10)
         assert answered.status_code in (200, 201) and answered.json()
     with pytest.raises(httpx.ConnectError):
         httpx.post(f"{url}/episodes", json={"scenario": {}, "seed": 1}, timeout=2)
+
+
+def _variant(i: int, **params: object) -> VariantSpec:
+    base = {"network": "normal", "inventory": 20, "start_stage": "login"}
+    return VariantSpec(f"v{i}", "web_checkout_v2", "web_checkout", {**base, **params}, f"h{i}")
+
+
+def test_stratify_covers_every_value_of_every_dimension_first() -> None:
+    from agentflow_core.evaluation.sim_to_real import stratify
+
+    sample = [_variant(0), _variant(1, inventory=7), _variant(2, network="latency_500ms"), _variant(3, inventory=0)]
+    chosen = stratify(sample, ["network", "inventory"], 3)
+    values = {(v.params["network"], v.params["inventory"]) for v in chosen}
+    assert ("latency_500ms", 20) in values and ("normal", 0) in values and len(chosen) == 3
+    assert len(stratify(sample, ["inventory"], 2)) == 2  # inventory's strata: 0 and > 0 (7 and 20 are one)
+    assert len(stratify(sample, ["network"], 10)) == 4  # never more than the sample, never a repeat
+
+
+def test_per_dimension_gap_and_root_causes_by_hand() -> None:
+    from agentflow_core.evaluation.report import oscar_rows
+    from agentflow_core.evaluation.sim_to_real import per_dimension
+
+    stuck = EpisodeTrace((9, 9), (("NETWORK_TIMEOUT",), ("NETWORK_TIMEOUT",)), False, False, False, (0.1, 0.1))
+    episodes = [
+        PairedEpisode("web_checkout", "v0", 1, _trace(True), _trace(True)),
+        PairedEpisode("web_checkout", "v2", 2, _trace(True), stuck),
+    ]
+    params = {"v0": _variant(0).params, "v2": _variant(2, network="latency_500ms").params}
+    rows = per_dimension(episodes, params, ["network"])
+    slow = next(r for r in rows if r["value"] == "latency_500ms")
+    assert (slow["sim_process_success"], slow["real_process_success"], slow["gap"]) == (1.0, 0.0, 1.0)
+    assert slow["root_causes"] == ["stuck at NETWORK_TIMEOUT"]
+    table = oscar_rows({"sim_to_real_oscar": {"per_dimension": rows}})
+    assert [r[:2] for r in table] == [["network", "latency_500ms"], ["network", "normal"]]
+
+
+def test_the_oscar_gap_is_gated_when_the_oscar_run_is_on() -> None:
+    on = {"enabled": True, "max_gap": 0.02, "oscar_episodes": 2}
+    cfg = AgentFlowConfig.model_validate({"stress": {"sim_to_real": on}})
+    names = [c.metric for c in stress_gate(cfg).checks]
+    assert "sim_to_real_gap_oscar" in names
+    off = AgentFlowConfig.model_validate({"stress": {"sim_to_real": {"enabled": True}}})
+    assert "sim_to_real_gap_oscar" not in [c.metric for c in stress_gate(off).checks]

@@ -20,6 +20,7 @@ from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import GOAL_TOKEN, SemanticAction, accepted_outcomes, decode_tokens, process_success
 from agentflow_core.splits import SPLIT_FILE, SPLITS, assign_splits, read_splits, write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants
+from tasks.context import PhaseContext
 from tests.pool_fixtures import TinyFactory
 
 DIMENSIONS = AgentFlowConfig().variants.dimensions
@@ -130,11 +131,11 @@ class RecordingFactory:
     def __init__(self) -> None:
         self.pools: list[list[str]] = []
 
-    def __call__(self, cfg: AgentFlowConfig, variants: Sequence[VariantSpec], num_envs: int, **kw: Any) -> EnvPool:
+    def __call__(self, ctx: PhaseContext, variants: Sequence[VariantSpec], num_envs: int, **kw: Any) -> EnvPool:
         from tasks.compose import build_pool
 
         self.pools.append([v.content_hash for v in variants])
-        return build_pool(cfg, variants, num_envs, **kw)
+        return build_pool(ctx, variants, num_envs, **kw)
 
 
 class RecordingRollouts(RecordingFactory):
@@ -144,11 +145,11 @@ class RecordingRollouts(RecordingFactory):
         super().__init__()
         self.evaluations: list[tuple[str, list[str]]] = []  # (actor kind, variants played)
 
-    def __call__(self, cfg: AgentFlowConfig, variants: Sequence[VariantSpec], num_envs: int, **kw: Any) -> Any:
+    def __call__(self, ctx: PhaseContext, variants: Sequence[VariantSpec], num_envs: int, **kw: Any) -> Any:
         from tasks.compose import build_rollouts
 
         self.pools.append([v.content_hash for v in variants])
-        rollouts = build_rollouts(cfg, variants, num_envs, **kw)
+        rollouts = build_rollouts(ctx, variants, num_envs, **kw)
         evaluate = rollouts.evaluate
 
         def recorded(eval_variants: Sequence[VariantSpec], actor: Any, *args: Any) -> Any:
@@ -160,23 +161,21 @@ class RecordingRollouts(RecordingFactory):
 
 
 @pytest.mark.slow
-def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_path: Path) -> None:
+def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_path: Path, tiny_config: Any) -> None:
     from agentflow_core.rl.trajectories import read_steps
-    from tasks.config_io import load_config
     from tasks.steps.explore import run_explore
     from tasks.steps.train import run_train
     from tasks.steps.variants import run_variants
-    from tests.tiny import write_tiny_params
 
     torch.set_num_threads(1)  # BC and PPO on a shared 2-core machine: one thread avoids oversubscription
-    cfg = load_config(write_tiny_params(tmp_path, train={"total_steps": 512}))
-    run_variants(cfg, tmp_path / "variants")
+    cfg = tiny_config(train={"total_steps": 512})
+    run_variants(PhaseContext.of(cfg), tmp_path / "variants")
     splits = {name: {v.content_hash for v in vs} for name, vs in read_splits(tmp_path / "variants").items()}
     explore_pools, rollouts = RecordingFactory(), RecordingRollouts()
-    run_explore(cfg, tmp_path / "variants", tmp_path / "traj", pool_factory=explore_pools)
+    run_explore(PhaseContext.of(cfg), tmp_path / "variants", tmp_path / "traj", pool_factory=explore_pools)
     metrics = tmp_path / "train.json"
     summary = run_train(
-        cfg,
+        PhaseContext.of(cfg),
         tmp_path / "variants",
         tmp_path / "traj",
         tmp_path / "out",

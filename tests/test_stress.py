@@ -15,7 +15,9 @@ from agentflow_core.evaluation.stress import RiskRule, run_stress_episodes, stra
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import SemanticAction, decode_tokens
 from agentflow_core.variants import BaseEnvInfo, generate_variants
+from tasks.context import PhaseContext
 from tests.pool_fixtures import Fault, TinyFactory, tiny_variants
+from tests.tiny import local_config
 
 A = SemanticAction
 
@@ -25,20 +27,11 @@ def tiny_policy(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.array([int(A.LOGIN) if "LOGGED_OUT" in decode_tokens(o) else int(A.SUBMIT_PAYMENT) for o in obs])
 
 
-def small_cfg(repo_root: Path, tmp_path: Path, **stress: object) -> AgentFlowConfig:
-    cfg = AgentFlowConfig()
-    base = cfg.base.model_copy(
-        update={"data_dir": str(tmp_path / "data"), "env_config_dir": str(repo_root / "configs/envs")}
-    )
-    variants = cfg.variants.model_copy(update={"samples_per_combination": 1})
-    return cfg.model_copy(
-        update={
-            "base": base,
-            "variants": variants,
-            "stress": cfg.stress.model_copy(
-                update={"variants": 24, "num_envs": 8, "consistency_variants": 12, **stress}
-            ),
-        }
+def small_cfg(tmp_path: Path, **stress: object) -> AgentFlowConfig:
+    return local_config(
+        tmp_path,
+        variants={"samples_per_combination": 1},
+        stress={"variants": 24, "num_envs": 8, "consistency_variants": 12, **stress},
     )
 
 
@@ -98,8 +91,8 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     from tasks.rollout import EXPERT
     from tasks.steps.stress import run_stress
 
-    cfg = small_cfg(repo_root, tmp_path)
-    summary = run_stress(cfg, EXPERT, episodes=60)
+    cfg = small_cfg(tmp_path)
+    summary = run_stress(PhaseContext.of(cfg), EXPERT, episodes=60)
     m = summary["metrics"]
     assert m["episodes"] == 60 and m["crash_episodes"] == 0
     assert m["success_rate"] > 0.8
@@ -107,6 +100,9 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     assert m["consistency"] == 1.0  # the expert's rules read tokens only
     assert m["consistency_random"] < 0.3  # a random policy on the same probe states: the floor, for scale
     assert summary["consistency"]["random_policy_score"] == m["consistency_random"]
+    # one business state, one observation: on paired states every channel gets the same action
+    assert m["cross_channel_consistency"] == 1.0 and m["cross_channel_consistency_random"] < 0.9
+    assert m["cross_channel_paired_states"] > 10
     assert m["robustness_score"] == pytest.approx(m["success_rate"] * m["consistency"] * (1 - m["crash_rate"]))
     assert {r["env_id"] for r in summary["consistency"]["per_variant"]} <= set(
         summary["consistency"]["canonical"]["variants"]
@@ -116,6 +112,7 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
         assert (out / name).is_file(), name
     metrics = json.loads((tmp_path / "data" / "metrics" / "stress.json").read_text())
     assert {"robustness_score", "consistency", "consistency_random", "success_rate", "crash_episodes"} <= set(metrics)
+    assert metrics["cross_channel_consistency"] == 1.0
     assert metrics["robustness_score"] == m["robustness_score"]
     # process success counts the expert's escalation of blocked users; payment success cannot
     blocked = summary["process_success"]["by_dimension"]["user_tier"]["blocked"]
@@ -131,11 +128,11 @@ def test_report_files_are_written_with_documented_keys(repo_root: Path, tmp_path
     from tasks.steps.report import run_report
     from tasks.steps.stress import run_stress
 
-    cfg = small_cfg(repo_root, tmp_path, episodes=40)
+    cfg = small_cfg(tmp_path, episodes=40)
     with pytest.raises(AgentFlowError, match="run `agentflow stress`"):
-        run_report(cfg, EXPERT)
-    run_stress(cfg, EXPERT)
-    summary = run_report(cfg, EXPERT)
+        run_report(PhaseContext.of(cfg), EXPERT)
+    run_stress(PhaseContext.of(cfg), EXPERT)
+    summary = run_report(PhaseContext.of(cfg), EXPERT)
     out = Path(summary["report_dir"])
     assert sorted(summary["files"]) == [
         "consistency_matrix.png",

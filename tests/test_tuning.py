@@ -26,6 +26,7 @@ from agentflow_core.tuning import (
     choose_n_steps,
     choose_workers,
 )
+from tasks.context import PhaseContext
 from tests.tiny import tiny_params
 
 
@@ -91,9 +92,9 @@ def test_workers_follow_the_cores_that_run_at_once() -> None:
 
 
 def test_measure_cores_caps_a_local_ray_at_the_schedulable_cores() -> None:
-    from tasks.steps.tune import measure_cores
+    from tasks.backend import backend_of
 
-    cores = measure_cores(_cfg(base={"ray": {"num_cpus": 64}}))
+    cores = backend_of(_cfg(base={"ray": {"num_cpus": 64}})).cores()
     assert cores.logical == 64 and cores.usable == min(64, len(os.sched_getaffinity(0)))
 
 
@@ -158,9 +159,11 @@ def test_tiny_cycle_trains_with_a_changed_choice_and_still_learns(tmp_path: Path
     params["tune"] = {"enabled": True, "envs_per_worker": [16], "probe_steps": 4}
     cfg = AgentFlowConfig.model_validate(params)
     paths = DataPaths.of(cfg)
-    run_variants(cfg, paths.variants)
-    run_explore(cfg, paths.variants, paths.trajectories)
-    summary = run_tune(cfg, paths.variants, paths.trajectories, paths.tuning, paths.metrics_file("tune"))
+    run_variants(PhaseContext.of(cfg), paths.variants)
+    run_explore(PhaseContext.of(cfg), paths.variants, paths.trajectories)
+    summary = run_tune(
+        PhaseContext.of(cfg), paths.variants, paths.trajectories, paths.tuning, paths.metrics_file("tune")
+    )
     choice = json.loads((paths.tuning / "choice.json").read_text())
     assert choice["settings"]["train.num_envs"] == 16 != cfg.train.num_envs  # one in-process worker x 16 envs
     timing = choice["measured"]["worker_timings"][0]
@@ -169,7 +172,9 @@ def test_tiny_cycle_trains_with_a_changed_choice_and_still_learns(tmp_path: Path
     assert summary["budget/tune/wall_s"] < 20  # the probe's share of a cycle stays small
     tuned, record = tuned_config(cfg, paths.tuning)
     assert record["applied"] and tuned.train.num_envs == 16
-    trained = run_train(tuned, paths.variants, paths.trajectories, paths.checkpoints, False, tuning=record)
+    trained = run_train(
+        PhaseContext.of(tuned), paths.variants, paths.trajectories, paths.checkpoints, False, tuning=record
+    )
     assert trained["passed"] and trained["tuning"]["applied"]
     batch = 16 * tuned.train.n_steps
     assert trained["global_step"] == -(-4096 // batch) * batch  # whole updates of the tuned batch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from agentflow_core.evaluation.validator import (
     validate_episodes,
 )
 from agentflow_core.semantics import CHECKOUT, N_ACTIONS, N_TOKENS, OBS_DIM, TOKENS
+from tasks.context import PhaseContext
 
 # a toy expert: in the state with token k active it takes action k % N_ACTIONS; every action is legal
 STATES = 6
@@ -98,28 +100,26 @@ def test_rollout_reweight_scales_positive_rewards_of_suspicious_episodes_only(mo
     assert hook.metrics()["validator/suspicious_share"] == 0.0  # reading starts a new window
 
 
-def test_bench_catches_planted_hacking_and_passes_the_expert_on_the_tiny_catalogue(tmp_path: Path) -> None:
+def test_bench_catches_planted_hacking_and_passes_the_expert_on_the_tiny_catalogue(tiny_config: Any) -> None:
     """The bench's path end to end (catalogue, exploration, the validator phase, planted and honest episodes)."""
-    from tasks.bench.validator_bench import HABITS, run_validator_bench
-    from tasks.config_io import load_config
+    from benchmarks.validator_bench import HABITS, run_validator_bench
     from tasks.paths import DataPaths
     from tasks.steps.explore import run_explore
     from tasks.steps.validator import load_validator, run_validator
     from tasks.steps.variants import run_variants
-    from tests.tiny import write_tiny_params
 
     explore = {"total_steps": 1500, "epsilon_high": 0.2, "epsilon_mid": 0.2, "epsilon_low": 0.2}
-    cfg = load_config(write_tiny_params(tmp_path, explore=explore))
+    cfg = tiny_config(explore=explore)
     paths = DataPaths.of(cfg)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_variants(cfg, paths.variants)
-        run_explore(cfg, paths.variants, paths.trajectories)
-        fit = run_validator(cfg, metrics_path=paths.metrics_file("validator"))
-        model = load_validator(cfg)
+        run_variants(PhaseContext.of(cfg), paths.variants)
+        run_explore(PhaseContext.of(cfg), paths.variants, paths.trajectories)
+        fit = run_validator(PhaseContext.of(cfg), metrics_path=paths.metrics_file("validator"))
+        model = load_validator(PhaseContext.of(cfg))
         assert fit["passed"] and model is not None
-        result = run_validator_bench(cfg, model, episodes=24)
+        result = run_validator_bench(PhaseContext.of(cfg), model, episodes=24)
     finally:
         torch.set_num_threads(threads)
     assert set(result["per_behaviour"]) == set(HABITS)

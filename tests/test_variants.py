@@ -6,12 +6,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 import agentflow_core.variants as variants_mod
-from agentflow_core.config import AgentFlowConfig, RangeSpec, VariantsConfig
+from agentflow_core.config import RangeSpec, VariantsConfig
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import ConfigError
 from agentflow_core.variants import (
@@ -25,6 +26,7 @@ from agentflow_core.variants import (
     stable_worker,
     write_catalogue,
 )
+from tasks.context import PhaseContext
 
 BASES = [
     BaseEnvInfo("web_checkout_v2", "web_checkout", 2),
@@ -225,11 +227,11 @@ def test_stable_worker_is_the_same_in_another_process() -> None:
         stable_worker("x", 0)
 
 
-def test_run_variants_step_writes_the_demo_catalogue(tmp_path: Path, repo_root: Path) -> None:
+def test_run_variants_step_writes_the_demo_catalogue(tmp_path: Path, local_config: Any) -> None:
     from tasks.steps.variants import run_variants
 
-    cfg = AgentFlowConfig.model_validate({"base": {"env_config_dir": str(repo_root / "configs/envs")}})
-    summary = run_variants(cfg, tmp_path / "variants", tmp_path / "metrics" / "variants.json")
+    cfg = local_config()
+    summary = run_variants(PhaseContext.of(cfg), tmp_path / "variants", tmp_path / "metrics" / "variants.json")
     assert summary["variants"] == 7236
     assert summary["by_family"] == {"order_db": 2412, "payment_api": 2412, "web_checkout": 2412}
     assert set(summary["by_dimension"]) == {"network", "user_tier", "start_stage"}

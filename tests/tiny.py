@@ -1,4 +1,9 @@
-"""A tiny but complete cycle configuration for end-to-end tests (every phase, minutes not hours)."""
+"""The test configurations in one place: the tiny cycle (every phase, minutes not hours) and the
+shipped defaults with their outputs under a test's folder.
+
+Tests take them through the fixtures in ``tests/conftest.py`` (``tiny_config``, ``local_config``) or,
+where they need the file a command reads, :func:`write_tiny_params`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from agentflow_core.config import AgentFlowConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,6 +85,21 @@ def tiny_params(root: Path, **section_overrides: dict[str, Any]) -> dict[str, An
     for section, values in section_overrides.items():
         params.setdefault(section, {}).update(values)
     return params
+
+
+def tiny_config(root: Path, **section_overrides: dict[str, Any]) -> AgentFlowConfig:
+    """The tiny cycle's validated configuration, its outputs under ``root``."""
+    return AgentFlowConfig.model_validate(tiny_params(root, **section_overrides))
+
+
+def local_config(root: Path, **section_overrides: dict[str, Any]) -> AgentFlowConfig:
+    """The shipped defaults (full-size catalogue) with the repo's envs and the data under ``root``."""
+    params: dict[str, Any] = {
+        "base": {"data_dir": str(root / "data"), "env_config_dir": str(REPO / "configs" / "envs")},
+    }
+    for section, values in section_overrides.items():
+        params.setdefault(section, {}).update(values)
+    return AgentFlowConfig.model_validate(params)
 
 
 def write_tiny_params(root: Path, **section_overrides: dict[str, Any]) -> Path:

@@ -184,23 +184,35 @@ def _path_reader(parsed: ParsedPath) -> Reader:
     """``_lookup`` of one parsed path, with plain dicts walked without the ABC ``isinstance``."""
     in_body, keys = parsed
     if in_body and len(keys) <= 2:  # "$.order" / "$.order.status": the common shapes, unrolled
-        first, second = keys[0], keys[-1]
-        depth2 = len(keys) == 2
+        return _short_body_reader(parsed)
+    return _walking_reader(parsed)
 
-        def read_body(raw: Any) -> Any:
-            if raw.__class__ is dict:
-                body = raw.get("json")
-                if body.__class__ is dict:
-                    node = body.get(first, _MISSING)
-                    if not depth2 or node is _MISSING:
-                        return node
-                    if node.__class__ is dict:
-                        return node.get(second, _MISSING)
-                    if node is None:
-                        return _MISSING
-            return _lookup(parsed, raw)
 
-        return read_body
+def _short_body_reader(parsed: ParsedPath) -> Reader:
+    """The reader of a body path one or two keys deep."""
+    keys = parsed[1]
+    first, second = keys[0], keys[-1]
+    depth2 = len(keys) == 2
+
+    def read_body(raw: Any) -> Any:
+        if raw.__class__ is dict:
+            body = raw.get("json")
+            if body.__class__ is dict:
+                node = body.get(first, _MISSING)
+                if not depth2 or node is _MISSING:
+                    return node
+                if node.__class__ is dict:
+                    return node.get(second, _MISSING)
+                if node is None:
+                    return _MISSING
+        return _lookup(parsed, raw)
+
+    return read_body
+
+
+def _walking_reader(parsed: ParsedPath) -> Reader:
+    """The reader of any path: the body or the response, walked key by key."""
+    in_body, keys = parsed
 
     def read(raw: Any) -> Any:
         if raw.__class__ is dict:

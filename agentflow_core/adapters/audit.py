@@ -10,7 +10,12 @@ the token that state should carry. Running the adapter over them finds, before a
   meanings that exclude each other (the process's ``exclusive_tokens`` groups,
   :attr:`~agentflow_core.semantics.Vocabulary.exclusive`), naming the rules responsible;
 * ``unproducible_token``  -- a vocabulary token no rule can emit (severity ``info``: a channel
-  need not have every state).
+  need not have every state);
+* ``feature_disagrees``   -- a process feature no rule reads and the mapping does not declare
+  unobservable, or a rule that clips a feature to other bounds than the process's range;
+* ``mask_disagrees``      -- an action whose channel condition (``requires``) says otherwise than the
+  process's legal actions on a raw state (the policy's mask is the process's; a channel that cannot
+  carry a legal action out reports a failure, and one that would allow more is ignored).
 """
 
 from __future__ import annotations
@@ -21,10 +26,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentflow_core.adapters.base import BaseSemanticAdapter
+from agentflow_core.contracts import RegisteredEnv
 from agentflow_core.errors import RegistryError
-from agentflow_core.registry import EnvEntry
+from agentflow_core.state_contract import CONTEXT_FEATURES
 
-FindingKind = Literal["unmapped_raw_state", "unproducible_token", "collapsed_meaning", "wrong_token"]
+FindingKind = Literal[
+    "unmapped_raw_state",
+    "unproducible_token",
+    "collapsed_meaning",
+    "wrong_token",
+    "feature_disagrees",
+    "mask_disagrees",
+]
 Severity = Literal["error", "info"]
 NO_RULE = "-"
 
@@ -110,6 +123,8 @@ def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, 
                 )
             )
     findings.extend(_collapses(readings, file, adapter.vocabulary.exclusive))
+    findings.extend(_feature_findings(adapter, file))
+    findings.extend(_mask_findings(adapter, [raw for raw, _ in raw_states], file))
     findings.extend(
         AuditFinding("unproducible_token", file, NO_RULE, f"no rule emits {token}", severity="info")
         for token in adapter.vocabulary.tokens
@@ -162,7 +177,46 @@ def _collapses(readings: list[_Reading], file: str, groups: Sequence[frozenset[s
     return list(found.values())
 
 
-def raw_states_of(entry: EnvEntry) -> list[tuple[Any, str]]:
+def _feature_findings(adapter: BaseSemanticAdapter, file: str) -> list[AuditFinding]:
+    """Process features the mapping neither reads nor declares unobservable; clip bounds off the process's range."""
+    findings = []
+    read = {r["feature"] for r in adapter.feature_rules} | set(adapter.unobservable) | CONTEXT_FEATURES
+    for spec in adapter.contract.features:
+        if spec.name not in read:
+            detail = f"feature {spec.name}: no rule reads it and the mapping does not declare it unobservable"
+            findings.append(AuditFinding("feature_disagrees", file, NO_RULE, detail))
+    for rule in adapter.feature_rules:
+        spec = adapter.contract.feature(rule["feature"])
+        low, high = rule.get("clip", (0.0, 1.0))
+        if (low, high) != (spec.low, spec.high):
+            detail = (
+                f"feature {spec.name}: clipped to [{low}, {high}], the process's range is [{spec.low}, {spec.high}]"
+            )
+            findings.append(AuditFinding("feature_disagrees", file, rule["id"], detail))
+    return findings
+
+
+def _mask_findings(adapter: BaseSemanticAdapter, raws: Sequence[Any], file: str) -> list[AuditFinding]:
+    """Actions whose channel condition (``requires``) disagrees with the process's legal actions, once per action."""
+    if not adapter.process_masks:  # the process declares no legal actions: nothing to disagree with
+        return []
+    conditioned = {a for a, native in adapter.native_actions.items() if "requires" in native}
+    found: dict[int, AuditFinding] = {}
+    for index, raw in enumerate(raws):
+        tokens = adapter.reference_observation(raw).tokens
+        legal, channel = adapter.contract.legal_mask(tokens), adapter.reference_channel_mask(raw)
+        for action in sorted(conditioned - set(found)):
+            if legal[action] != channel[action]:
+                name = adapter.vocabulary.actions[action]
+                says = "legal" if legal[action] else "not legal"
+                detail = f"action {name}: the process says {says} in {sorted(tokens)}, the channel says otherwise"
+                found[action] = AuditFinding(
+                    "mask_disagrees", file, f"actions.{name}", f"RAW_STATES[{index}]: {detail}"
+                )
+    return list(found.values())
+
+
+def raw_states_of(entry: RegisteredEnv) -> list[tuple[Any, str]]:
     """The labelled raw samples of an entry's family module (``RAW_STATES``)."""
     module_name = entry.class_path.partition(":")[0]
     module = importlib.import_module(module_name)
@@ -172,7 +226,7 @@ def raw_states_of(entry: EnvEntry) -> list[tuple[Any, str]]:
     return list(states)
 
 
-def audit_entry(entry: EnvEntry) -> list[AuditFinding]:
+def audit_entry(entry: RegisteredEnv) -> list[AuditFinding]:
     """Audit a registered env's mapping against its family's raw states."""
     adapter = entry.build_adapter()
     return audit_mapping(adapter, raw_states_of(entry), entry.mapping_path)

@@ -7,6 +7,13 @@ channel's raw output (:meth:`BaseSemanticAdapter.match`) and how a numeric featu
 (:meth:`BaseSemanticAdapter.extract`); everything else -- rule evaluation, ``all``/``any``/``not``
 combinators, feature scaling, action translation, masks and decision logging -- is shared.
 
+What the policy sees is the process's, not the channel's: the legal-action mask, superseded tokens
+and the presentation of gated or unobservable features come from the vocabulary's
+:class:`~agentflow_core.state_contract.StateContract`, computed from the tokens the rules emit, so
+one business state gives one observation on every channel (docs/adapters-equivalence.md). A
+mapping's ``requires`` conditions say what its channel could issue; the audit compares them to
+the process (:meth:`BaseSemanticAdapter.channel_action_mask`).
+
 Every rule is compiled once, at load, into closures (see :class:`BaseSemanticAdapter`); the plain
 interpreter of the same rules stays as the reference engine and the DEBUG path.
 
@@ -18,12 +25,23 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping
 from typing import Any, ClassVar
 
 import jsonschema
 import numpy as np
 
+from agentflow_core.adapters.compiled import (
+    AdaptedStep,
+    Predicate,
+    Reader,
+    Table,
+    conjunction,
+    disjunction,
+    dispatchable,
+    identity,
+    rule_bits,
+)
 from agentflow_core.adapters.schema import _json_path, validate_mapping
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import CHECKOUT, SemanticObs, Vocabulary
@@ -31,71 +49,11 @@ from agentflow_core.semantics import CHECKOUT, SemanticObs, Vocabulary
 logger = logging.getLogger("agentflow.adapter")
 
 
-Predicate = Callable[[list[Any]], Any]  # over one step's reader values (see BaseSemanticAdapter.reader)
-Reader = Callable[[Any], Any]  # raw observation -> one value
-
 _FLOAT32_SAFE = 3.0e38  # |x| below this stays finite as float32; beyond it the exact numpy check runs
 _CACHE_LIMIT = 4096  # distinct token sets / masks kept per adapter (a handful occur in practice)
 
-
-_Table = tuple[int, dict[Any, int], tuple[tuple[Predicate, int], ...]]  # (reader index, key -> bits, members)
-
-
-def _identity(raw: Any) -> Any:
-    return raw
-
-
-def _dispatchable(key: Any) -> bool:
-    """Can a dict lookup stand in for ``value == key``? (hashable, and not NaN, which a dict finds by identity)"""
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return not (isinstance(key, float) and key != key)
-
-
-def _fire(members: tuple[tuple[Predicate, int], ...], values: list[Any]) -> int:
-    bits = 0
-    for predicate, member_bits in members:
-        if predicate(values):
-            bits |= member_bits
-    return bits
-
-
-class AdaptedStep:
-    """One raw observation through the compiled rules: what the env hands the policy.
-
-    ``vec`` is a fresh float32 vector; ``mask`` a shared read-only array (copy it to mutate);
-    ``tokens``/``ordered`` the active tokens as a frozenset and sorted tuple (both shared);
-    ``finite`` whether ``vec`` is all finite. ``obs`` builds the :class:`SemanticObs` on demand, so
-    a step that nobody inspects pays for no feature dict.
-    """
-
-    __slots__ = ("vec", "mask", "tokens", "ordered", "finite", "_context", "_names", "_values", "_obs")
-
-    def __init__(
-        self,
-        vec: np.ndarray,
-        mask: np.ndarray,
-        tokens: frozenset[str],
-        ordered: tuple[str, ...],
-        finite: bool,
-        context: Mapping[str, float] | None,
-        names: tuple[str, ...],
-        values: list[float],
-        obs: SemanticObs | None = None,
-    ) -> None:
-        self.vec, self.mask, self.tokens, self.ordered, self.finite = vec, mask, tokens, ordered, finite
-        self._context, self._names, self._values, self._obs = context, names, values, obs
-
-    @property
-    def obs(self) -> SemanticObs:
-        """The same SemanticObs ``adapt_observation`` returns (features: context first, then rules)."""
-        if self._obs is None:
-            features: dict[str, float] = dict(self._context) if self._context else {}
-            features.update(zip(self._names, self._values, strict=True))
-            self._obs = SemanticObs(self.tokens, features)
-        return self._obs
+# (tokens, sorted tokens, multi-hot block, legal mask, features presented as unknown) per token set
+TokenEntry = tuple[frozenset[str], tuple[str, ...], np.ndarray, np.ndarray, tuple[tuple[int, int, float], ...]]
 
 
 class BaseSemanticAdapter:
@@ -137,6 +95,11 @@ class BaseSemanticAdapter:
             vocabulary.action_id(name): dict(native) for name, native in self.mapping["actions"].items()
         }
         self.reward_scale = float(self.mapping.get("reward", {}).get("scale", 1.0))
+        # What the policy sees is the process's: legal actions and gated/unobservable features from the tokens.
+        self.contract = vocabulary.state_contract
+        # a vocabulary without a declaration (a test double, an old process) leaves the mask to its channel
+        self.process_masks = vocabulary.contract is not None
+        self.unobservable: tuple[str, ...] = tuple(self.mapping.get("unobservable_features", []))
         self.check_mapping()
         self._compile()
 
@@ -260,10 +223,22 @@ class BaseSemanticAdapter:
                     rule["feature"],
                     features[rule["feature"]],
                 )
+        tokens = set(self.contract.canonical(frozenset(tokens)))
+        for name in self.unobservable:
+            features[name] = self.contract.feature(name).unknown
+        for spec in self.contract.gated():
+            if spec.name in features and spec.observed_with.isdisjoint(tokens):
+                features[spec.name] = spec.unknown
         return SemanticObs(frozenset(tokens), features)
 
     def reference_action_mask(self, raw: Any) -> np.ndarray:
-        """The mask rule interpreted per action: mapped and ``available``, ESCALATE if nothing is."""
+        """The process's legal actions in the business state the reference engine reads from ``raw``."""
+        if not self.process_masks:
+            return self.reference_channel_mask(raw)
+        return self.contract.legal_mask(self.reference_observation(raw).tokens).copy()
+
+    def reference_channel_mask(self, raw: Any) -> np.ndarray:
+        """What the channel itself could issue: mapped and ``available``, ESCALATE if nothing is (for the audit)."""
         mask = np.zeros(self._n_actions, dtype=bool)
         for action, native in self.native_actions.items():
             mask[action] = self.available(native, raw)
@@ -273,7 +248,7 @@ class BaseSemanticAdapter:
 
     # ------------------------------------------------------------------ compiled engine
     def _compile(self) -> None:
-        self._readers: list[Reader] = [_identity]
+        self._readers: list[Reader] = [identity]
         self._reader_index: dict[Hashable, int] = {}
         self._keyed: dict[int, tuple[Predicate, int, tuple[Any, ...]]] = {}
         own_holds = type(self).holds is not BaseSemanticAdapter.holds
@@ -288,7 +263,7 @@ class BaseSemanticAdapter:
                 for i, rule in enumerate(self.token_rules)
             ]
         )
-        self._feature_names: tuple[str, ...] = tuple(r["feature"] for r in self.feature_rules)
+        self._feature_names: tuple[str, ...] = tuple(r["feature"] for r in self.feature_rules) + self.unobservable
         self._feature_plan: tuple[tuple[int, Reader, float, float, Any, Any], ...] = tuple(
             (
                 self._feature_index[r["feature"]],
@@ -312,28 +287,25 @@ class BaseSemanticAdapter:
                 plan.append((predicate, 1 << action))
         self._mask_always = always
         self._mask_tables, self._mask_plan = self._plan(plan)
-        self._token_cache: dict[int, tuple[frozenset[str], tuple[str, ...], np.ndarray]] = {}
+        self._token_cache: dict[int, TokenEntry] = {}
         self._mask_cache: dict[int, np.ndarray] = {}
         cls = type(self)
-        self._compiled_step_ok = (
-            cls.adapt_observation is BaseSemanticAdapter.adapt_observation
-            and cls.action_mask is BaseSemanticAdapter.action_mask
-        )
+        self._compiled_step_ok = cls.adapt_observation is BaseSemanticAdapter.adapt_observation
         self._plain_reward = cls.adapt_reward is BaseSemanticAdapter.adapt_reward
 
     def _plan(
         self, entries: list[tuple[Predicate, int]]
-    ) -> tuple[tuple[_Table, ...], tuple[tuple[Predicate, int], ...]]:
+    ) -> tuple[tuple[Table, ...], tuple[tuple[Predicate, int], ...]]:
         """Split (predicate, bits) pairs into per-reader lookup tables (keyed leaves) and the rest."""
         grouped: dict[int, list[tuple[Predicate, int, tuple[Any, ...]]]] = {}
         rest: list[tuple[Predicate, int]] = []
         for predicate, bits in entries:
             keyed = self._keyed.get(id(predicate))
-            if keyed is not None and keyed[0] is predicate and all(_dispatchable(k) for k in keyed[2]):
+            if keyed is not None and keyed[0] is predicate and all(dispatchable(k) for k in keyed[2]):
                 grouped.setdefault(keyed[1], []).append((predicate, bits, keyed[2]))
             else:
                 rest.append((predicate, bits))
-        tables: list[_Table] = []
+        tables: list[Table] = []
         for index, members in grouped.items():
             table: dict[Any, int] = {}
             for _, bits, keys in members:
@@ -349,28 +321,46 @@ class BaseSemanticAdapter:
     def _compile_tree(self, when: Mapping[str, Any], path: list[Any]) -> Predicate:
         """A condition (combinators included) as one closure over the step's reader values."""
         if "all" in when:
-            return _conjunction(tuple(self._compile_tree(s, [*path, "all", j]) for j, s in enumerate(when["all"])))
+            return conjunction(tuple(self._compile_tree(s, [*path, "all", j]) for j, s in enumerate(when["all"])))
         if "any" in when:
-            return _disjunction(tuple(self._compile_tree(s, [*path, "any", j]) for j, s in enumerate(when["any"])))
+            return disjunction(tuple(self._compile_tree(s, [*path, "any", j]) for j, s in enumerate(when["any"])))
         if "not" in when:
             inner = self._compile_tree(when["not"], [*path, "not"])
             return lambda values: not inner(values)
         return self.compile_leaf(when, path)
 
-    def _token_entry(self, bits: int) -> tuple[frozenset[str], tuple[str, ...], np.ndarray]:
+    def _token_entry(self, bits: int) -> TokenEntry:
         entry = self._token_cache.get(bits)
         if entry is None:
-            tokens = frozenset(t for i, t in enumerate(self.vocabulary.tokens) if bits >> i & 1)
+            tokens = self.contract.canonical(
+                frozenset(t for i, t in enumerate(self.vocabulary.tokens) if bits >> i & 1)
+            )
             block = np.zeros(self.vocabulary.obs_dim, dtype=np.float32)
             block[[self._token_index[t] for t in tokens]] = 1.0
             block.flags.writeable = False
             if len(self._token_cache) >= _CACHE_LIMIT:
                 self._token_cache.clear()
-            entry = self._token_cache[bits] = (tokens, tuple(sorted(tokens)), block)
+            entry = self._token_cache[bits] = (
+                tokens,
+                tuple(sorted(tokens)),
+                block,
+                self.contract.legal_mask(tokens),
+                self._hidden(tokens),
+            )
         return entry
 
+    def _hidden(self, tokens: frozenset[str]) -> tuple[tuple[int, int, float], ...]:
+        """(position among the step's feature values, block index, presented value) of every feature the
+        process presents as unknown in this business state: unobservable on this channel, or gated off."""
+        out = []
+        for position, name in enumerate(self._feature_names):
+            spec = self.contract.feature(name)
+            if name in self.unobservable or (spec.observed_with and spec.observed_with.isdisjoint(tokens)):
+                out.append((position, self._feature_index[name], spec.unknown))
+        return tuple(out)
+
     def _mask(self, values: list[Any]) -> np.ndarray:
-        bits = _rule_bits(self._mask_always, self._mask_tables, self._mask_plan, values)
+        bits = rule_bits(self._mask_always, self._mask_tables, self._mask_plan, values)
         mask = self._mask_cache.get(bits)
         if mask is None:
             mask = np.zeros(self._n_actions, dtype=bool)
@@ -385,8 +375,8 @@ class BaseSemanticAdapter:
 
     def _compiled_step(self, raw: Any, context: Mapping[str, float] | None) -> AdaptedStep:
         values = [read(raw) for read in self._readers]
-        bits = _rule_bits(0, self._token_tables, self._token_plan, values)
-        tokens, ordered, block = self._token_entry(bits)
+        bits = rule_bits(0, self._token_tables, self._token_plan, values)
+        tokens, ordered, block, legal, hidden = self._token_entry(bits)
         block_features = [0.0] * self._n_features
         finite = not self._wide_clip
         if context:
@@ -407,11 +397,16 @@ class BaseSemanticAdapter:
                 finite = False
             rule_values.append(value)
             block_features[index] = value
+        if hidden:
+            rule_values.extend(0.0 for _ in self.unobservable)
+            for position, index, unknown in hidden:
+                rule_values[position] = block_features[index] = unknown
         vec = block.copy()
         vec[self._n_tokens :] = block_features
         if not finite:
             finite = bool(np.isfinite(vec).all())
-        return AdaptedStep(vec, self._mask(values), tokens, ordered, finite, context, self._feature_names, rule_values)
+        mask = legal if self.process_masks else self._mask(values)
+        return AdaptedStep(vec, mask, tokens, ordered, finite, context, self._feature_names, rule_values)
 
     # ------------------------------------------------------------------ public step API
     def adapt_step(self, raw: Any, context: Mapping[str, float] | None = None) -> AdaptedStep:
@@ -424,7 +419,7 @@ class BaseSemanticAdapter:
             return self._compiled_step(raw, context)
         obs = self.adapt_observation(raw, context)
         vec = self.vocabulary.encode(obs.tokens, obs.features)
-        mask = self.action_mask(raw)
+        mask = self.contract.legal_mask(obs.tokens) if self.process_masks else self.channel_action_mask(raw)
         return AdaptedStep(
             vec, mask, obs.tokens, tuple(sorted(obs.tokens)), bool(np.isfinite(vec).all()), None, (), [], obs
         )
@@ -457,46 +452,13 @@ class BaseSemanticAdapter:
         return self.adapt_reward(raw_reward, step.obs, info)
 
     def action_mask(self, raw: Any) -> np.ndarray:
-        """Boolean mask over the shared action set: mapped and available in this raw state (a fresh array)."""
+        """The process's legal actions in the business state of ``raw`` (a fresh array; the same on every channel)."""
+        return self._compiled_step(raw, None).mask.copy()
+
+    def channel_action_mask(self, raw: Any) -> np.ndarray:
+        """What the channel itself could issue in ``raw``: mapped and available (the audit compares it to the process)."""
         return self._mask([read(raw) for read in self._readers]).copy()
 
     def producible_tokens(self) -> set[str]:
         """Tokens at least one rule can emit (the audit compares this to the vocabulary)."""
         return {t for r in self.token_rules for t in r["emit"]}
-
-
-def _rule_bits(bits: int, tables: Sequence[_Table], plan: Sequence[tuple[Predicate, int]], values: list[Any]) -> int:
-    """``bits`` OR the bits of every rule that fires on the step's reader values: keyed rules by one
-    table lookup per reader, the rest by their predicates (the compiled plan of :meth:`_plan`)."""
-    for index, table, members in tables:
-        try:
-            bits |= table.get(values[index], 0)
-        except TypeError:  # an unhashable value: decide each member on its own
-            bits |= _fire(members, values)
-    for predicate, rule_bits in plan:
-        if predicate(values):
-            bits |= rule_bits
-    return bits
-
-
-def _conjunction(subs: tuple[Predicate, ...]) -> Predicate:
-    """``all`` without a generator per call: the common 1-3 term cases unrolled (a step-time hot path)."""
-    if len(subs) == 1:
-        return subs[0]
-    if len(subs) == 2:
-        a, b = subs
-        return lambda values: a(values) and b(values)
-    if len(subs) == 3:
-        a, b, c = subs
-        return lambda values: a(values) and b(values) and c(values)
-    return lambda values: all(p(values) for p in subs)
-
-
-def _disjunction(subs: tuple[Predicate, ...]) -> Predicate:
-    """``any``, unrolled like :func:`_conjunction`."""
-    if len(subs) == 1:
-        return subs[0]
-    if len(subs) == 2:
-        a, b = subs
-        return lambda values: a(values) or b(values)
-    return lambda values: any(p(values) for p in subs)

@@ -17,7 +17,9 @@ mapping that a person would otherwise write by hand, then let the mapping audit 
   ...), scaled by ``1 / maximum`` where the spec documents a maximum;
   ``x-agentflow-feature: <feature>`` overrides.
 
-The spec arrives as a dict: YAML parsing happens at the CLI edge. The spec never chooses code:
+The spec is read through ``openapi_spec`` (operations, refs, properties, the shape check); this
+module holds the keyword tables and builds the mapping and the env config. The spec arrives as a
+dict: YAML parsing happens at the CLI edge. The spec never chooses code:
 the generated env is always the HTTP env of ``DEFAULT_CLASS_PATH``, and a spec whose
 ``x-agentflow-class-path`` names anything else is rejected.
 """
@@ -25,15 +27,22 @@ the generated env is always the HTTP env of ``DEFAULT_CLASS_PATH``, and a spec w
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from agentflow_core.adapters.openapi_spec import (
+    body_properties,
+    check_shape,
+    example_body,
+    operations,
+    resolve_ref,
+    words_of,
+)
 from agentflow_core.adapters.schema import validate_mapping
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 DEFAULT_CLASS_PATH = "agentflow_core.envs.payment_api:PaymentAPIEnv"
-HTTP_METHODS = ("get", "post", "put", "patch", "delete")
 
 # (action, methods, keywords) in priority order: the more specific operations come first.
 ACTION_RULES: tuple[tuple[str, frozenset[str], frozenset[str]], ...] = (
@@ -125,46 +134,9 @@ TRANSPORT_RULES: tuple[dict[str, Any], ...] = (
 )
 
 
-def _words(text: str) -> set[str]:
-    """``createSession`` / ``/payment/top_up`` / ``{order_id}`` -> lower-case words (joined forms too)."""
-    text = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text)
-    parts = [p for p in re.split(r"[^A-Za-z0-9]+", text.lower()) if p]
-    return set(parts) | {"".join(parts[i : i + 2]) for i in range(len(parts) - 1)}
-
-
-def _resolve(
-    spec: Mapping[str, Any], schema: Any, seen: frozenset[str] = frozenset()
-) -> tuple[dict[str, Any], frozenset[str]]:
-    """Follow local ``$ref``s (``#/components/...``); cycles stop at the first repeat."""
-    while isinstance(schema, Mapping) and "$ref" in schema:
-        ref = str(schema["$ref"])
-        if ref in seen or not ref.startswith("#/"):
-            return {}, seen
-        seen = seen | {ref}
-        node: Any = spec
-        for part in ref[2:].split("/"):
-            node = node.get(part, {}) if isinstance(node, Mapping) else {}
-        schema = node
-    return (dict(schema) if isinstance(schema, Mapping) else {}), seen
-
-
-def _properties(
-    spec: Mapping[str, Any], schema: Any, path: tuple[str, ...] = (), seen: frozenset[str] = frozenset()
-) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
-    """Every (property path from the body root, property schema), through refs and combinators."""
-    schema, seen = _resolve(spec, schema, seen)
-    for combinator in ("allOf", "oneOf", "anyOf"):
-        for sub in schema.get(combinator, ()):
-            yield from _properties(spec, sub, path, seen)
-    for name, sub in (schema.get("properties") or {}).items():
-        resolved, sub_seen = _resolve(spec, sub, seen)
-        yield (*path, name), resolved
-        yield from _properties(spec, resolved, (*path, name), sub_seen)
-
-
 def _context(path: tuple[str, ...]) -> str | None:
     for part in reversed(path[:-1]):
-        words = _words(part)
+        words = words_of(part)
         for context, keywords in CONTEXTS.items():
             if words & keywords:
                 return context
@@ -175,44 +147,13 @@ def _rule_id(*parts: str) -> str:
     return re.sub(r"[^a-z0-9_]+", "_", "_".join(parts).lower()).strip("_")
 
 
-def _operations(spec: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    for path, item in (spec.get("paths") or {}).items():
-        for method in HTTP_METHODS:
-            if isinstance(item, Mapping) and isinstance(item.get(method), Mapping):
-                yield str(path), method.upper(), dict(item[method])
-
-
-def _example_body(spec: Mapping[str, Any], operation: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The documented request example, else required properties from their example/default/enum."""
-    request, _ = _resolve(spec, operation.get("requestBody"))
-    media = (request.get("content") or {}).get("application/json")
-    if not isinstance(media, Mapping):
-        return None
-    if isinstance(media.get("example"), Mapping):
-        return dict(media["example"])
-    schema, _ = _resolve(spec, media.get("schema"))
-    if isinstance(schema.get("example"), Mapping):
-        return dict(schema["example"])
-    body: dict[str, Any] = {}
-    for name in schema.get("required", ()):
-        prop, _ = _resolve(spec, (schema.get("properties") or {}).get(name, {}))
-        for key in ("example", "default"):
-            if key in prop:
-                body[name] = prop[key]
-                break
-        else:
-            if prop.get("enum"):
-                body[name] = prop["enum"][0]
-    return body
-
-
 def _action_of(path: str, method: str, operation: Mapping[str, Any]) -> str | None:
     explicit = operation.get("x-agentflow-action")
     if explicit:
         return str(explicit) if explicit in CHECKOUT.actions else None
     if "{" in path:  # parameterised reads (order by id) are not a semantic action
         return None
-    words = _words(str(operation.get("operationId", ""))) | _words(path)
+    words = words_of(str(operation.get("operationId", ""))) | words_of(path)
     for action, methods, keywords in ACTION_RULES:
         if method in methods and words & keywords:
             return action
@@ -221,12 +162,12 @@ def _action_of(path: str, method: str, operation: Mapping[str, Any]) -> str | No
 
 def _actions(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     actions: dict[str, dict[str, Any]] = {}
-    for path, method, operation in _operations(spec):
+    for path, method, operation in operations(spec):
         action = _action_of(path, method, operation)
         if action is None or action in actions:
             continue
         native: dict[str, Any] = {"type": "http", "method": method, "path": path}
-        body = _example_body(spec, operation)
+        body = example_body(spec, operation)
         if body is not None:
             native["body"] = body
         elif method in ("POST", "PUT", "PATCH"):
@@ -238,9 +179,9 @@ def _actions(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     codes: dict[str, str] = {}
-    for _, _, operation in _operations(spec):
+    for _, _, operation in operations(spec):
         for code, response in (operation.get("responses") or {}).items():
-            resolved, _ = _resolve(spec, response)
+            resolved, _ = resolve_ref(spec, response)
             codes.setdefault(str(code).upper(), str(resolved.get("description", "")))
     rules: list[dict[str, Any]] = []
     for code in sorted(codes):
@@ -253,24 +194,6 @@ def _status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     if any(c == "5XX" or (c.isdigit() and 500 <= int(c) <= 599) for c in codes):
         rules.append({"id": "status_5xx", "when": {"status_range": [500, 599]}, "emit": ["SERVER_ERROR"]})
     return rules
-
-
-def _response_schemas(spec: Mapping[str, Any]) -> Iterator[Any]:
-    for _, _, operation in _operations(spec):
-        for response in (operation.get("responses") or {}).values():
-            resolved, _ = _resolve(spec, response)
-            media = (resolved.get("content") or {}).get("application/json")
-            if isinstance(media, Mapping) and "schema" in media:
-                yield media["schema"]
-
-
-def _body_properties(spec: Mapping[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:
-    """Every property any JSON response documents, first description wins, in spec order."""
-    found: dict[tuple[str, ...], dict[str, Any]] = {}
-    for schema in _response_schemas(spec):
-        for path, prop in _properties(spec, schema):
-            found.setdefault(path, prop)
-    return found
 
 
 def _enum_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -330,9 +253,9 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
 def _declared_status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``x-agentflow-tokens: [TOKENS]`` on a documented response code -> one status rule per code."""
     codes: dict[int, list[str]] = {}
-    for _, _, operation in _operations(spec):
+    for _, _, operation in operations(spec):
         for code, response in (operation.get("responses") or {}).items():
-            resolved, _ = _resolve(spec, response)
+            resolved, _ = resolve_ref(spec, response)
             tokens = resolved.get("x-agentflow-tokens")
             if str(code).isdigit() and isinstance(tokens, list):
                 codes.setdefault(int(code), [str(t) for t in tokens])
@@ -362,12 +285,12 @@ def _declared_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> lis
 
 def _declared_actions(spec: Mapping[str, Any], vocabulary: Vocabulary) -> dict[str, dict[str, Any]]:
     actions: dict[str, dict[str, Any]] = {}
-    for path, method, operation in _operations(spec):
+    for path, method, operation in operations(spec):
         action = operation.get("x-agentflow-action")
         if action not in vocabulary.actions or action in actions:
             continue
         native: dict[str, Any] = {"type": "http", "method": method, "path": path}
-        body = _example_body(spec, operation)
+        body = example_body(spec, operation)
         if body:
             native["body"] = body
         actions[str(action)] = native
@@ -403,7 +326,7 @@ def generate_process_mapping(
     The keyword tables above are checkout's words; for another process every action, token and
     feature comes from the spec's ``x-agentflow-*`` annotations, checked against its vocabulary.
     """
-    properties = _body_properties(spec)
+    properties = body_properties(spec)
     title = str((spec.get("info") or {}).get("title", family))
     mapping = {
         "family": family,
@@ -419,7 +342,7 @@ def generate_process_mapping(
 
 def generate_mapping(spec: Mapping[str, Any], family: str, version: int = 1) -> dict[str, Any]:
     """The ``api`` mapping document proposed for a spec (validated before it is returned)."""
-    properties = _body_properties(spec)
+    properties = body_properties(spec)
     token_rules = [*_status_rules(spec), *_enum_rules(properties), *(dict(r) for r in TRANSPORT_RULES)]
     title = str((spec.get("info") or {}).get("title", family))
     mapping = {
@@ -463,11 +386,15 @@ def generate_from_openapi(
             "$.x-agentflow-class-path",
             f"got {str(declared)[:120]!r}; a spec never chooses code (generated envs use {DEFAULT_CLASS_PATH})",
         )
-    if vocabulary == CHECKOUT:
-        mapping = generate_mapping(spec, family, version)
-    else:
-        mapping = generate_process_mapping(spec, family, vocabulary, version)
-    info = spec.get("info") or {}
+    check_shape(spec)
+    try:
+        if vocabulary == CHECKOUT:
+            mapping = generate_mapping(spec, family, version)
+        else:
+            mapping = generate_process_mapping(spec, family, vocabulary, version)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:  # a part deeper than check_shape reads
+        raise MappingError("<openapi>", "$", f"unexpected structure: {type(exc).__name__}: {str(exc)[:160]}") from None
+    info: Mapping[str, Any] = spec["info"] if isinstance(spec.get("info"), Mapping) else {}
     config: dict[str, Any] = {
         "env_id": f"{family}_v{version}",
         "process": process,

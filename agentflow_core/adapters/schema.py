@@ -65,6 +65,7 @@ MAPPING_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "unobservable_features": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
         "actions": {
             "type": "object",
             "propertyNames": {"type": "string"},
@@ -93,6 +94,7 @@ def mapping_schema(vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]:
     props = schema["properties"]
     props["token_rules"]["items"]["properties"]["emit"]["items"] = {"enum": list(vocabulary.tokens)}
     props["feature_rules"]["items"]["properties"]["feature"] = {"enum": list(vocabulary.features)}
+    props["unobservable_features"]["items"] = {"enum": list(vocabulary.features)}
     props["actions"]["propertyNames"] = {"enum": list(vocabulary.actions)}
     return schema
 
@@ -112,4 +114,9 @@ def validate_mapping(
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise MappingError(source, "$.token_rules", f"duplicate rule id(s) {dupes}")
+    both = sorted(
+        set(mapping.get("unobservable_features", [])) & {r["feature"] for r in mapping.get("feature_rules", [])}
+    )
+    if both:
+        raise MappingError(source, "$.unobservable_features", f"{both[0]!r} is both read by a rule and unobservable")
     return dict(mapping)

@@ -19,6 +19,8 @@ A ``text_regex`` runs on the ``regex`` package, not ``re``: a thread stuck in a 
 backtrack cannot be stopped (it holds the GIL), so every search carries ``timeout=`` and a rule
 that exceeds :data:`REGEX_TIMEOUT_S` raises :class:`MappingError` naming the rule instead of
 hanging the step. ``regex`` also avoids the blow-up of patterns like ``(.*.*)*XQZ`` outright.
+Compiling is bounded too: :func:`~agentflow_core.adapters.regex_bound.check_regex` refuses a
+pattern whose counted repetition would unroll into millions of nodes before it reaches the compiler.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from typing import Any, ClassVar
 import regex
 
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
+from agentflow_core.adapters.regex_bound import check_regex
 from agentflow_core.adapters.schema import COMPARISONS, _json_path
 from agentflow_core.errors import MappingError
 
 _BANNER_KINDS = ("error", "warning", "success", "info", "any", "none")
 REGEX_TIMEOUT_S = 0.05
-MAX_REGEX_CHARS = 1000
 _NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 # What a page value reads as when the page lacks it (the same defaults ``match`` uses).
 _PAGE_DEFAULTS: dict[str, Any] = {"text": "", "buttons": (), "links": (), "forms": (), "fields": _NO_FIELDS}
@@ -81,11 +83,12 @@ class WebAdapter(BaseSemanticAdapter):
     def _bounded_search(self, pattern: str, path: list[Any]) -> Callable[[str], bool]:
         """``pattern`` compiled once; each search stops after :data:`REGEX_TIMEOUT_S` with a MappingError."""
         where = _json_path(path)
-        if len(pattern) > MAX_REGEX_CHARS:
-            raise MappingError(self.source, where, f"regex longer than {MAX_REGEX_CHARS} characters")
+        refused = check_regex(pattern)  # before compiling: the compiler cannot be interrupted
+        if refused is not None:
+            raise MappingError(self.source, where, refused)
         try:
             compiled = regex.compile(pattern)
-        except (regex.error, OverflowError, RecursionError) as exc:
+        except (regex.error, OverflowError, RecursionError, MemoryError) as exc:
             raise MappingError(self.source, where, f"invalid regex: {exc}") from None
         source = self.source
 

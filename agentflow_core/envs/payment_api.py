@@ -129,6 +129,19 @@ class PaymentAPIEnv:
         return {"X-Fault": fault, "X-Fault-Latency": f"{latency:.6f}"}
 
     # ------------------------------------------------------------------ episode
+    def _register(self) -> None:
+        """This env's client token (``X-Client-Token``): the server's episodes answer only their own client."""
+        if self._server is not None:  # the process-wide server: no round trip needed
+            token = self._server.state.register_client()
+        else:
+            reply = self.client.request("POST", "/clients", {}, faults=False)
+            if reply.json is None or not isinstance(reply.json.get("client_token"), str):
+                raise ConnectionError(
+                    f"payment API at {self.server_url} did not register a client: {reply.outcome.value} {reply.status_code}"
+                )
+            token = reply.json["client_token"]
+        self.client.default_headers["X-Client-Token"] = token
+
     def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """New server episode (replacing this env's previous one) and the first exchange."""
         self.np_random = np.random.default_rng(seed)
@@ -137,17 +150,18 @@ class PaymentAPIEnv:
         self.client.breaker = CircuitBreaker(self.client.config.breaker, self.clock)
         method, path = START_REQUEST[self.scenario.start_stage]
         # The first exchange (step 0, no faults) comes back with the new episode: one round trip per reset.
-        created = self.client.request(
-            "POST",
-            "/episodes",
-            {
-                "scenario": self._scenario_fields,
-                "seed": server_seed,
-                "replace": self.episode_id,
-                "first": {"method": method, "path": path},
-            },
-            faults=False,
-        )
+        request = {
+            "scenario": self._scenario_fields,
+            "seed": server_seed,
+            "replace": self.episode_id,
+            "first": {"method": method, "path": path},
+        }
+        if "X-Client-Token" not in self.client.default_headers:
+            self._register()
+        created = self.client.request("POST", "/episodes", request, faults=False)
+        if created.status_code == 401:  # this env sat idle past the server's TTL: its client expired
+            self._register()
+            created = self.client.request("POST", "/episodes", request, faults=False)
         first = (created.json or {}).get("first")
         if created.json is None or "episode_id" not in created.json or not isinstance(first, dict):
             raise ConnectionError(

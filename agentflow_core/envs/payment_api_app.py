@@ -27,7 +27,10 @@ NEXT_PRODUCT_STOCK = 20
 IDEMPOTENCY_CACHE = 8
 MAX_BODY_BYTES = 64 * 1024
 MAX_EPISODES = 16_384
-EPISODE_TTL_S = 600.0
+MAX_EPISODES_PER_CLIENT = 256  # a client's own cap: one flooding client cannot take the others' room
+MAX_CLIENTS = 1024
+UNUSED_EPISODE_TTL_S = 10.0  # an episode nobody has sent a request to since its creation: gone in seconds
+EPISODE_TTL_S = 600.0  # an episode in use (and a client) idle this long is gone: an agent may pause mid-episode
 MAX_STEP = 10**9
 
 Response = tuple[int, dict[str, Any] | None, dict[str, str]]
@@ -319,51 +322,120 @@ def _number(headers: Any, name: str, default: str, low: float, high: float) -> f
 class PaymentAPIState:
     """All episodes of one server, behind one lock (the handlers are short and CPU-bound).
 
-    ``episodes`` is ordered by last use, so expiry pops from the front in O(1) per episode.
+    Every episode belongs to the client that created it: a client registers first
+    (:meth:`register_client`, ``POST /clients``) and sends its random token (``X-Client-Token``)
+    with every request; an episode answers only its own client's token, so one local client can
+    neither act on nor delete another's episodes even knowing their ids. A client holds at most
+    ``MAX_EPISODES_PER_CLIENT`` episodes (429 ``client_quota`` to that client alone). An episode
+    no request has reached since its creation expires after ``unused_ttl_s`` (seconds: what a flood
+    leaves behind); one in use after ``episode_ttl_s`` (an agent pauses mid-episode for its update
+    or an evaluation, and an episode lost to a timer would make a run depend on timing). ``episodes``,
+    ``_unused`` and ``clients`` are ordered by last use (creation): expiry pops idle ones from the
+    front in O(1) each, and when the server-wide caps are reached the least recently used episode
+    (or client) is dropped to make room, never the new request refused -- so a client that keeps
+    its episodes busy is never locked out by another that floods.
     """
 
-    def __init__(self, episode_ttl_s: float = EPISODE_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        episode_ttl_s: float = EPISODE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+        unused_ttl_s: float = UNUSED_EPISODE_TTL_S,
+    ) -> None:
         self.episodes: OrderedDict[str, _Episode] = OrderedDict()
+        self._unused: OrderedDict[str, float] = OrderedDict()  # episode id -> creation, until its first request
+        self.clients: OrderedDict[str, float] = OrderedDict()  # token -> last use
         self._last_used: dict[str, float] = {}
-        self.episode_ttl_s, self.clock = episode_ttl_s, clock
+        self._owner: dict[str, str] = {}  # episode id -> client token
+        self._held: dict[str, int] = {}  # client token -> live episodes
+        self.episode_ttl_s, self.unused_ttl_s, self.clock = episode_ttl_s, unused_ttl_s, clock
         self.lock = threading.Lock()
 
+    def _remove(self, episode_id: str) -> None:
+        del self.episodes[episode_id], self._last_used[episode_id]
+        self._unused.pop(episode_id, None)
+        client = self._owner.pop(episode_id)
+        self._held[client] -= 1
+
+    def _drop_client(self, token: str) -> None:
+        for episode_id in [e for e, c in self._owner.items() if c == token] if self._held.get(token) else []:
+            self._remove(episode_id)
+        del self.clients[token]
+        self._held.pop(token, None)
+
     def _expire(self, now: float) -> None:
+        while self._unused:
+            oldest, created = next(iter(self._unused.items()))
+            if now - created < self.unused_ttl_s:
+                break
+            self._remove(oldest)
         while self.episodes:
             oldest = next(iter(self.episodes))
             if now - self._last_used[oldest] < self.episode_ttl_s:
+                break
+            self._remove(oldest)
+        while self.clients:  # a client is used whenever its episodes are: idle means none is left
+            token, used = next(iter(self.clients.items()))
+            if now - used < self.episode_ttl_s:
                 return
-            del self.episodes[oldest], self._last_used[oldest]
+            self._drop_client(token)
 
-    def _touch(self, episode_id: str) -> _Episode | None:
-        """The episode of a bearer id (expired ones first removed), marked as just used."""
+    def _known_client(self, token: str, now: float) -> bool:
+        if token not in self.clients:
+            return False
+        self.clients.move_to_end(token)
+        self.clients[token] = now
+        return True
+
+    def _touch(self, episode_id: str, client: str) -> _Episode | None:
+        """The episode of a bearer id if ``client`` owns it (expired ones first removed), marked as just used."""
         now = self.clock()
         self._expire(now)
         ep = self.episodes.get(episode_id)
-        if ep is not None:
-            self.episodes.move_to_end(episode_id)
-            self._last_used[episode_id] = now
+        if ep is None or self._owner.get(episode_id) != client or not self._known_client(client, now):
+            return None
+        self.episodes.move_to_end(episode_id)
+        self._last_used[episode_id] = now
+        self._unused.pop(episode_id, None)
         return ep
 
-    def create(self, scenario: Scenario, seed: int, replace: str | None = None) -> str:
-        """A new episode under a fresh random id; ``replace`` (the caller's previous id) is deleted."""
+    def register_client(self) -> str:
+        """A new client token; at ``MAX_CLIENTS`` the least recently used client (and its episodes) goes."""
         with self.lock:
-            if replace and self._touch(replace) is not None:
-                del self.episodes[replace], self._last_used[replace]
-            self._expire(self.clock())
-            if len(self.episodes) >= MAX_EPISODES:
-                raise BadRequest("too_many_episodes", 429)
+            now = self.clock()
+            self._expire(now)
+            while len(self.clients) >= MAX_CLIENTS:
+                self._drop_client(next(iter(self.clients)))
+            token = f"cl-{secrets.token_urlsafe(16)}"
+            self.clients[token], self._held[token] = now, 0
+            return token
+
+    def create(self, scenario: Scenario, seed: int, replace: str | None = None, *, client: str) -> str:
+        """A new episode of ``client`` under a fresh random id; ``replace`` (its previous id) is deleted."""
+        with self.lock:
+            if replace and self._touch(replace, client) is not None:
+                self._remove(replace)
+            now = self.clock()
+            self._expire(now)
+            if not self._known_client(client, now):
+                raise BadRequest("unknown_client", 401)
+            if self._held[client] >= MAX_EPISODES_PER_CLIENT:
+                raise BadRequest("client_quota", 429)
+            while len(self.episodes) >= MAX_EPISODES:
+                self._remove(next(iter(self.episodes)))
             episode_id = f"ep-{secrets.token_urlsafe(16)}"
             self.episodes[episode_id] = _new_episode(scenario, seed)
-            self._last_used[episode_id] = self.clock()
+            self._last_used[episode_id], self._owner[episode_id] = now, client
+            self._unused[episode_id] = now
+            self._held[client] += 1
             return episode_id
 
-    def delete(self, episode_id: str) -> bool:
-        """End an episode now rather than at its TTL; False when the id is unknown or already expired."""
+    def delete(self, episode_id: str, client: str) -> bool:
+        """End an episode now rather than at its TTL; False when unknown, expired or another client's."""
         with self.lock:
-            if self._touch(episode_id) is None:
+            if self._touch(episode_id, client) is None:
                 return False
-            del self.episodes[episode_id], self._last_used[episode_id]
+            self._remove(episode_id)
             return True
 
     def handle(self, method: str, path: str, headers: Any, body: dict[str, Any]) -> Response:
@@ -385,7 +457,7 @@ class PaymentAPIState:
                 raise BadRequest("invalid_x_fault")  # status=0 must not become an invalid status line
             return int(code), {"error": {"code": "service_unavailable"}}, sim
         with self.lock:
-            ep = self._touch(headers.get("X-Episode-Id", ""))
+            ep = self._touch(headers.get("X-Episode-Id", ""), headers.get("X-Client-Token", ""))
             if ep is None:
                 return 404, {"error": {"code": "unknown_episode"}}, sim
             key = headers.get("Idempotency-Key")

@@ -17,13 +17,17 @@ the client reads that as "no response" (a timeout). Business randomness (card de
 from a per-episode generator seeded by the client at episode creation. ``X-Step`` is the agent's
 logical clock: session and pending-order ages are counted in steps, as in the other channels.
 
-Hardening (the server is reachable by every local process): it binds loopback only; an episode
-id is a 128-bit random bearer token known only to the client that created it (replace and delete
-need it too), so a second local client cannot address another env's order; an episode unused for
-``episode_ttl_s`` expires and at most ``MAX_EPISODES`` live at once; bodies over
-``MAX_BODY_BYTES`` are refused unread; and every malformed request (bad header values, bad JSON,
-a fault status outside 500-599, unknown fields) gets a well-formed 4xx reply, never a dropped
-connection or an invalid status line.
+Hardening (the server is reachable by every local process): it binds loopback only; a client
+registers (``POST /clients``) and sends its random token (``X-Client-Token``) with every request;
+an episode id is a 128-bit random bearer token that answers only the client that created it
+(replace and delete too), so a second local client cannot address another env's order; a client
+holds at most ``MAX_EPISODES_PER_CLIENT`` episodes, an episode no request has reached expires in
+seconds (one in use after ``episode_ttl_s``), and at the server-wide caps the least recently used episode or client makes room, so a
+flooding client cannot lock out one whose episodes are in use (:class:`PaymentAPIState`); a
+connection silent for ``IDLE_CONNECTION_TIMEOUT_S`` is closed; bodies over ``MAX_BODY_BYTES`` are
+refused unread; conflicting ``Content-Length`` headers are refused; and every malformed request
+(bad header values, bad JSON, a fault status outside 500-599, unknown fields) gets a well-formed
+4xx reply, never a dropped connection or an invalid status line.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ _HTTP_VERSION = re.compile(r"HTTP/(\d{1,10})\.(\d{1,10})")
 _HEADER_LINE = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*")
 MAX_HEADER_LINE = 65536  # the stdlib's limits (http.client._MAXLINE, _MAXHEADERS)
 MAX_HEADERS = 100
+IDLE_CONNECTION_TIMEOUT_S = 10.0  # a connection silent this long (idle keep-alive, a stalled request) is closed
 
 
 _DATE_CACHE: list[Any] = [None, ""]  # [second, its Date header value]; one list, swapped whole
@@ -85,13 +90,17 @@ def _read_headers(rfile: Any) -> _Headers:
         match = _HEADER_LINE.fullmatch(line.decode("iso-8859-1").rstrip("\r\n"))
         if match is None:  # no colon, a space before it, or an obsolete folded line (RFC 9112 §5.2)
             raise _BadHeaders(HTTPStatus.BAD_REQUEST, "Bad header line")
-        headers.setdefault(match.group(1).lower(), match.group(2))
+        name, value = match.group(1).lower(), match.group(2)
+        if name == "content-length" and headers.get(name, value) != value:  # request smuggling (RFC 9112 §6.3)
+            raise _BadHeaders(HTTPStatus.BAD_REQUEST, "Conflicting Content-Length")
+        headers.setdefault(name, value)
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one TCP connection serves many requests
     default_request_version = "HTTP/1.1"  # stdlib's HTTP/0.9 default answers garbage with no status line
     disable_nagle_algorithm = True
+    timeout = IDLE_CONNECTION_TIMEOUT_S  # the socket timeout StreamRequestHandler.setup applies
     # A buffered writer: status line, headers and body leave in one send() when the handler flushes
     # after each request, instead of one for the headers and one for the body. Each segment wakes the
     # client thread, and in one process every wake-up is a GIL hand-off.
@@ -194,6 +203,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_json()
         state = self.server.state
         path = self.path.split("?", 1)[0]
+        client = str(self.headers.get("X-Client-Token", ""))
+        if path == "/clients" and method == "POST":
+            return 201, {"client_token": state.register_client()}, {}
         if path == "/episodes" and method == "POST":
             try:
                 scenario = Scenario.from_dict(body.get("scenario", {}))
@@ -206,15 +218,18 @@ class _Handler(BaseHTTPRequestHandler):
             ):
                 raise BadRequest("invalid_first")
             replace = body.get("replace")
-            episode_id = state.create(scenario, seed % 2**63, replace if isinstance(replace, str) else None)
+            episode_id = state.create(
+                scenario, seed % 2**63, replace if isinstance(replace, str) else None, client=client
+            )
             if first is None:
                 return 201, {"episode_id": episode_id}, {}
             # The client's first look at the new episode, answered with it (one round trip, not two):
             # the same route, at step 0 and without faults, as a separate GET would take.
-            status, reply, _ = state.handle("GET", first["path"], {"X-Episode-Id": episode_id, "X-Step": "0"}, {})
+            look = {"X-Episode-Id": episode_id, "X-Client-Token": client, "X-Step": "0"}
+            status, reply, _ = state.handle("GET", first["path"], look, {})
             return 201, {"episode_id": episode_id, "first": {"status": status, "body": reply}}, {}
         if path.startswith("/episodes/") and method == "DELETE":
-            found = state.delete(path[len("/episodes/") :])
+            found = state.delete(path[len("/episodes/") :], client)
             return 200 if found else 404, {"deleted": found}, {}
         return state.handle(method, path, self.headers, body)
 

@@ -3,7 +3,6 @@ the DOM-like raw observation, and one rendered sample per raw state with the tok
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -186,32 +185,14 @@ def _page_body(
     if page == "product_detail":
         return _product_detail_body(st, scenario, price, buttons)
     if page == "cart":
-        if st.cart_count == 0:
-            return "Your cart", "Your cart is empty."
-        buttons.extend(("#checkout", "#remove-item"))
-        return "Your cart", f"{st.cart_count} item(s), subtotal {_money(price * st.cart_count)}."
+        return _cart_body(st, price, buttons)
     if page == "checkout":
         buttons.extend(("#proceed-to-payment", "#cancel-order"))
         return "Checkout", f"Order #{st.order_id} created. Total {_money(st.order_total)}."
     if page == "payment":
-        fields.update(st.card_fields)
-        buttons.extend(("#pay-now", "#use-backup-card", "#cancel-order"))
-        forms.append("payment")
-        if st.funds_error:
-            buttons.append("#top-up")
-            forms.append("top_up")
-        last4 = st.card_fields.get("card_number", "")[-4:]
-        return (
-            "Payment",
-            f"Pay for order #{st.order_id}: {_money(st.order_total)} with your {st.card} card ending {last4}.",
-        )
+        return _payment_body(st, fields, buttons, forms)
     if page == "top_up":
-        fields["amount"] = f"{_top_up_amount(st):.2f}"
-        buttons.append("#top-up")
-        forms.append("top_up")
-        if st.order_status == "pending":
-            buttons.append("#pay-now")
-        return "Wallet", f"Add funds to your wallet. Balance {_money(st.balance)}."
+        return _top_up_body(st, fields, buttons, forms)
     if page == "confirmation":
         return "Thank you", f"Payment received. Order #{st.order_id} is paid: {_money(st.order_total)} charged."
     if page == "order_cancelled":
@@ -220,6 +201,39 @@ def _page_body(
         return "Support", "A support agent will contact you shortly."
     buttons.append("#retry")
     return "Page not found", "404: the page you requested does not exist. Go back and try again."
+
+
+def _cart_body(st: WebState, price: float, buttons: list[str]) -> tuple[str, str]:
+    """The cart: checkout and removal only when it holds something."""
+    if st.cart_count == 0:
+        return "Your cart", "Your cart is empty."
+    buttons.extend(("#checkout", "#remove-item"))
+    return "Your cart", f"{st.cart_count} item(s), subtotal {_money(price * st.cart_count)}."
+
+
+def _payment_body(st: WebState, fields: dict[str, str], buttons: list[str], forms: list[str]) -> tuple[str, str]:
+    """The payment page: the card form, and the wallet's top-up form after a funds error."""
+    fields.update(st.card_fields)
+    buttons.extend(("#pay-now", "#use-backup-card", "#cancel-order"))
+    forms.append("payment")
+    if st.funds_error:
+        buttons.append("#top-up")
+        forms.append("top_up")
+    last4 = st.card_fields.get("card_number", "")[-4:]
+    return (
+        "Payment",
+        f"Pay for order #{st.order_id}: {_money(st.order_total)} with your {st.card} card ending {last4}.",
+    )
+
+
+def _top_up_body(st: WebState, fields: dict[str, str], buttons: list[str], forms: list[str]) -> tuple[str, str]:
+    """The wallet page: the top-up form prefilled, and paying the pending order from there."""
+    fields["amount"] = f"{_top_up_amount(st):.2f}"
+    buttons.append("#top-up")
+    forms.append("top_up")
+    if st.order_status == "pending":
+        buttons.append("#pay-now")
+    return "Wallet", f"Add funds to your wallet. Balance {_money(st.balance)}."
 
 
 def _product_detail_body(st: WebState, scenario: Scenario, price: float, buttons: list[str]) -> tuple[str, str]:
@@ -233,9 +247,9 @@ def _product_detail_body(st: WebState, scenario: Scenario, price: float, buttons
 
 
 def _top_up_amount(st: WebState) -> float:
-    """Enough to cover the pending order with a margin, at least TOP_UP_MIN (rounded to 50)."""
+    """The shortfall of the pending order (as the SQL and API channels top up), else TOP_UP_MIN."""
     shortfall = st.order_total - st.balance if st.order_status == "pending" else 0.0
-    return max(TOP_UP_MIN, math.ceil(max(shortfall, 0.0) / 50.0) * 50.0 + 50.0)
+    return round(shortfall, 2) if shortfall > 0 else TOP_UP_MIN
 
 
 def initial_state(scenario: Scenario) -> WebState:

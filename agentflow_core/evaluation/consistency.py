@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord, dimension_value
+from agentflow_core.process import CanonicalState
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 # Checkout's stage features (a canonical state's logged_in / cart_items / payment_page flags set them), and
@@ -47,22 +48,6 @@ DEFAULT_DRAWS = 3
 DEFAULT_CART_SCALE = 0.2  # one cart item, when the family's mapping does not say how cart_items is scaled
 
 _FUNNEL = frozenset({"LOGGED_IN", "CART_FILLED", "CHECKOUT_STARTED", "ORDER_PENDING"})
-
-
-@dataclass(frozen=True)
-class CanonicalState:
-    """A semantic state every channel can be in: its tokens and the feature values it fixes.
-
-    ``features`` are the process's own (feature name, value) pairs; ``logged_in``, ``cart_items`` (in items)
-    and ``payment_page`` are checkout's stage features, used where the vocabulary has them.
-    """
-
-    name: str
-    tokens: frozenset[str]
-    logged_in: bool = True
-    cart_items: int = 0
-    payment_page: bool = False
-    features: tuple[tuple[str, float], ...] = ()
 
 
 CANONICAL_STATES: tuple[CanonicalState, ...] = (

@@ -22,10 +22,9 @@ import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert, expert_for
-from agentflow_core.evaluation.episodes import EpisodeRecord
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.stress import VariantRow, stratified_sample
-from agentflow_core.rl.exploration import epsilon_greedy
+from agentflow_core.pool.episodes import EpisodeRecord
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
@@ -206,11 +205,6 @@ def _summary(
 def greedy_policy(policy: ActorCritic) -> PolicyFn:
     """The trained policy's argmax legal action."""
     return lambda obs, mask: policy.act(obs, mask)
-
-
-def exploration_policy(policy: ActorCritic, epsilon: float, rng: np.random.Generator) -> PolicyFn:
-    """Epsilon-greedy around ``policy`` (the untrained one: the exploration phase's behaviour policy)."""
-    return lambda obs, mask: epsilon_greedy(policy.act(obs, mask), mask, epsilon, rng)[0]
 
 
 def expert_policy(pool: EnvPool, experts: Callable[[str], ScriptedExpert] = expert_for) -> PolicyFn:

@@ -3,14 +3,12 @@
 :func:`build_report` assembles the document from a stress analysis (``StressAnalysis.to_dict()``)
 and, optionally, a champion/challenger decision. Its top-level keys are ``REPORT_KEYS``.
 :func:`report_tree` gives the design's report tree (rendered as text by :func:`tree_text`, or by the CLI
-with rich), :func:`render_markdown` links the plots and :func:`render_html` embeds them as
-base64 images, so the HTML file stands alone. Rendering is pure: file I/O stays at the edge.
+with rich); :mod:`agentflow_core.evaluation.report_render` renders the document as Markdown and as
+a standalone HTML page from the tree and the tables built here. Rendering is pure: file I/O stays at the edge.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +38,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "champion",
     "cycle",
     "sim_to_real",
+    "sim_to_real_oscar",
 )
 
 
@@ -90,6 +89,7 @@ def build_report(
         "champion": dict(champion) if champion is not None else None,
         "cycle": dict(cycle) if cycle is not None else None,
         "sim_to_real": analysis.get("sim_to_real"),
+        "sim_to_real_oscar": analysis.get("sim_to_real_oscar"),
     }
 
 
@@ -125,7 +125,7 @@ def cycle_context(
     }
 
 
-def _headline(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
+def headline_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
     """The tables the report opens with: policies compared, gates, budgets, quarantine (shared by md and HTML)."""
     cycle = report.get("cycle") or {}
     out: list[tuple[str, list[str], list[list[Any]]]] = []
@@ -190,7 +190,7 @@ def _tuning_tables(train: Mapping[str, Any]) -> list[tuple[str, list[str], list[
     return out
 
 
-def _opening(report: Mapping[str, Any]) -> list[str]:
+def opening_lines(report: Mapping[str, Any]) -> list[str]:
     """Verdict, date, commit and links as plain lines (markdown-safe)."""
     cycle = report.get("cycle")
     if not cycle:
@@ -241,7 +241,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
         TreeNode(
             f"Policy Consistency: {m['consistency']:.1%} (target ≥{target:.0%} {_mark(m['consistency'] >= target)}; "
             f"a random policy {m['consistency_random']:.1%} on the same probes) over {m['consistency_variants']} "
-            f"variants; matched states {m['matched_state_consistency']:.1%}"
+            f"variants; matched states {m['matched_state_consistency']:.1%}" + _cross_channel(m)
         ),
         TreeNode(f"Failure Root Causes ({causes['failures']} failed of {m['episodes']}):", cause_nodes),
         TreeNode(
@@ -270,6 +270,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
                 ],
             )
         )
+    nodes.extend(_oscar_nodes(report.get("sim_to_real_oscar")))
     if report.get("champion"):
         nodes.append(
             TreeNode(
@@ -293,12 +294,6 @@ def _branch_lines(node: TreeNode, prefix: str) -> list[str]:
         lines.append(f"{prefix}{'└── ' if last else '├── '}{child.label}")
         lines.extend(_branch_lines(child, prefix + ("    " if last else "│   ")))
     return lines
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return out
 
 
 def _pct(x: float) -> str:
@@ -327,7 +322,7 @@ def _strata_rows(report: Mapping[str, Any]) -> list[list[Any]]:
     return [[name, proc["n"], _with_ci(proc, proc["rate"]), _with_ci(pay, pay["rate"])] for name, proc, pay in cells]
 
 
-def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
+def section_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
     """(title, headers, rows) of the report's tables, shared by markdown and HTML."""
     m = report["metrics"]
     metrics = [[k, f"{v:.4g}" if isinstance(v, float) else v] for k, v in m.items()]
@@ -379,6 +374,11 @@ def _sections(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list
             ],
             sim_to_real,
         ),
+        (
+            "Sim-to-real on the django-oscar store, by dimension value",
+            ["dimension", "value", "episodes", "sim success", "oscar success", "gap", "root causes on Oscar"],
+            oscar_rows(report),
+        ),
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),
         (
             "Success by family and dimension value (95% Wilson interval)",
@@ -414,90 +414,41 @@ def sim_to_real_rows(report: Mapping[str, Any]) -> list[list[Any]]:
     ]
 
 
-def render_markdown(report: Mapping[str, Any]) -> str:
-    """Markdown with the tree in a code block, the tables, and the plots linked by file name."""
-    lines = []
-    opening = _opening(report)
-    if opening:
-        cycle = report["cycle"]
-        lines += [f"# {cycle['verdict'].upper()}: {report['policy']}", "", *[f"- {line}" for line in opening], ""]
-        train_plot = (cycle.get("training") or {}).get("plot")
-        if train_plot:
-            lines += [f"![training curve]({train_plot})", ""]
-        for title, headers, rows in _headline(report):
-            lines += [f"## {title}", "", *(_table(headers, rows) if rows else ["none"]), ""]
-    lines += [
-        f"# Evaluation report: {report['policy']}",
-        "",
-        f"Created {report['created_at']} from checkpoint `{report['checkpoint']}`; "
-        f"phase {'passed' if report['passed'] else 'did not pass'}.",
-        "",
-        "```",
-        *tree_text(report_tree(report)),
-        "```",
-        "",
+def oscar_rows(report: Mapping[str, Any]) -> list[list[Any]]:
+    """One row per dimension value of the run on the django-oscar store (none when it did not run)."""
+    return [
+        [
+            r["dimension"],
+            r["value"],
+            r["episodes"],
+            _pct(r["sim_process_success"]),
+            _pct(r["real_process_success"]),
+            f"{100 * r['gap']:+.1f} pts",
+            "; ".join(r["root_causes"]),
+        ]
+        for r in (report.get("sim_to_real_oscar") or {}).get("per_dimension", [])
     ]
-    for name, file in report["plots"].items():
-        lines += [f"![{name}]({file})", ""]
-    for title, headers, rows in _sections(report):
-        if rows:
-            lines += [f"## {title}", "", *_table(headers, rows), ""]
-    if report.get("champion"):
-        lines += ["## Champion / challenger", "", report["champion"]["reason"], ""]
-    lines += ["## Recommendations", "", *[f"- {r}" for r in report["recommendations"]], ""]
-    return "\n".join(lines)
 
 
-def render_html(report: Mapping[str, Any], images: Mapping[str, bytes]) -> str:
-    """A standalone HTML page: the tree, the tables and the plots as base64 PNGs."""
-    esc = html.escape
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>Evaluation report: {esc(report['policy'])}</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}pre{background:#f6f6f6;padding:1em}</style>",
-        "</head><body>",
+def _oscar_nodes(oscar: Mapping[str, Any] | None) -> list[TreeNode]:
+    """The django-oscar line of the tree: success on the store, in the simulator, the gap, per dimension value."""
+    if not oscar or not oscar.get("episodes"):
+        return []
+    children = [
+        TreeNode(
+            f"{r['dimension']}={r['value']}: sim {r['sim_process_success']:.1%}, Oscar {r['real_process_success']:.1%} "
+            f"over {r['episodes']} episode(s)" + (f"; {', '.join(r['root_causes'])}" if r["root_causes"] else "")
+        )
+        for r in oscar["per_dimension"]
     ]
-    opening = _opening(report)
-    if opening:
-        cycle = report["cycle"]
-        parts.append(f"<h1>{esc(cycle['verdict'].upper())}: {esc(report['policy'])}</h1><ul>")
-        parts += [f"<li>{esc(line)}</li>" for line in opening]
-        parts.append("</ul>")
-        if "training curve" in images:
-            parts.append(_img("training curve", images["training curve"]))
-        for title, headers, rows in _headline(report):
-            parts.append(_html_table(title, headers, rows) if rows else f"<h2>{esc(title)}</h2><p>none</p>")
-    parts += [
-        f"<h1>Evaluation report: {esc(report['policy'])}</h1>",
-        f"<pre>{esc(chr(10).join(tree_text(report_tree(report))))}</pre>",
+    return [
+        TreeNode(
+            f"Sim-to-Real on django-oscar: success {oscar['real_process_success']:.1%} (sim "
+            f"{oscar['sim_process_success']:.1%}, gap {100 * oscar['gap']:+.1f} pts) over {oscar['episodes']} paired "
+            f"episodes; step p50 {oscar['real_step_ms_p50']:.0f} ms",
+            children,
+        )
     ]
-    for name, data in images.items():
-        if name != "training curve":
-            parts.append(_img(name, data))
-    for title, headers, rows in _sections(report):
-        if rows:
-            parts.append(_html_table(title, headers, rows))
-    parts.append(
-        "<h2>Recommendations</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in report["recommendations"]) + "</ul>"
-    )
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def _img(name: str, data: bytes) -> str:
-    esc = html.escape
-    return (
-        f"<h2>{esc(name)}</h2><img alt='{esc(name)}' style='max-width:100%' "
-        f"src='data:image/png;base64,{base64.b64encode(data).decode('ascii')}'>"
-    )
-
-
-def _html_table(title: str, headers: list[str], rows: list[list[Any]]) -> str:
-    esc = html.escape
-    head = f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"
-    body = ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in rows]
-    return "\n".join([head, *body, "</table>"])
 
 
 def _validator_nodes(validator: Mapping[str, Any] | None) -> list[TreeNode]:
@@ -512,3 +463,14 @@ def _validator_nodes(validator: Mapping[str, Any] | None) -> list[TreeNode]:
             examples,
         )
     ]
+
+
+def _cross_channel(m: Mapping[str, Any]) -> str:
+    """The cross-channel clause of the consistency line (absent in reports written before it existed)."""
+    value = m.get("cross_channel_consistency")
+    if value is None or value != value:  # missing or NaN (fewer than two channels)
+        return ""
+    return (
+        f"; across channels {value:.1%} on {int(m['cross_channel_paired_states'])} paired states "
+        f"(random {m['cross_channel_consistency_random']:.1%})"
+    )

@@ -10,16 +10,24 @@ paths are equal, and where it is not, the first differing step is what to look a
 
 Real channels are slow (a browser step is a click, a network round trip and a DOM read), so the
 wall time of each real step is recorded (``clock`` is injected) and reported as p50/p95.
+
+A real channel is a process that can die (Chromium, the PostgreSQL server, the payment server).
+Given a :class:`ChannelHealth`, :func:`paired_episodes` checks the family's channel after each real
+episode (and when the episode raised): a dead channel costs the episode it was running -- recorded as
+a failed real episode with its ``failure_reason`` -- and is restarted; the run goes on. A channel
+that cannot be restarted (:meth:`ChannelHealth.restart` raises) ends the run with that one error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from agentflow_core.contracts import ChannelHealth
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.variants import VariantSpec
 
@@ -37,6 +45,7 @@ class EpisodeTrace:
     success: bool
     reached_goal: bool
     step_seconds: tuple[float, ...]
+    failure_reason: str | None = None  # set when the channel failed under the episode (it then counts as failed)
 
 
 def run_episode(
@@ -77,6 +86,35 @@ class PairedEpisode:
         return self.sim.actions == self.real.actions and self.sim.tokens == self.real.tokens
 
 
+def _real_episode(
+    variant: VariantSpec,
+    seed: int,
+    make_real: EnvMaker,
+    policy_fn: PolicyFn,
+    clock: Callable[[], float],
+    health: ChannelHealth,
+) -> EpisodeTrace:
+    """One real episode; a channel found dead after it (or under its exception) costs just this episode."""
+    trace, error = None, None
+    try:
+        env = make_real(variant)
+        try:
+            trace = run_episode(env, policy_fn, seed, variant.params, clock)
+        finally:
+            with suppress(Exception):  # closing talks to the channel too, which may be gone
+                env.close()
+    except Exception as exc:
+        error = exc
+    if health.alive(variant.family):
+        if error is not None:
+            raise error  # the channel is fine: a real error, not a channel failure
+        assert trace is not None
+        return trace
+    reason = "real channel process died" + (f" ({type(error).__name__}: {str(error)[:160]})" if error else "")
+    health.restart(variant.family)
+    return EpisodeTrace((), (), False, False, False, (), failure_reason=reason)
+
+
 def paired_episodes(
     variants: Sequence[VariantSpec],
     seeds: Sequence[int],
@@ -84,18 +122,28 @@ def paired_episodes(
     make_real: EnvMaker,
     policy_fn: PolicyFn,
     clock: Callable[[], float],
+    health: ChannelHealth | None = None,
 ) -> list[PairedEpisode]:
-    """Run each (variant, seed) on a fresh simulated env and a fresh real env; envs are closed after use."""
+    """Run each (variant, seed) on a fresh simulated env and a fresh real env; envs are closed after use.
+
+    With ``health``, a real channel that dies costs the episode it was running (see the module notes).
+    """
     out = []
     for variant, seed in zip(variants, seeds, strict=True):
-        traces = []
-        for make in (make_sim, make_real):
-            env = make(variant)
+        env = make_sim(variant)
+        try:
+            sim = run_episode(env, policy_fn, seed, variant.params, clock)
+        finally:
+            env.close()
+        if health is None:
+            env = make_real(variant)
             try:
-                traces.append(run_episode(env, policy_fn, seed, variant.params, clock))
+                real = run_episode(env, policy_fn, seed, variant.params, clock)
             finally:
                 env.close()
-        out.append(PairedEpisode(variant.family, variant.env_id, seed, traces[0], traces[1]))
+        else:
+            real = _real_episode(variant, seed, make_real, policy_fn, clock, health)
+        out.append(PairedEpisode(variant.family, variant.env_id, seed, sim, real))
     return out
 
 
@@ -116,6 +164,7 @@ class FamilyGap:
     real_step_ms_p50: float
     real_step_ms_p95: float
     sim_step_ms_p50: float
+    real_channel_failures: int = 0
 
     @property
     def gap(self) -> float:
@@ -135,6 +184,7 @@ class FamilyGap:
             "real_step_ms_p50": self.real_step_ms_p50,
             "real_step_ms_p95": self.real_step_ms_p95,
             "sim_step_ms_p50": self.sim_step_ms_p50,
+            "real_channel_failures": self.real_channel_failures,
         }
 
 
@@ -158,7 +208,12 @@ class SimToRealReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for summary.json."""
-        return {"max_gap": self.max_gap, "families": [f.to_dict() for f in self.families]}
+        failed = [
+            {"family": e.family, "env_id": e.env_id, "seed": e.seed, "failure_reason": e.real.failure_reason}
+            for e in self.episodes
+            if e.real.failure_reason is not None
+        ]
+        return {"max_gap": self.max_gap, "families": [f.to_dict() for f in self.families], "real_failures": failed}
 
 
 def summarize(episodes: Sequence[PairedEpisode], real_channels: Mapping[str, str]) -> SimToRealReport:
@@ -180,6 +235,7 @@ def summarize(episodes: Sequence[PairedEpisode], real_channels: Mapping[str, str
                 real_step_ms_p50=_percentile_ms(real_steps, 50),
                 real_step_ms_p95=_percentile_ms(real_steps, 95),
                 sim_step_ms_p50=_percentile_ms(sim_steps, 50),
+                real_channel_failures=sum(e.real.failure_reason is not None for e in mine),
             )
         )
     return SimToRealReport(tuple(families), list(episodes))
@@ -196,3 +252,70 @@ def select_pairs(
         chosen.extend(mine[i % len(mine)] for i in range(per_family) if mine)
     rng = np.random.default_rng(seed)
     return chosen, [int(s) for s in rng.integers(0, 2**31 - 1, size=len(chosen))]
+
+
+def stratum(value: Any) -> str:
+    """A dimension value as a stratum: text for a category; a number is split at zero ("0" / "> 0": for
+    inventory, out of stock or not), since variants sample numeric dimensions continuously."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "0" if value == 0 else "> 0"
+    return str(value)
+
+
+def stratify(sample: Sequence[VariantSpec], dimensions: Sequence[str], episodes: int) -> list[VariantSpec]:
+    """Up to ``episodes`` variants that cover each stratum of each dimension in turn (round-robin over
+    (dimension, :func:`stratum`) pairs, first unused variant of each), so a small sample sees every value."""
+    strata = [(d, v) for d in dimensions for v in sorted({stratum(x.params.get(d)) for x in sample if d in x.params})]
+    chosen: list[VariantSpec] = []
+    while len(chosen) < episodes and strata:
+        progressed = False
+        for dimension, value in strata:
+            if len(chosen) >= episodes:
+                break
+            match = next(
+                (v for v in sample if stratum(v.params.get(dimension)) == value and v not in chosen),
+                None,
+            )
+            if match is not None:
+                chosen.append(match)
+                progressed = True
+        if not progressed:
+            break
+    return chosen
+
+
+def root_cause(trace: EpisodeTrace) -> str:
+    """Why an episode failed, from what the channel showed last ("" when it succeeded)."""
+    if trace.success:
+        return ""
+    last = set(trace.tokens[-1]) if trace.tokens else set()
+    for token in ("NETWORK_TIMEOUT", "SERVER_ERROR", "OUT_OF_STOCK", "LOGGED_OUT", "PAYMENT_PAGE"):
+        if token in last:
+            return f"stuck at {token}" if trace.terminated is False else f"ended at {token}"
+    return "max_steps" if not trace.terminated else f"ended with {sorted(last)}"
+
+
+def per_dimension(
+    episodes: Sequence[PairedEpisode], params: Mapping[str, Mapping[str, Any]], dimensions: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Per (dimension, :func:`stratum`): episodes, success in the simulator and on the real system, the gap,
+    root causes."""
+    rows = []
+    for dimension in dimensions:
+        for value in sorted({stratum(params[e.env_id].get(dimension)) for e in episodes}):
+            mine = [e for e in episodes if stratum(params[e.env_id].get(dimension)) == value]
+            sim = sum(e.sim.success for e in mine) / len(mine)
+            real = sum(e.real.success for e in mine) / len(mine)
+            causes = sorted({root_cause(e.real) for e in mine} - {""})
+            rows.append(
+                {
+                    "dimension": dimension,
+                    "value": value,
+                    "episodes": len(mine),
+                    "sim_process_success": round(sim, 6),
+                    "real_process_success": round(real, 6),
+                    "gap": round(sim - real, 6),
+                    "root_causes": causes,
+                }
+            )
+    return rows

@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from agentflow_core.atomic import atomic_file
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.semantics import Vocabulary
 
@@ -153,7 +154,8 @@ def save_discriminator(model: Discriminator, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
     widths = torch.tensor([model.n_tokens, model.n_actions])
-    save_file(tensors | {"hidden": torch.tensor([model.hidden]), "widths": widths}, str(path))
+    with atomic_file(path) as tmp:
+        save_file(tensors | {"hidden": torch.tensor([model.hidden]), "widths": widths}, str(tmp))
 
 
 def load_discriminator(path: Path) -> Discriminator:
@@ -241,7 +243,7 @@ def validate_episodes(
 
 
 class RolloutValidator:
-    """The PPO hook (``agentflow_core.rl.ppo.RewardValidatorHook``): scale suspicious episodes' positive rewards.
+    """The PPO hook (``agentflow_core.contracts.RewardValidatorHook``): scale suspicious episodes' positive rewards.
 
     Episodes are the runs of steps between ``done`` flags in each slot's column (a rollout slice
     starts with a reset, so every column starts an episode); the last, unfinished one is judged on

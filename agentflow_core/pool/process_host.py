@@ -1,6 +1,6 @@
 """An env worker hosted in a child process, so a hung env step can be ended by killing it.
 
-A thread cannot be stopped from outside: :class:`~agentflow_core.pool.worker.BatchWatchdog` gives up
+A thread cannot be stopped from outside: :class:`~agentflow_core.pool.watchdog.BatchWatchdog` gives up
 on a hung step after ``step_timeout_s`` but the thread stays, and a busy-looping env keeps a core and
 half the GIL for the rest of the process. :class:`ProcessWorker` has the surface of an
 :class:`~agentflow_core.pool.worker.EnvWorker` (``reset``/``step``/``release``/``stats``/``close``)
@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.pool.base import WORKER_LOST, EnvFactory, PoolError, VariantLike, factory_vocabulary
-from agentflow_core.pool.worker import LOAD_GRACE, EnvWorker, WorkerBatch
+from agentflow_core.pool.watchdog import LOAD_GRACE
+from agentflow_core.pool.worker import EnvWorker, WorkerBatch
 
 logger = logging.getLogger("agentflow.pool")
 

@@ -9,8 +9,9 @@ for all ``n_steps`` locally, then returns the whole slice in one call:
 - (:mod:`agentflow_core.pool.slices`, the worker side) :class:`SlicePool` is the unchanged :class:`~agentflow_core.pool.driver.PoolDriver` (scheduler,
   SAME_STEP autoreset, fault isolation, quarantine) over one worker's
   :class:`~agentflow_core.pool.worker.EnvWorker`, living next to it (inside the Ray actor);
-- :func:`collect_slice` is the one per-step rollout loop (policy forward, pool step), run over a
-  slice inside a worker, or over a whole :class:`EnvPool` in this process (:class:`CentralRollouts`);
+- :func:`~agentflow_core.rl.rollout.collect_slice` is the one per-step rollout loop (policy forward,
+  pool step), run over a slice inside a worker, or over a whole :class:`EnvPool` in this process
+  (:class:`~agentflow_core.rl.rollout.CentralRollouts`);
 - :class:`SlicedRollouts` is the driver side: it owns each slice's state (scheduler, pending PLR
   feedback, failure counts), ships it with the request and takes the new state back with the
   result. A worker therefore holds nothing a run needs: a lost worker's slice is simply run again,
@@ -18,7 +19,7 @@ for all ``n_steps`` locally, then returns the whole slice in one call:
 
 Both backends run the same slices with the same requests (the in-process one calls them one after
 the other), so they give the same rollouts and policies. Randomness is a pure function of
-(run seed, update, slice): see :func:`slice_seeds`.
+(run seed, update, slice): see :func:`~agentflow_core.rl.rollout.slice_seeds`.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.contracts import EnvPool, StatefulScheduler, VariantLike
-from agentflow_core.evaluation.episodes import (
+from agentflow_core.contracts import RolloutSlice, StatefulScheduler, VariantLike
+from agentflow_core.pool.base import InFlight, PoolError
+from agentflow_core.pool.episodes import (
     EVAL_KEY_BASE,
     ActorSpec,
     EpisodePlayer,
@@ -43,19 +44,10 @@ from agentflow_core.evaluation.episodes import (
     actor_weights,
     episode_seed,
 )
-from agentflow_core.pool.base import InFlight, PoolError
-from agentflow_core.pool.slices import (
-    RolloutSlice,
-    SliceRequest,
-    SliceResult,
-    SliceRunner,
-    SliceState,
-    Weights,
-    collect_slice,
-    slice_seeds,
-)
+from agentflow_core.pool.slices import SliceRequest, SliceResult, SliceRunner, SliceState, Weights
 from agentflow_core.pool.strategies import make_scheduler
 from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.rl.rollout import slice_seeds
 
 logger = logging.getLogger("agentflow.pool")
 
@@ -373,55 +365,3 @@ class SlicedRollouts:
     def close(self) -> None:
         """Release the workers."""
         self.backend.close()
-
-
-class CentralRollouts:
-    """Rollouts of an arbitrary :class:`EnvPool` stepped from this process: one slice, the whole pool."""
-
-    def __init__(self, pool: EnvPool) -> None:
-        self.pool = pool
-        self.num_envs = int(pool.num_envs)
-        self.rollout_started_at = 0.0  # when the last rollout collected began (perf_counter)
-
-    @property
-    def variants(self) -> Sequence[VariantLike]:
-        """The pool's catalogue."""
-        return self.pool.variants
-
-    @property
-    def scheduler(self) -> StatefulScheduler:
-        """The pool's scheduler."""
-        return self.pool.scheduler
-
-    def prefetch(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> None:
-        """Nothing to send ahead: this process steps the pool itself, in :meth:`collect`."""
-
-    def collect(self, policy: ActorCritic, n_steps: int, seed: int, update: int) -> list[RolloutSlice]:
-        """One slice over every slot, seeded as slice 0."""
-        self.rollout_started_at = time.perf_counter()
-        reset_seed, sample_seed = slice_seeds(seed, update, 0)
-        device = next(policy.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(sample_seed)
-        return [collect_slice(self.pool, policy, n_steps, reset_seed, generator)]
-
-    def set_value_loss(
-        self, variant_indices: Sequence[int] | np.ndarray, value_loss: Sequence[float] | np.ndarray
-    ) -> None:
-        """The pool's PLR feedback."""
-        self.pool.set_value_loss(variant_indices, value_loss)
-
-    def feedback_state(self) -> list[float | None]:
-        """The pool's pending feedback."""
-        return self.pool.feedback_state()
-
-    def load_feedback_state(self, state: Sequence[float | None]) -> None:
-        """Restore the pool's pending feedback."""
-        self.pool.load_feedback_state(state)
-
-
-RolloutSource = SlicedRollouts | CentralRollouts
-
-
-def rollout_source(pool: EnvPool | SlicedRollouts) -> RolloutSource:
-    """Worker-side rollouts when the pool offers them, else the pool stepped from this process."""
-    return pool if isinstance(pool, SlicedRollouts) else CentralRollouts(pool)

@@ -1,10 +1,10 @@
 """The worker side of worker-side rollouts (:mod:`agentflow_core.pool.rollout`): one slice, one call.
 
 :class:`SliceRunner` lives next to an env worker (inside its Ray actor, or in this process): it
-loads the policy weights and the slice's state a request carries, runs :func:`collect_slice` over
+loads the policy weights and the slice's state a request carries, runs :func:`~agentflow_core.rl.rollout.collect_slice` over
 its :class:`SlicePool` (the unchanged :class:`~agentflow_core.pool.driver.PoolDriver` over that
 worker's :class:`~agentflow_core.pool.worker.EnvWorker`) for ``n_steps`` and returns the slice and
-the new state. Randomness is a pure function of (run seed, update, slice): :func:`slice_seeds`.
+the new state. Randomness is a pure function of (run seed, update, slice): :func:`~agentflow_core.rl.rollout.slice_seeds`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,151 +19,15 @@ import numpy as np
 import torch
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.contracts import EnvPool, PoolBatch
+from agentflow_core.contracts import RolloutSlice
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.worker import EnvWorker, WorkerBatch
 from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.rl.rollout import collect_slice
 
 logger = logging.getLogger("agentflow.pool")
 
 Weights = dict[str, np.ndarray]
-
-
-def slice_seeds(seed: int, update: int, worker: int) -> tuple[int, int]:
-    """(pool reset seed, action sampling seed) of one slice's rollout: a pure function of its arguments.
-
-    Nothing carries over from one rollout to the next, so a resumed run (and a slice run again on
-    a replacement worker) draws exactly what an uninterrupted one draws.
-    """
-    reset_seed, sample_seed = np.random.SeedSequence([seed, update, worker]).generate_state(2, dtype=np.uint32)
-    return int(reset_seed), int(sample_seed)
-
-
-# ---------------------------------------------------------------------------------------- the data
-@dataclass
-class RolloutSlice:
-    """``n_steps`` x ``k`` slots of transitions, in SAME_STEP autoreset layout (row ``t`` = step ``t``).
-
-    ``obs[t]``/``masks[t]`` is what the policy saw; ``rewards`` are the env's own rewards (the
-    training reward is applied afterwards, in step order, by the learner); ``final_obs[t]`` is the
-    last observation of an episode that ended at ``t``; ``last_obs``/``last_masks`` follow the
-    last step (the bootstrap value's input). ``variant_index`` is the catalogue index of the
-    episode that took step ``t``; ``episode_*`` hold the pool's episode stats where it ended.
-    """
-
-    obs: np.ndarray  # [T, k, OBS_DIM] float32
-    masks: np.ndarray  # [T, k, N_ACTIONS] bool
-    actions: np.ndarray  # [T, k] int64
-    logprobs: np.ndarray  # [T, k] float32
-    values: np.ndarray  # [T, k] float32
-    rewards: np.ndarray  # [T, k] float32
-    terminated: np.ndarray  # [T, k] bool
-    truncated: np.ndarray  # [T, k] bool
-    final_obs: np.ndarray  # [T, k, OBS_DIM] float32
-    variant_index: np.ndarray  # [T, k] int64
-    risk: np.ndarray  # [T, k] float32
-    episode_return: np.ndarray  # [T, k] float64, NaN where no episode ended
-    episode_length: np.ndarray  # [T, k] int64
-    success: np.ndarray  # [T, k] bool
-    last_obs: np.ndarray  # [k, OBS_DIM] float32
-    last_masks: np.ndarray  # [k, N_ACTIONS] bool
-
-    @classmethod
-    def empty(cls, n_steps: int, k: int, obs_dim: int, n_actions: int) -> RolloutSlice:
-        """Zeroed arrays for ``n_steps`` x ``k`` slots."""
-        shape = (n_steps, k)
-        return cls(
-            obs=np.zeros((*shape, obs_dim), np.float32),
-            masks=np.zeros((*shape, n_actions), bool),
-            actions=np.zeros(shape, np.int64),
-            logprobs=np.zeros(shape, np.float32),
-            values=np.zeros(shape, np.float32),
-            rewards=np.zeros(shape, np.float32),
-            terminated=np.zeros(shape, bool),
-            truncated=np.zeros(shape, bool),
-            final_obs=np.zeros((*shape, obs_dim), np.float32),
-            variant_index=np.full(shape, -1, np.int64),
-            risk=np.zeros(shape, np.float32),
-            episode_return=np.full(shape, np.nan),
-            episode_length=np.zeros(shape, np.int64),
-            success=np.zeros(shape, bool),
-            last_obs=np.zeros((k, obs_dim), np.float32),
-            last_masks=np.ones((k, n_actions), bool),
-        )
-
-    @classmethod
-    def concatenate(cls, parts: Sequence[RolloutSlice]) -> RolloutSlice:
-        """The slices side by side (slot axis), in the given order."""
-        if len(parts) == 1:
-            return parts[0]
-        names = cls.__dataclass_fields__
-        return cls(
-            **{n: np.concatenate([getattr(p, n) for p in parts], axis=0 if n.startswith("last_") else 1) for n in names}
-        )
-
-    @property
-    def done(self) -> np.ndarray:
-        """[T, k]: the step ended its episode (terminated or truncated)."""
-        return self.terminated | self.truncated
-
-    def reset_batch(self) -> PoolBatch:
-        """The pool's reset batch of this rollout (what a reward's per-episode state starts from)."""
-        k = self.obs.shape[1]
-        zeros = np.zeros(k, bool)
-        infos = [{"variant_index": int(v)} for v in self.variant_index[0].tolist()]
-        return PoolBatch(self.obs[0], self.masks[0], np.zeros(k, np.float32), zeros, zeros, self.obs[0], infos)
-
-    def step_batch(self, t: int) -> PoolBatch:
-        """Pool step ``t`` as :class:`PoolBatch` with the infos a training reward reads (variant, risk)."""
-        last = t + 1 == self.obs.shape[0]
-        obs = self.last_obs if last else self.obs[t + 1]
-        masks = self.last_masks if last else self.masks[t + 1]
-        infos = [
-            {"variant_index": v, "risk": r}
-            for v, r in zip(self.variant_index[t].tolist(), self.risk[t].tolist(), strict=True)
-        ]
-        return PoolBatch(obs, masks, self.rewards[t], self.terminated[t], self.truncated[t], self.final_obs[t], infos)
-
-
-def collect_slice(
-    pool: EnvPool,
-    policy: ActorCritic,
-    n_steps: int,
-    reset_seed: int,
-    generator: torch.Generator,
-    variant_ids: np.ndarray | None = None,
-) -> RolloutSlice:
-    """The rollout loop: reset ``pool`` from ``reset_seed``, then ``n_steps`` of one batched forward + one pool step.
-
-    ``variant_ids`` maps the pool's variant indices to the catalogue's (a slice pool numbers its
-    own variants from 0). Runs under ``torch.no_grad`` on the policy's device.
-    """
-    device = next(policy.parameters()).device
-    batch = pool.reset(seed=reset_seed)
-    out = RolloutSlice.empty(n_steps, pool.num_envs, policy.obs_dim, policy.n_actions)
-    with torch.no_grad():
-        for t in range(n_steps):
-            out.obs[t], out.masks[t] = batch.obs, batch.action_mask
-            obs = torch.from_numpy(out.obs[t]).to(device)
-            mask = torch.from_numpy(out.masks[t]).to(device)
-            action, logprob, value = policy.sample(obs, mask, generator=generator)
-            out.actions[t], out.logprobs[t], out.values[t] = action.cpu(), logprob.cpu(), value.cpu()
-            batch = pool.step(out.actions[t])
-            out.rewards[t], out.terminated[t], out.truncated[t] = batch.reward, batch.terminated, batch.truncated
-            out.final_obs[t] = batch.final_obs
-            infos = batch.infos
-            out.variant_index[t] = [info.get("variant_index", -1) for info in infos]
-            out.risk[t] = [info.get("risk", 0.0) for info in infos]
-            for i in np.flatnonzero(batch.terminated | batch.truncated).tolist():
-                info = infos[i]
-                out.episode_return[t, i] = float(info.get("episode_return", np.nan))
-                out.episode_length[t, i] = int(info.get("episode_length", 0))
-                out.success[t, i] = bool(info.get("success", False))
-    out.last_obs, out.last_masks = batch.obs, batch.action_mask
-    if variant_ids is not None:
-        known = out.variant_index >= 0
-        out.variant_index[known] = variant_ids[out.variant_index[known]]
-    return out
 
 
 # ---------------------------------------------------------------------------------------- worker side

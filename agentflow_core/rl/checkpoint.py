@@ -111,7 +111,7 @@ def _read_state(path: Path, vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]
     try:
         too_large = file.stat().st_size > MAX_STATE_BYTES
         state = None if too_large else json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:
         raise CheckpointError(path, f"{STATE_FILE} unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
     if too_large:
         raise CheckpointError(path, f"{STATE_FILE} is larger than {MAX_STATE_BYTES} bytes")
@@ -204,12 +204,17 @@ def _pointer(root: Path, pointer: str) -> Path | None:
         if not file.is_file() or file.stat().st_size > MAX_POINTER_BYTES:
             return None
         name = json.loads(file.read_text(encoding="utf-8")).get("name")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
         return None
     target = root / name
     return target if target.is_dir() and target.resolve().parent == root.resolve() else None
+
+
+def _inside(root: Path, candidate: Path) -> bool:
+    """A real directory directly inside ``root``: a symlink (to a folder elsewhere) is never a checkpoint."""
+    return candidate.is_dir() and not candidate.is_symlink() and candidate.resolve().parent == root.resolve()
 
 
 def load_intact(
@@ -224,7 +229,7 @@ def load_intact(
     named = _pointer(root, pointer)
     if (root / pointer).exists() and named is None:
         logger.warning("checkpoint: ignoring %s (not a pointer to a directory inside %s)", root / pointer, root)
-    saved = sorted((p for p in root.glob("update_*") if p.is_dir()), reverse=True) if root.is_dir() else []
+    saved = sorted((p for p in root.glob("update_*") if _inside(root, p)), reverse=True) if root.is_dir() else []
     candidates = [named] + [p for p in saved if p != named] if named is not None else saved
     skipped: list[str] = []
     for candidate in candidates:

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from agentflow_core.atomic import atomic_file
 from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic
 
 FISHER_FILE = "fisher.safetensors"
@@ -89,8 +90,8 @@ class EWCPenalty:
         """Fisher and anchor in one safetensors file (``fisher/<name>``, ``anchor/<name>``)."""
         tensors = {f"fisher/{k}": v.contiguous() for k, v in self.fisher.items()}
         tensors |= {f"anchor/{k}": v.contiguous() for k, v in self.anchor.items()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path))
+        with atomic_file(path) as tmp:
+            save_file(tensors, str(tmp))
 
     @classmethod
     def load(cls, path: Path, lam: float) -> EWCPenalty:

@@ -13,9 +13,10 @@ gradient with a flat Adam and NumPy kernels once ran beside it; at the shipped m
 run is env-bound and they made ``agentflow train`` no faster end to end (BENCHMARKS.md, "One
 learner path"), so they were removed rather than kept in step with every change to the loss.
 
-Rollouts come from a rollout source (:mod:`agentflow_core.pool.rollout`): worker-side slices
-(each env worker runs its own slots for the whole rollout with a copy of the policy and returns
-them in one call), or any :class:`EnvPool` stepped from here. The training reward is applied after
+Rollouts come from a :class:`~agentflow_core.contracts.RolloutSource`: worker-side slices
+(:mod:`agentflow_core.pool.rollout`: each env worker runs its own slots for the whole rollout with a
+copy of the policy and returns them in one call), or any :class:`EnvPool` stepped from here
+(:mod:`agentflow_core.rl.rollout`). The training reward is applied after
 the rollout, step by step in rollout order (actions never depend on it, so it is the same
 computation as rewarding each step as it happens).
 
@@ -39,25 +40,22 @@ import torch
 from torch import nn
 
 from agentflow_core.config import TrainConfig
-from agentflow_core.contracts import EnvPool, PoolBatch
+from agentflow_core.contracts import (
+    EnvPool,
+    MetricsSink,
+    PoolBatch,
+    RewardTransform,
+    RewardValidatorHook,
+    RolloutSlice,
+    RolloutSource,
+)
 from agentflow_core.errors import NonFiniteError
-from agentflow_core.pool.rollout import RolloutSlice, SlicedRollouts, rollout_source
 from agentflow_core.rl.adaptive import AdaptiveKLController
+from agentflow_core.rl.buffer import RolloutBuffer, RolloutStats
 from agentflow_core.rl.losses import STAT_KEYS, LossCoefficients, compute_gae, explained_variance, ppo_minibatch_loss
 from agentflow_core.rl.policy import ActorCritic, require_finite_parameters
 from agentflow_core.rl.reward import COMPONENTS
-
-
-@runtime_checkable
-class MetricsSink(Protocol):
-    """Where diagnostics go (MLflow, a progress bar, a list in a test); the core never prints."""
-
-    def record(self, step: int, metrics: dict[str, float]) -> None:
-        """Take the diagnostics of one update, keyed by name; ``step`` is the env steps so far."""
-
-    def flush(self) -> None:
-        """Make what was recorded durable: the trainer calls it before each checkpoint, the point a resumed
-        run restarts from (a sink that writes in the background waits here)."""
+from agentflow_core.rl.rollout import rollout_source
 
 
 class NullSink:
@@ -102,37 +100,6 @@ class PolicyPenalty(Protocol):
 
     def coef(self, update: int) -> float:
         """The term's weight at update ``update``."""
-
-
-@runtime_checkable
-class RewardTransform(Protocol):
-    """Maps a pool step's env rewards to training rewards (reward function + per-env normaliser)."""
-
-    def reset(self, batch: PoolBatch) -> None:
-        """Start of new episodes: reset per-episode reward state (tokens already paid, shaping terms fired)."""
-
-    def __call__(self, batch: PoolBatch) -> np.ndarray:
-        """Training reward per slot for this pool step."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must hold to resume with the same reward scale."""
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-
-    def metrics(self) -> dict[str, float]:
-        """Reward diagnostics since the last call; reading them starts a new window."""
-
-
-@runtime_checkable
-class RewardValidatorHook(Protocol):
-    """Scales the training rewards of episodes a reward validator finds suspicious (docs/design-003.md §3.2)."""
-
-    def reweight(self, obs: np.ndarray, actions: np.ndarray, done: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        """Rewards ``[n_steps, num_envs]`` after down-weighting; episodes are cut at ``done`` in each slot's column."""
-
-    def metrics(self) -> dict[str, float]:
-        """Diagnostics since the last call (share of suspicious episodes)."""
 
 
 class TrainingReward:
@@ -198,66 +165,6 @@ class TrainingReward:
             self.normalizer.load_state_dict(state["normalizer"])
 
 
-class RolloutBuffer:
-    """Preallocated ``[n_steps, num_envs, ...]`` tensors: memory is bounded and allocation-free per step.
-
-    Env-side arrays (obs, masks, rewards, done flags, final obs) live in host memory and are written
-    through numpy views (no per-step numpy -> torch conversion); :meth:`to_device` moves them once
-    per rollout (a no-op on CPU). Policy outputs (actions, log-probs, values) stay on the device.
-    """
-
-    def __init__(self, n_steps: int, num_envs: int, obs_dim: int, n_actions: int, device: torch.device) -> None:
-        shape = (n_steps, num_envs)
-        self.n_steps, self.num_envs, self.device = n_steps, num_envs, device
-        pin = device.type == "cuda"
-        self.host_obs = torch.zeros((*shape, obs_dim), pin_memory=pin)
-        self.host_masks = torch.zeros((*shape, n_actions), dtype=torch.bool, pin_memory=pin)
-        self.host_rewards = torch.zeros(shape, pin_memory=pin)
-        self.host_terminated = torch.zeros(shape, dtype=torch.bool, pin_memory=pin)
-        self.host_truncated = torch.zeros(shape, dtype=torch.bool, pin_memory=pin)
-        self.host_final_obs = torch.zeros((*shape, obs_dim), pin_memory=pin)
-        self.np_obs, self.np_masks, self.np_rewards = (
-            self.host_obs.numpy(),
-            self.host_masks.numpy(),
-            self.host_rewards.numpy(),
-        )
-        self.np_terminated, self.np_truncated = self.host_terminated.numpy(), self.host_truncated.numpy()
-        self.np_final_obs = self.host_final_obs.numpy()
-        self.actions = torch.zeros(shape, dtype=torch.long, device=device)
-        self.logprobs = torch.zeros(shape, device=device)
-        self.values = torch.zeros(shape, device=device)
-        self.variant_index = np.full(shape, -1, dtype=np.int64)
-        self.to_device()
-
-    def to_device(self) -> None:
-        """Expose the host arrays as device tensors ``obs``, ``masks``, ``rewards``, ``terminated``, ``truncated``, ``final_obs``."""
-        move = (lambda t: t) if self.device.type == "cpu" else (lambda t: t.to(self.device, non_blocking=True))
-        self.obs, self.masks, self.rewards = move(self.host_obs), move(self.host_masks), move(self.host_rewards)
-        self.terminated, self.truncated = move(self.host_terminated), move(self.host_truncated)
-        self.final_obs = move(self.host_final_obs)
-
-
-@dataclass
-class RolloutStats:
-    """Episode outcomes seen during one rollout."""
-
-    episode_returns: list[float] = field(default_factory=list)
-    episode_lengths: list[int] = field(default_factory=list)
-    successes: list[float] = field(default_factory=list)
-
-    def metrics(self) -> dict[str, float]:
-        """Episode count, mean return, length and success of the rollout, for the metrics sink."""
-        n = len(self.episode_returns)
-        if n == 0:
-            return {"rollout/episodes": 0.0}
-        return {
-            "rollout/episodes": float(n),
-            "rollout/episode_return": float(np.mean(self.episode_returns)),
-            "rollout/episode_length": float(np.mean(self.episode_lengths)),
-            "rollout/success_rate": float(np.mean(self.successes)),
-        }
-
-
 _IMPL_FLAGS = ("fused", "foreach", "capturable", "differentiable")  # how Adam runs, not what it computes
 
 
@@ -271,7 +178,7 @@ class PPO:
     def __init__(
         self,
         policy: ActorCritic,
-        pool: EnvPool | SlicedRollouts,
+        pool: EnvPool | RolloutSource[ActorCritic],
         cfg: TrainConfig,
         *,
         seed: int,

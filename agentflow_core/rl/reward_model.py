@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from agentflow_core.atomic import atomic_file, write_text
 from agentflow_core.semantics import Vocabulary
 
 MAX_BATCH = 65_536
@@ -99,14 +100,15 @@ class MLPRewardModel:
         """JSON for ``.json``, safetensors (``layer{i}.weight`` / ``layer{i}.bias``) otherwise."""
         path = Path(path)
         if path.suffix == ".json":
-            path.write_text(json.dumps(self.to_dict()))
+            write_text(path, json.dumps(self.to_dict()))
             return
         from safetensors.numpy import save_file
 
         tensors = {}
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             tensors[f"layer{i}.weight"], tensors[f"layer{i}.bias"] = w.astype(np.float32), b.astype(np.float32)
-        save_file(tensors, str(path))
+        with atomic_file(path) as tmp:
+            save_file(tensors, str(tmp))
 
     @classmethod
     def load(cls, path: Path) -> MLPRewardModel:

@@ -20,7 +20,7 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError, ConfigError, MappingError, RegistryError, RequirementError
 from flows.cli.bench import bench_app
 from flows.cli.calibrate import calibrate_command
-from flows.cli.common import PARAMS_OPTION, config_or_exit, exit_on_unmet, one_line, requirements_or_exit
+from flows.cli.common import PARAMS_OPTION, config_or_exit, exit_on_unmet, one_line, os_error_line, requirements_or_exit
 from flows.cli.envs import envs_app
 from flows.cli.explore import explore_command
 from flows.cli.offline import export_minari_command, offline_command
@@ -123,13 +123,13 @@ def run(
     sets: list[str] = SET_OPTION,
 ) -> None:
     """Run the whole training cycle as a Prefect flow (calibrate -> variants -> explore -> offline -> train -> stress -> report)."""
-    from tasks.compose import backend
+    from tasks.backend import backend_of
     from tasks.runtime import configure_services
 
     cfg, overrides = overrides_or_exit(params, sets)
     requirements_or_exit(cfg)  # a missing browser, database binary, service or folder stops here, in seconds
     services = configure_services(cfg)  # before prefect/mlflow are imported (and before Ray's processes start)
-    pool = backend(cfg)  # joins a Ray cluster first: an unreachable one fails before anything is written
+    pool = backend_of(cfg).place()  # joins a Ray cluster first: an unreachable one fails before anything is written
     console.print(plan_tree(cfg))
     console.print(f"  envs: {pool.describe(cfg.train.num_envs)}")
     for name, where in services.items():
@@ -288,13 +288,19 @@ app.add_typer(bench_app, name="bench")
 
 def main() -> None:
     """Console entry point with library errors turned into clean messages."""
-    from tasks.compose import stop_ray
+    from tasks.ray_runtime import stop_ray
 
     try:
         app(prog_name="agentflow")
     except AgentFlowError as exc:
         err_console.print(f"[bold red]error[/]: {one_line(exc)}")
         sys.exit(2 if isinstance(exc, ConfigError | RegistryError | MappingError | RequirementError) else 1)
+    except OSError as exc:  # disk full, read-only folder, permission: one line naming the path and errno
+        err_console.print(f"[bold red]I/O error[/]: {os_error_line(exc)}")
+        sys.exit(2)
+    except (MemoryError, RecursionError) as exc:
+        err_console.print(f"[bold red]error[/]: input too large or too deeply nested to process ({type(exc).__name__})")
+        sys.exit(2)
     finally:
         stop_ray()
         # The interpreter's exit collects every object the command imported (torch, MLflow, Prefect,

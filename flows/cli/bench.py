@@ -1,7 +1,9 @@
 """``agentflow bench …``: benchmarks measured side by side in one run, as ratios.
 
 Each benchmark writes ``data/bench/<name>.json``; after every run ``BENCHMARKS.md`` is rendered
-from all JSON files present, with the command that produced each table.
+from all JSON files present, with the command that produced each table (:mod:`benchmarks.markdown`).
+The benchmarks package is imported inside the commands only: the pipeline's commands load this
+module with the CLI, and no DVC stage depends on the benchmarks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from agentflow_core.atomic import write_json
 from flows.cli.common import config_or_exit, phase_config_or_exit
@@ -23,214 +27,43 @@ bench_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 BENCH_DIR = Path("data/bench")
-# One-off measurements (dated narratives, e.g. a removed fast path measured against its replacement):
-# listed by title and path after the generated tables, so regenerating BENCHMARKS.md keeps pointing at them.
-MEASUREMENTS_DIR = Path("docs/measurements")
-BENCHMARKS_MD = Path("BENCHMARKS.md")
-# agentflow bench forgetting --shift catalogue / family / recovery
-FORGETTING = ("forgetting", "forgetting_family", "forgetting_recovery")
 REPEAT_OPTION = typer.Option(
     1, "--repeat", min=1, help="Run the benchmark this many times; a target is met only if every run meets it."
 )
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
-
-COMMANDS = {
-    "pool": "agentflow bench pool",
-    "ppo": "agentflow bench ppo",
-    "scheduler": "agentflow bench scheduler",
-    "train": "agentflow bench train",
-    "learning": "agentflow bench learning",
-    "sql": "agentflow bench sql",
-    "soak": "agentflow bench soak",
-    "soak_ray": "agentflow bench soak --backend ray",
-    "browser": "agentflow bench browser",
-    "offline": "agentflow bench offline",
-    "validator": "agentflow bench validator",
-    "forgetting": "agentflow bench forgetting",
-    "forgetting_family": "agentflow bench forgetting",
-    "forgetting_recovery": "agentflow bench forgetting",
-    "tune": "agentflow bench tune",
-    "onboarding": "agentflow bench onboarding",
-}
-TITLES = {
-    "pool": "Env pool: semantic overhead, Ray speed-up, memory, scheduler, recovery",
-    "ppo": "PPO: throughput vs stable-baselines3, update time",
-    "scheduler": "Scheduler strategies on a synthetic learner (1,000 variants, 100k draws)",
-    "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
-    "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
-    "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
-    "offline": "Offline stage: PPO's start and steps to the expert after BC vs after BC + CQL",
-    "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
-    "soak_ray": "Soak on the Ray backend: the same sides, env workers in Ray actors",
-    "browser": "Web channel in a real browser: step latency, live envs per GB, sim-to-real gap per family",
-    "validator": "Reward validator: planted reward-hacking episodes caught vs honest episodes flagged",
-    "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
-    "forgetting_family": "Forgetting: a retrain on the SQL channel alone, with and without EWC, on the previous test split",
-    "forgetting_recovery": "Forgetting: a retrain on failure-free variants, with and without EWC, on the previous test split",
-    "tune": "Auto-tuner (impedance matching): `agentflow train` with its choice vs the static settings",
-    "onboarding": "Onboarding: OpenAPI spec to a trainable env for the refund service; the refund process's expert",
-}
+console = Console()
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def publish(name: str, result: dict[str, Any] | None = None, show: bool = True) -> None:
+    """Write ``data/bench/<name>.json`` (when given a result), re-render BENCHMARKS.md, echo the section."""
+    from benchmarks.markdown import TITLES, bench_section, write_benchmarks_md
+
+    if result is not None:
+        write_json(BENCH_DIR / f"{name}.json", result)
+    write_benchmarks_md()
+    if show:
+        typer.echo(bench_section(TITLES[name]))
 
 
-# Targets from the issues, for keys a benchmark reports without its own verdict; (bound, higher is better).
-KNOWN_TARGETS: dict[str, tuple[float, bool]] = {
-    "sps_ratio_vs_sb3": (3.0, True),
-    "update_s_2048": (0.1, False),
-    "cold_share_vs_round_robin": (3.0, True),
-    "max_visit_gap_over_n": (5.0, False),
-    "draws_to_90pct_vs_round_robin": (1.0, False),
-}
-
-
-def _verdicts(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
-    targets, met = dict(result.get("targets", {})), dict(result.get("targets_met", {}))
+def print_targets(result: dict[str, Any], title: str) -> None:
+    """A benchmark's metrics against their targets, every run's value where it was repeated."""
+    table = Table(title=title)
+    for column in ("metric", "value", "target", "met", "runs"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
     runs = result.get("runs", {})
-    for key, (bound, higher) in KNOWN_TARGETS.items():
-        value = result.get(key)
-        if isinstance(value, int | float) and key not in met:
-            targets.setdefault(key, bound)
-            values = runs.get(key, [value])  # repeated runs: met only if every run met it
-            met[key] = all(v >= bound if higher else v <= bound for v in values)
-    return targets, met
-
-
-def _targets_table(result: dict[str, Any]) -> list[str]:
-    targets, met = _verdicts(result)
-    runs = result.get("runs", {})
-    header = "| metric | value | target | met |"
-    if runs:
-        header += f" all {result.get('repeats', len(next(iter(runs.values()))))} runs |"
-    lines = [header, "|---|---|---|---|" + ("---|" if runs else "")]
-    rows = sorted(result.items(), key=lambda item: item[0] not in targets)  # metrics with a target first
-    for key, value in rows:
-        if isinstance(value, dict | list) or key in ("targets", "targets_met", "runs", "repeats"):
+    for key, value in result.items():
+        if key in ("targets", "targets_met", "runs") or isinstance(value, list | dict):
             continue
-        target = targets.get(key)
-        line = (
-            f"| `{key}` | {_fmt(value)} | {'' if target is None else _fmt(target)} | "
-            f"{'' if key not in met else ('yes' if met[key] else '**no**')} |"
+        target = result["targets"].get(key)
+        met = result["targets_met"].get(key)
+        table.add_row(
+            key,
+            f"{value:.4g}" if isinstance(value, float) else str(value),
+            "" if target is None else str(target),
+            "" if met is None else ("yes" if met else "NO"),
+            " / ".join(f"{v:.4g}" for v in runs.get(key, [])),
         )
-        if runs:
-            line += f" {' / '.join(_fmt(v) for v in runs.get(key, []))} |"
-        lines.append(line)
-    return lines
-
-
-def _scheduler_table(result: dict[str, Any]) -> list[str]:
-    lines = [
-        "| strategy | cold share | vs round-robin | longest gap / n | draws to 90% | vs round-robin |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, m in result.get("strategies", {}).items():
-        lines.append(
-            f"| {name} | {m['cold_share']:.4f} | {_fmt(m['cold_share_vs_round_robin'])} | "
-            f"{m['max_visit_gap_over_n']:.2f} | {m['draws_to_90pct']} | {_fmt(m['draws_to_90pct_vs_round_robin'])} |"
-        )
-    return lines
-
-
-def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEASUREMENTS_DIR) -> str:
-    """BENCHMARKS.md from every ``data/bench/<name>.json``, then the recorded one-off measurements."""
-    out = [
-        "# Benchmarks",
-        "",
-        "Measured on this project's reference machine (2 cores, 24 GiB, no GPU, Python 3.11). Each side of",
-        "every ratio is measured in the same run. With `--repeat N` the value column is the last run, the",
-        "last column every run, and a target counts as met only if all runs met it. Regenerate with the",
-        "command above each table (`agentflow bench all --repeat 3` runs them all).",
-        "",
-    ]
-    for name in (
-        "learning",
-        "train",
-        "pool",
-        "ppo",
-        "scheduler",
-        "sql",
-        "offline",
-        "validator",
-        *FORGETTING,
-        "soak",
-        "soak_ray",
-        "browser",
-        "tune",
-        "onboarding",
-    ):
-        path = bench_dir / f"{name}.json"
-        if not path.exists():
-            continue
-        result = json.loads(path.read_text())
-        command = COMMANDS[name] + (f" --repeat {result['repeats']}" if result.get("repeats", 1) > 1 else "")
-        if name == "train":
-            command += f" --total-steps {result['total_steps']}"
-        if name == "learning":
-            command += f" --steps {result['config']['train']['total_steps']}"
-        if name == "sql":
-            command += f" --episodes {result['episodes']}"
-        if name == "browser":
-            command += (
-                f" --episodes {result['latency_episodes']} --live-envs {result['live_envs']}"
-                f" --gap-episodes {result['gap_episodes_per_family']}"
-            )
-        if name == "offline":
-            command += f" --steps {result['config']['ppo_total_steps']} --settings " + ",".join(
-                f"{v['behaviour']}:{v['explore_steps']}" for v in result["settings"].values()
-            )
-        if name == "validator":
-            command += f" --episodes {result['episodes_per_policy']} --train-steps {result['train_steps']}"
-        if name in FORGETTING:
-            command += f" --steps {result['total_steps_cap']} --shift {result.get('shift_name', 'catalogue')}"
-        if name == "tune":
-            command += (
-                f" --total-steps {result['total_steps']} --cluster-cpus {result['cluster_cpus']}"
-                f" --cluster-workers {result['cluster_static_workers']} --rounds {result['rounds']}"
-            )
-        if name in (
-            "soak",
-            "soak_ray",
-        ):  # its runs are the clean/faulty/clean sides, not repeats; its verdicts are "met"
-            command += f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
-            command += f" --step-patience-s {result['step_patience_s'] or 0:g}"
-            result = {k: v for k, v in result.items() if k not in ("runs", "met")} | {"targets_met": result["met"]}
-        out += [f"## {TITLES[name]}", "", f"Command: `{command}` → `{path}`", ""]
-        out += _scheduler_table(result) if name == "scheduler" else _targets_table(result)
-        if result.get("notes"):
-            out += ["", *[f"- {note}" for note in result["notes"]]]
-        if result.get("plot"):
-            out += ["", f"![learning curves]({result['plot']})"]
-        out.append("")
-    notes = sorted(measurements_dir.glob("*.md"))
-    if notes:
-        out += ["## One-off measurements", ""]
-        out += [f"- {_note_title(note)}: `{note.as_posix()}`" for note in notes]
-        out.append("")
-    return "\n".join(out)
-
-
-def _note_title(note: Path) -> str:
-    """The first heading of a measurement note, without its ``#`` marks (the file name if it has none)."""
-    lines = note.read_text(encoding="utf-8").splitlines()
-    return next((line.lstrip("#").strip() for line in lines if line.startswith("#")), note.stem)
-
-
-def bench_section(title: str) -> str:
-    """The section of the rendered BENCHMARKS.md under ``## title``."""
-    return next((part for part in render_benchmarks().split("## ") if part.startswith(title)), "")
-
-
-def write_benchmarks_md(bench_dir: Path = BENCH_DIR, target: Path = BENCHMARKS_MD) -> None:
-    """Re-render BENCHMARKS.md after a benchmark, so the committed table follows the JSON results."""
-    target.write_text(render_benchmarks(bench_dir), encoding="utf-8")
+    console.print(table)
 
 
 @bench_app.command("pool")
@@ -241,11 +74,46 @@ def pool(
     all_live: bool = typer.Option(True, help="Build all catalogue variants live at once (else extrapolate)."),
     repeat: int = REPEAT_OPTION,
 ) -> None:
-    """Pool: semantic overhead, Ray speed-up, memory, scheduler ratios, worker-kill recovery."""
-    from flows.cli.pool import bench_pool
+    """Pool: semantic overhead, Ray speed-up, memory, scheduler ratios, worker-kill recovery.
 
-    bench_pool(params, BENCH_DIR / "pool.json", num_envs, steps, all_live, repeat)
-    write_benchmarks_md()
+    With ``--repeat`` > 1 the JSON holds the last run plus every run's target metrics (``runs``).
+    The all-live probe (a 20-second, ~1 GB build of every variant) runs in the last run only.
+    """
+    import logging
+
+    import ray
+
+    from benchmarks.pool_bench import TARGETS, run_pool_bench
+    from benchmarks.runs import run_repeated
+    from flows.cli.pool import catalogue_and_factory, config_or_defaults
+    from tasks.ray_runtime import start_ray
+
+    logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the recovery run kills a worker on purpose
+    cfg = config_or_defaults(params)
+    variants, factory = catalogue_and_factory(cfg)
+
+    def run(i: int) -> dict[str, Any]:
+        console.print(f"pool benchmark run {i + 1} of {repeat}")
+        start_ray(cfg)
+        try:
+            return run_pool_bench(
+                variants,
+                factory,
+                config=cfg.pool,
+                num_envs=num_envs,
+                steps=steps,
+                measure_all_live=all_live and i == repeat - 1,
+                seed=cfg.base.seed,
+            )
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+
+    result = run_repeated(run, repeat, TARGETS)
+    write_json(BENCH_DIR / "pool.json", result)
+    print_targets(result, "pool benchmark")
+    console.print(f"wrote {BENCH_DIR / 'pool.json'}")
+    publish("pool", show=False)
 
 
 @bench_app.command("scheduler")
@@ -253,13 +121,11 @@ def scheduler(
     n_variants: int = typer.Option(1000), draws: int = typer.Option(100_000), seed: int = typer.Option(0)
 ) -> None:
     """Scheduler strategies: cold share, longest visit gap, draws to 90% success (synthetic learner)."""
-    from tasks.bench.scheduler_bench import run_scheduler_bench
+    from benchmarks.scheduler_bench import run_scheduler_bench
 
     result = run_scheduler_bench(n_variants=n_variants, draws=draws, seed=seed)
     result["machine"] = platform.machine()
-    write_json(BENCH_DIR / "scheduler.json", result)
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["scheduler"]))
+    publish("scheduler", result)
 
 
 @bench_app.command("ppo")
@@ -267,11 +133,20 @@ def ppo(
     quick: bool = typer.Option(False, "--quick", help="Fewer repeats (a smoke run, not for BENCHMARKS.md)."),
     repeat: int = REPEAT_OPTION,
 ) -> None:
-    """PPO: end-to-end throughput vs stable-baselines3 and update time (learning: `agentflow bench learning`)."""
-    from flows.cli.train import bench_ppo
+    """PPO: end-to-end throughput vs stable-baselines3 and update time (learning: `agentflow bench learning`).
 
-    bench_ppo(BENCH_DIR, quick, repeat)
-    write_benchmarks_md()
+    With ``--repeat`` > 1 the JSON holds the last run plus every run's target metrics (``runs``).
+    """
+    from benchmarks.ppo_bench import TARGETS, run_ppo_bench
+    from benchmarks.runs import run_repeated
+
+    kwargs: dict[str, Any] = {"sps_updates": 2, "repeats": 1, "update_repeats": 3} if quick else {}
+
+    def run(i: int) -> dict[str, Any]:
+        console.print(f"PPO benchmark run {i + 1} of {repeat}")
+        return run_ppo_bench(**kwargs)
+
+    publish("ppo", run_repeated(run, repeat, TARGETS), show=False)
 
 
 @bench_app.command("train")
@@ -285,15 +160,13 @@ def train(
     """`agentflow train` end to end with pool.backend ray vs inprocess (shipped params), plus a worker SIGKILL."""
     import tempfile
 
-    from tasks.bench.train_bench import TARGETS, run_train_bench
-    from tasks.bench_runs import run_repeated
+    from benchmarks.runs import run_repeated
+    from benchmarks.train_bench import TARGETS, run_train_bench
 
     steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-train-") as tmp:
         result = run_repeated(lambda i: run_train_bench(params, Path(tmp) / f"run{i}", steps), repeat, TARGETS)
-    write_json(BENCH_DIR / "train.json", result)
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["train"]))
+    publish("train", result)
 
 
 @bench_app.command("learning")
@@ -310,22 +183,21 @@ def learning(
     ),
 ) -> None:
     """AgentFlow's training vs sb3-contrib MaskablePPO: same catalogue, settings, reward, test split, one run."""
-    from tasks.bench.learning_bench import run_learning_bench
+    from benchmarks.learning_bench import run_learning_bench
+    from tasks.context import PhaseContext
     from tasks.plots import plot_learning_bench
 
     cfg = phase_config_or_exit(params)
     if steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
     result = run_learning_bench(
-        cfg,
+        PhaseContext.of(cfg),
         eval_every=eval_every_updates,
         test_episodes=test_episodes,
         progress=typer.echo,
     )
     result["plot"] = str(plot_learning_bench(result, BENCH_DIR / "learning.png"))
-    write_json(BENCH_DIR / "learning.json", result)
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["learning"]))
+    publish("learning", result)
 
 
 @bench_app.command("sql")
@@ -334,13 +206,11 @@ def sql(
     episodes: int = typer.Option(200, "--episodes", min=10, help="Expert episodes per database."),
 ) -> None:
     """SQL channel: reset/step latency on SQLite vs an embedded PostgreSQL server, the same episodes."""
-    from tasks.bench.sql_bench import ENV_ID, run_sql_bench
+    from benchmarks.sql_bench import ENV_ID, run_sql_bench
     from tasks.registry_io import load_registry
 
     entry = load_registry(config_or_exit(params)).get(ENV_ID)
-    write_json(BENCH_DIR / "sql.json", run_sql_bench(entry, episodes))
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["sql"]))
+    publish("sql", run_sql_bench(entry, episodes))
 
 
 @bench_app.command("browser")
@@ -354,21 +224,21 @@ def browser(
     ),
 ) -> None:
     """Browser channel: step latency p50/p95, live envs per GB, and the sim-to-real gap of a policy."""
-    from tasks.bench.browser_bench import run_browser_bench
+    from benchmarks.browser_bench import run_browser_bench
+    from tasks.context import PhaseContext
     from tasks.real_channels import BROWSER_ENV_ID
     from tasks.registry_io import load_registry
     from tasks.rollout import load_policy, resolve_checkpoint
 
-    cfg = config_or_exit(params)
-    sim = load_registry(cfg).get("web_checkout_v2")
+    ctx = PhaseContext.of(config_or_exit(params))
+    cfg = ctx.cfg
+    sim = ctx.registry.get("web_checkout_v2")
     real = load_registry(config_dir=Path(cfg.stress.sim_to_real.env_config_dir)).get(BROWSER_ENV_ID)
-    policy = load_policy(resolve_checkpoint(cfg, checkpoint))
+    policy = load_policy(resolve_checkpoint(ctx, checkpoint))
     result = run_browser_bench(
-        cfg, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes
+        ctx, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes
     )
-    write_json(BENCH_DIR / "browser.json", result)
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["browser"]))
+    publish("browser", result)
 
 
 @bench_app.command("offline")
@@ -386,7 +256,8 @@ def offline(
     """PPO's starting test process success and env steps to the expert, after BC vs after BC + CQL."""
     import tempfile
 
-    from tasks.bench.offline_bench import HARDER_BEHAVIOUR, run_offline_bench
+    from benchmarks.offline_bench import HARDER_BEHAVIOUR, run_offline_bench
+    from tasks.context import PhaseContext
 
     cfg = phase_config_or_exit(params)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
@@ -399,10 +270,10 @@ def offline(
     n = cfg.explore.total_steps
     parsed = parsed or [(cfg.explore.behaviour, n), (HARDER_BEHAVIOUR, n)]
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-offline-") as tmp:
-        result = run_offline_bench(cfg, Path(tmp), parsed, eval_every_updates, test_episodes, progress=typer.echo)
-    write_json(BENCH_DIR / "offline.json", result)
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["offline"]))
+        result = run_offline_bench(
+            PhaseContext.of(cfg), Path(tmp), parsed, eval_every_updates, test_episodes, progress=typer.echo
+        )
+    publish("offline", result)
 
 
 @bench_app.command("onboarding")
@@ -411,11 +282,27 @@ def onboarding(
     seeds: int = typer.Option(2, "--seeds", min=1, help="Expert episodes per scenario and channel."),
 ) -> None:
     """OpenAPI spec -> trainable env for the refund service (timed), and the refund expert on every refund channel."""
-    from tasks.bench.onboarding_bench import run_onboarding_bench
+    from benchmarks.onboarding_bench import run_onboarding_bench
 
-    write_json(BENCH_DIR / "onboarding.json", run_onboarding_bench(repeats, seeds))
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["onboarding"]))
+    publish("onboarding", run_onboarding_bench(repeats, seeds))
+
+
+def _trained_or_expert(params: Path) -> str | None:
+    """None (the best trained checkpoint under data/) when there is one, else the scripted expert.
+
+    A clean clone has no trained policy until `agentflow run` (or `dvc pull`); the browser bench then
+    measures the sim-to-real gap of the expert, and its JSON names the policy it played.
+    """
+    from agentflow_core.errors import AgentFlowError
+    from tasks.context import PhaseContext
+    from tasks.rollout import resolve_checkpoint
+
+    try:
+        resolve_checkpoint(PhaseContext.of(config_or_exit(params)), None)
+    except AgentFlowError:
+        typer.echo("bench browser: no trained checkpoint under data/, the sim-to-real gap is the scripted expert's")
+        return "expert"
+    return None
 
 
 @bench_app.command("all")
@@ -427,7 +314,7 @@ def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
-    browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=None)
+    browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=_trained_or_expert(params))
     onboarding(repeats=5, seeds=2)
 
 
@@ -448,12 +335,17 @@ def tune(
     ),
 ) -> None:
     """`agentflow train` with the auto-tuner's choice vs the static settings: here, and on a simulated larger cluster."""
-    from flows.cli.tune import bench_tune, print_bench
+    import tempfile
+
+    from benchmarks.tune_bench import run_tune_bench
 
     steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
-    result = bench_tune(params, BENCH_DIR, steps, cluster_cpus, cluster_workers, rounds)
-    write_benchmarks_md()
-    print_bench(result, BENCH_DIR)
+    with tempfile.TemporaryDirectory(prefix="agentflow-bench-tune-") as work:
+        result = run_tune_bench(params, Path(work), steps, cluster_cpus, cluster_workers, rounds, log=console.print)
+    publish("tune", result, show=False)
+    keys = [k for k in result if k.startswith("sps_ratio") or k.endswith(("env_steps_per_s", "_passed", "_success"))]
+    console.print(json.dumps({k: result[k] for k in keys}, indent=1, default=str))
+    console.print(f"-> {BENCH_DIR / 'tune.json'}")
 
 
 @bench_app.command("soak")
@@ -477,8 +369,9 @@ def soak(
     """Soak: the pool for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)."""
     import logging
 
+    from benchmarks.markdown import fmt
+    from benchmarks.soak_bench import TARGETS, run_soak_bench
     from flows.cli.pool import catalogue_and_factory
-    from tasks.bench.soak_bench import TARGETS, run_soak_bench
 
     cfg = config_or_exit(params)
     logging.getLogger("agentflow.pool").setLevel(logging.ERROR)  # the faulty side fails on purpose
@@ -502,13 +395,13 @@ def soak(
     for key in keys:
         target = TARGETS.get(key)
         met = result["met"].get(key)
-        typer.echo(f"{key}: {_fmt(result[key])}" + ("" if target is None else f" (target {target}, met: {met})"))
+        typer.echo(f"{key}: {fmt(result[key])}" + ("" if target is None else f" (target {target}, met: {met})"))
     for name, side in result["runs"].items():
         typer.echo(
             f"{name}: {side['env_steps_per_s']:,.0f} env-steps/s, {side['failures'] or 'no'} episodes lost, "
             f"slowest pool step {side['slowest_pool_step_s']:.2f} s"
         )
-    write_benchmarks_md()
+    publish("soak_ray" if backend == "ray" else "soak", show=False)
 
 
 @bench_app.command("validator")
@@ -523,7 +416,7 @@ def validator(
     ),
 ) -> None:
     """Train the validator as the cycle does, then score honest and planted reward-hacking episodes."""
-    from tasks.bench.validator_bench import run_validator_bench_fresh
+    from benchmarks.validator_bench import run_validator_bench_fresh
 
     cfg = phase_config_or_exit(params)
     result = run_validator_bench_fresh(cfg, episodes, train_steps, progress=typer.echo)
@@ -540,9 +433,7 @@ def validator(
         + ", ".join(f"{k} FPR {v['false_positive_rate']:.3f} of {v['episodes']}" for k, v in result["honest"].items()),
         f"measured on {platform.node() or 'this machine'} (shared machine: timings are noisy, rates are not)",
     ]
-    write_json(BENCH_DIR / "validator.json", result)
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES["validator"]))
+    publish("validator", result)
 
 
 @bench_app.command("forgetting")
@@ -558,8 +449,8 @@ def forgetting(
     ),
 ) -> None:
     """Cycle A, a shifted catalogue B, retrains on B without and with EWC; forgetting on A's test variants."""
-    from tasks.bench.forgetting_bench import SHIFTS, run_forgetting_bench
-    from tasks.bench.machine import MachineLoad
+    from benchmarks.forgetting_bench import SHIFTS, run_forgetting_bench
+    from benchmarks.machine import MachineLoad
 
     cfg = phase_config_or_exit(params)
     if shift not in SHIFTS:
@@ -574,6 +465,31 @@ def forgetting(
         machine.note(),
     ]
     name = "forgetting" if shift == "catalogue" else f"forgetting_{shift}"
-    write_json(BENCH_DIR / f"{name}.json", result)
-    write_benchmarks_md()
-    typer.echo(bench_section(TITLES[name]))
+    publish(name, result)
+
+
+@bench_app.command("transfer")
+def transfer(
+    params: Path = PARAMS_OPTION,
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        min=1024,
+        help="PPO steps of each training (all channels, and each leave-one-out) [default: 40960].",
+    ),
+) -> None:
+    """Leave one channel out: train on the others, play greedily on its test split, next to the rules."""
+    from benchmarks.machine import MachineLoad
+    from benchmarks.markdown import TITLES
+    from benchmarks.transfer_bench import run_transfer_bench, transfer_notes
+
+    cfg = phase_config_or_exit(params)
+    machine = MachineLoad()
+    result = run_transfer_bench(cfg, steps, progress=typer.echo)
+    result["machine_load"] = machine.result()
+    result["notes"] = [*transfer_notes(result), machine.note()]
+    result["command_options"] = f" --steps {result['total_steps_cap']}"
+    name = "transfer" if result["process"] == "checkout" else f"transfer_{result['process']}"
+    if name not in TITLES:
+        raise typer.BadParameter(f"no BENCHMARKS.md section for process {result['process']!r}")
+    publish(name, result)

@@ -10,8 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flows.cli.common import phase_config_or_exit
-from tasks.paths import DataPaths
+from flows.cli.common import phase_context_or_exit
 from tasks.registry_io import configure_adapter_debug
 from tasks.steps.calibrate import run_calibrate
 
@@ -26,15 +25,15 @@ def calibrate_command(
 
     Exits 1 when the gate fails (too many unstable variants or mapping-audit errors).
     """
-    cfg = phase_config_or_exit(params)
+    ctx = phase_context_or_exit(params)
     configure_adapter_debug()
-    paths = DataPaths.of(cfg)
+    paths = ctx.paths
     with Progress(
         TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
         task = progress.add_task("calibrate", total=None)
         summary = run_calibrate(
-            cfg,
+            ctx,
             paths.calibration,
             paths.metrics_file("calibrate"),
             progress=lambda done, total: progress.update(task, completed=done, total=total),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import typer
@@ -12,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import ConfigError, MappingError, RegistryError
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
 from tasks.preflight import Check, preflight
 from tasks.process_io import check_config, load_process
@@ -23,6 +25,13 @@ PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The ru
 def one_line(exc: BaseException) -> str:
     """An error message as one line of plain text: user text is escaped, never read as rich markup."""
     return escape(" ".join(str(exc).splitlines()))
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error as one escaped line naming the path(s), the errno's name and the system's reason."""
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
+    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None) or "<no path>"
+    return escape(" ".join(f"{paths}: {code} ({exc.strerror or exc})".splitlines()))
 
 
 def config_or_exit(params: Path) -> AgentFlowConfig:
@@ -58,6 +67,11 @@ def phase_config_or_exit(params: Path) -> AgentFlowConfig:
     cfg = config_or_exit(params)
     make_deterministic(cfg.base.seed)
     return cfg
+
+
+def phase_context_or_exit(params: Path) -> PhaseContext:
+    """The phase context of a command that runs a phase, built once (:func:`phase_config_or_exit` first)."""
+    return PhaseContext.of(phase_config_or_exit(params))
 
 
 def phase_progress(phase: str, console: Console) -> Progress:

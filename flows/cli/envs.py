@@ -23,7 +23,7 @@ from rich.table import Table
 
 from agentflow_core.adapters.audit import AuditFinding, audit_entry
 from agentflow_core.atomic import write_text
-from agentflow_core.errors import AgentFlowError
+from agentflow_core.errors import AgentFlowError, RegistryError
 from agentflow_core.registry import (
     EnvEntry,
     EnvRegistry,
@@ -140,6 +140,8 @@ def nondeterministic_info_keys(entry: EnvEntry, seed: int = 123) -> list[str]:
 
 def check_config_dir(config_dir: Path) -> list[EnvCheck]:
     """Check each config file on its own, so one bad file does not hide the others."""
+    if not Path(config_dir).is_dir():  # as `envs list` says it (exit 2), not a FileNotFoundError traceback
+        raise RegistryError(str(config_dir), "config directory does not exist")
     results: list[EnvCheck] = []
     seen: dict[str, str] = {}
     for path in config_files(config_dir):

@@ -1,7 +1,6 @@
 """``agentflow explore``: Phase 1, coverage-driven exploration into trajectory shards.
 
-Register on the main app with ``app.command("explore")(explore_command)``; ``explore_app`` runs
-it standalone (``python -m flows.cli.explore --help``).
+Register on the main app with ``app.command("explore")(explore_command)``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ if TYPE_CHECKING:  # exploration imports torch: imported when the command runs, 
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-explore_app = typer.Typer(help="Coverage-driven exploration.", pretty_exceptions_enable=False, add_completion=False)
 
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
@@ -42,15 +40,16 @@ def explore_command(
 
     Exits 1 after writing them when state_coverage_ratio stays below explore.min_state_coverage.
     """
+    from tasks.context import PhaseContext
     from tasks.steps.explore import run_explore
 
     cfg = phase_config_or_exit(params)
     if total_steps is not None:
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"total_steps": total_steps})})
-    data = Path(cfg.base.data_dir)
-    catalogue = catalogue or data / "variants"
-    out = out or data / "trajectories"
-    metrics = metrics or data / "metrics" / "explore.json"
+    ctx = PhaseContext.of(cfg)
+    catalogue = catalogue or ctx.paths.variants
+    out = out or ctx.paths.trajectories
+    metrics = metrics or ctx.paths.metrics_file("explore")
     with phase_progress("explore", console) as progress:
         task = progress.add_task("explore", total=cfg.explore.total_steps, status="")
 
@@ -63,7 +62,7 @@ def explore_command(
             )
 
         try:
-            summary = run_explore(cfg, catalogue, out, metrics, on_progress=on_progress)
+            summary = run_explore(ctx, catalogue, out, metrics, on_progress=on_progress)
         except AgentFlowError as exc:
             err_console.print(f"[bold red]explore failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
@@ -79,9 +78,3 @@ def explore_command(
         err_console.print(f"[bold red]gate failed[/]: {escape(str(summary['message']))}")
         raise typer.Exit(code=1)
     console.print(f"[green]{escape(str(summary['gate']))}[/]")
-
-
-explore_app.command("explore")(explore_command)
-
-if __name__ == "__main__":
-    explore_app()

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentflow_core.errors import AgentFlowError
-from flows.cli.common import PARAMS_OPTION, one_line, phase_config_or_exit
+from flows.cli.common import PARAMS_OPTION, one_line, phase_config_or_exit, phase_context_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -33,15 +33,14 @@ def offline_command(
     `agentflow train` starts PPO from that actor with a decaying KL term toward it. Exits 1 when the
     offline gate fails (the summary is still written; no actor is left for training).
     """
-    from tasks.paths import DataPaths
     from tasks.steps.offline import run_offline
 
-    cfg = phase_config_or_exit(params)
-    paths = DataPaths.of(cfg)
+    ctx = phase_context_or_exit(params)
+    paths = ctx.paths
     out = out or paths.offline
     try:
         summary = run_offline(
-            cfg, catalogue or paths.variants, trajectories or paths.trajectories, out, paths.metrics_file("offline")
+            ctx, catalogue or paths.variants, trajectories or paths.trajectories, out, paths.metrics_file("offline")
         )
     except AgentFlowError as exc:
         err_console.print(f"[bold red]offline failed[/]: {one_line(exc)}")

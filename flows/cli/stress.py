@@ -1,8 +1,7 @@
 """``agentflow stress`` and ``agentflow report``: Phase 3 stress validation and the evaluation report.
 
 Register on the main app with ``app.command("stress")(stress_command)`` and
-``app.command("report")(report_command)``; ``stress_app`` runs them standalone
-(``python -m flows.cli.stress --help``).
+``app.command("report")(report_command)``.
 """
 
 from __future__ import annotations
@@ -18,13 +17,10 @@ from rich.tree import Tree
 
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import TreeNode, build_report, report_tree
-from flows.cli.common import one_line, phase_config_or_exit, requirements_or_exit
+from flows.cli.common import one_line, phase_context_or_exit, requirements_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-stress_app = typer.Typer(
-    help="Stress validation and evaluation reports.", pretty_exceptions_enable=False, add_completion=False
-)
 
 PARAMS = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 CHECKPOINT = typer.Option(
@@ -68,7 +64,8 @@ def stress_command(
     """Run E greedy episodes on a stratified catalogue sample; write records, summary, plots and metrics."""
     from tasks.steps.stress import run_stress
 
-    cfg = phase_config_or_exit(params)
+    ctx = phase_context_or_exit(params)
+    cfg = ctx.cfg
     requirements_or_exit(cfg)  # the real channels of the sim-to-real check: refused in seconds, not after the episodes
     with Progress(
         TextColumn("[bold]stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
@@ -76,7 +73,7 @@ def stress_command(
         task = progress.add_task("stress", total=episodes or cfg.stress.episodes)
         try:
             summary = run_stress(
-                cfg,
+                ctx,
                 checkpoint,
                 catalogue,
                 out,
@@ -111,23 +108,23 @@ def report_command(
     strict: bool = REPORT_STRICT,
 ) -> None:
     """Write the evaluation report (md/html/json + PNGs), running the stress phase first if needed."""
-    from tasks.paths import DataPaths
     from tasks.rollout import resolve_checkpoint
     from tasks.steps.report import load_stress_summary, run_champion_challenger, run_report
     from tasks.steps.stress import run_stress
 
-    cfg = phase_config_or_exit(params)
+    ctx = phase_context_or_exit(params)
+    cfg = ctx.cfg
     try:
-        ref = resolve_checkpoint(cfg, checkpoint)
-        stress_summary = load_stress_summary(DataPaths.of(cfg).stress)
+        ref = resolve_checkpoint(ctx, checkpoint)
+        stress_summary = load_stress_summary(ctx.paths.stress)
         if stress_summary is None or stress_summary.get("checkpoint") != ref:
-            run_stress(cfg, ref)
+            run_stress(ctx, ref)
         decision = None
         if champion is not None:
             decision = run_champion_challenger(
-                cfg, checkpoint or Path(cfg.base.data_dir) / "checkpoints", None if champion == "none" else champion
+                ctx, checkpoint or ctx.paths.checkpoints, None if champion == "none" else champion
             )
-        summary = run_report(cfg, checkpoint, out_dir=out, champion=decision)
+        summary = run_report(ctx, checkpoint, out_dir=out, champion=decision)
     except AgentFlowError as exc:
         err_console.print(f"[bold red]report failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None
@@ -144,10 +141,3 @@ def report_command(
             f"[bold red]{escape(str(summary['gate']))}[/] (the report says why: {escape(summary['report_dir'])})"
         )
         raise typer.Exit(code=1)
-
-
-stress_app.command("stress")(stress_command)
-stress_app.command("report")(report_command)
-
-if __name__ == "__main__":
-    stress_app()

@@ -1,27 +1,23 @@
-"""``agentflow train`` (Phase 2: BC warm start + PPO, resumable) and ``agentflow bench ppo``.
+"""``agentflow train`` (Phase 2: BC warm start + PPO, resumable).
 
-Register on the main app with ``app.command("train")(train_command)`` and
-``bench_app.command("ppo")(bench_ppo_command)``; ``train_app`` runs both standalone
-(``python -m flows.cli.train --help``).
+Register on the main app with ``app.command("train")(train_command)``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentflow_core.atomic import write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from flows.cli.common import config_or_exit, one_line, phase_progress
-from tasks.bench_runs import run_repeated
-from tasks.compose import backend
+from tasks.backend import backend_of
 from tasks.config_io import flatten_params
+from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
 
 if TYPE_CHECKING:
@@ -29,7 +25,6 @@ if TYPE_CHECKING:
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-train_app = typer.Typer(help="PPO training and its benchmark.", pretty_exceptions_enable=False, add_completion=False)
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
 CATALOGUE_OPTION = typer.Option(None, "--catalogue", help="Variant catalogue dir (default <data_dir>/variants).")
@@ -41,11 +36,6 @@ RESUME_OPTION = typer.Option(
     False, "--resume", help="Continue from <out>/checkpoints/latest.json (bit-identical to an uninterrupted run)."
 )
 STEPS_OPTION = typer.Option(None, "--total-steps", min=1, help="Override train.total_steps.")
-BENCH_OUT_OPTION = typer.Option(Path("data/bench"), "--out", help="Folder for ppo.json.")
-QUICK_OPTION = typer.Option(False, "--quick", help="Fewer steps and repeats (smoke run, noisier numbers).")
-REPEAT_OPTION = typer.Option(
-    1, "--repeat", min=1, help="Run the benchmark this many times; targets must hold in every run."
-)
 
 
 def train_command(
@@ -68,7 +58,7 @@ def train_command(
     # a private local Ray comes up on a helper thread (seconds spent mostly waiting on its own processes)
     # while this thread imports them, opens the MLflow run and runs the warm start.
     try:
-        pool = backend(cfg)
+        pool = backend_of(cfg).place()
     except AgentFlowError as exc:
         err_console.print(f"[bold red]train failed[/]: {exc}")
         raise typer.Exit(code=1) from None
@@ -94,7 +84,9 @@ def train_command(
             )
 
         try:
-            summary = tracked_train(cfg, tracker, run_id, resume, on_update, catalogue, trajectories, out)
+            summary = tracked_train(
+                PhaseContext.of(cfg), tracker, run_id, resume, on_update, catalogue, trajectories, out
+            )
         except AgentFlowError as exc:
             err_console.print(f"[bold red]train failed[/]: {one_line(exc)}")
             raise typer.Exit(code=1) from None
@@ -142,46 +134,3 @@ def open_train_run(cfg: AgentFlowConfig, out: Path, resume: bool) -> tuple[Mlflo
         run_id = tracker.start_cycle(f"{cfg.base.run_name}-train", flatten_params(cfg), tags, kind="train")
     tracker.set_tags(run_id, {**git_tags(), **determinism_tags()})
     return tracker, run_id
-
-
-def bench_ppo(out_dir: Path = Path("data/bench"), quick: bool = False, repeat: int = 1) -> dict[str, Any]:
-    """Run the PPO benchmark ``repeat`` times; write ``ppo.json`` under ``out_dir``.
-
-    With ``repeat`` > 1 the JSON holds the last run plus every run's target metrics (``runs``);
-    BENCHMARKS.md counts a target as met only if every run met it.
-    """
-    from tasks.bench.ppo_bench import TARGETS, run_ppo_bench
-
-    kwargs: dict[str, Any] = {"sps_updates": 2, "repeats": 1, "update_repeats": 3} if quick else {}
-
-    def run(i: int) -> dict[str, Any]:
-        console.print(f"PPO benchmark run {i + 1} of {repeat}")
-        return run_ppo_bench(**kwargs)
-
-    result = run_repeated(run, repeat, TARGETS)
-    write_json(out_dir / "ppo.json", result)
-    return result
-
-
-def bench_ppo_command(out: Path = BENCH_OUT_OPTION, quick: bool = QUICK_OPTION, repeat: int = REPEAT_OPTION) -> None:
-    """PPO benchmark: throughput vs stable-baselines3, update latency (learning: `agentflow bench learning`)."""
-    result = bench_ppo(out, quick, repeat)
-    keys = (
-        "sps_ratio_vs_sb3",
-        "ours_sps",
-        "sb3_sps",
-        "sps_ratio_vs_sb3_large_minibatch",
-        "ours_sps_large_minibatch",
-        "sb3_sps_large_minibatch",
-        "sps_ratio_ceiling_vs_sb3",
-        "update_s_2048",
-    )
-    console.print(json.dumps({k: round(result[k], 4) for k in keys}, indent=1))
-    console.print(f"-> {out / 'ppo.json'}")
-
-
-train_app.command("train")(train_command)
-train_app.command("bench-ppo")(bench_ppo_command)
-
-if __name__ == "__main__":
-    train_app()

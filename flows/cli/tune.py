@@ -1,22 +1,18 @@
-"""``agentflow tune`` (the impedance-matching probe before train) and ``agentflow bench tune``.
+"""``agentflow tune``: the impedance-matching probe before train.
 
 Register on the main app with ``app.command("tune")(tune_command)``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentflow_core.atomic import write_json
 from agentflow_core.errors import AgentFlowError
-from flows.cli.common import one_line, phase_config_or_exit
-from tasks.paths import DataPaths
+from flows.cli.common import one_line, phase_context_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -40,11 +36,11 @@ def tune_command(
     """
     from tasks.steps.tune import run_tune
 
-    cfg = phase_config_or_exit(params)
-    paths = DataPaths.of(cfg)
+    ctx = phase_context_or_exit(params)
+    cfg, paths = ctx.cfg, ctx.paths
     try:
         summary = run_tune(
-            cfg,
+            ctx,
             catalogue or paths.variants,
             trajectories or paths.trajectories,
             out or paths.tuning,
@@ -57,26 +53,3 @@ def tune_command(
         console.print(escape(line))
     state = "train uses it" if cfg.tune.enabled else "tune.enabled is false: no probe, train keeps the static settings"
     console.print(f"{summary['budget/tune/wall_s']:.1f} s -> {(out or paths.tuning) / 'choice.json'} ({state})")
-
-
-def bench_tune(
-    params: Path, out_dir: Path, total_steps: int, cluster_cpus: int, cluster_workers: int, rounds: int = 1
-) -> dict[str, Any]:
-    """Run the tune benchmark; write ``tune.json`` under ``out_dir``."""
-    import tempfile
-
-    from tasks.bench.tune_bench import run_tune_bench
-
-    with tempfile.TemporaryDirectory(prefix="agentflow-bench-tune-") as work:
-        result = run_tune_bench(
-            params, Path(work), total_steps, cluster_cpus, cluster_workers, rounds, log=console.print
-        )
-    write_json(out_dir / "tune.json", result)
-    return result
-
-
-def print_bench(result: dict[str, Any], out_dir: Path) -> None:
-    """The headline figures of ``tune.json``."""
-    keys = [k for k in result if k.startswith("sps_ratio") or k.endswith(("env_steps_per_s", "_passed", "_success"))]
-    console.print(json.dumps({k: result[k] for k in keys}, indent=1, default=str))
-    console.print(f"-> {out_dir / 'tune.json'}")

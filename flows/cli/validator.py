@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from agentflow_core.errors import AgentFlowError
-from flows.cli.common import one_line, phase_config_or_exit
+from flows.cli.common import one_line, phase_context_or_exit
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -34,10 +34,10 @@ def validator_command(
     """
     from tasks.steps.validator import run_validator
 
-    cfg = phase_config_or_exit(params)
-    metrics = metrics or Path(cfg.base.data_dir) / "metrics" / "validator.json"
+    ctx = phase_context_or_exit(params)
+    metrics = metrics or ctx.paths.metrics_file("validator")
     try:
-        summary = run_validator(cfg, trajectories, out, metrics)
+        summary = run_validator(ctx, trajectories, out, metrics)
     except AgentFlowError as exc:
         err_console.print(f"[bold red]validator failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None

@@ -21,21 +21,19 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.adapters.audit import audit_entry
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.calibration import CalibrationReport, Target, VariantCalibration, calibrate
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.gates import calibrate_gate, evaluate_gate
 from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.budgets import budget_metrics
 from tasks.compose import base_env_infos, map_chunks
-from tasks.process_io import load_process
-from tasks.registry_io import load_registry
+from tasks.context import PhaseContext
 
 QUARANTINE_FILE = "quarantine.json"
 
 
-def sample_variants(cfg: AgentFlowConfig, per_family: int, rng: np.random.Generator) -> list[VariantSpec]:
+def sample_variants(ctx: PhaseContext, per_family: int, rng: np.random.Generator) -> list[VariantSpec]:
     """A stratified sample of the catalogue: every family x every dimension value, ``per_family`` or more each.
 
     The calibration gate runs before the catalogue is written, so it draws from the same generator
@@ -43,11 +41,11 @@ def sample_variants(cfg: AgentFlowConfig, per_family: int, rng: np.random.Genera
     quarantining its content hash removes exactly it from the catalogue. Per family the sample holds
     at least as many variants as the largest dimension has values, so the cover always fits.
     """
+    cfg = ctx.cfg
     v = cfg.variants
-    bases = base_env_infos(cfg)
-    scenario = load_process(cfg).vocabulary.scenario
+    bases = base_env_infos(ctx)
     catalogue = generate_variants(
-        bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, scenario=scenario
+        bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, scenario=ctx.vocabulary.scenario
     )
     dimensions = sorted(v.dimensions)
     size = max(per_family, *(len(values) for values in v.dimensions.values()))
@@ -58,21 +56,20 @@ def sample_variants(cfg: AgentFlowConfig, per_family: int, rng: np.random.Genera
     return picked
 
 
-def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[Target]:
+def calibration_envs(ctx: PhaseContext, variants: list[VariantSpec]) -> list[Target]:
     """(factory, expert policy, accepted outcome tokens) for the sampled variants.
 
     The accepted tokens are the process's goal and the handled outcomes it declares for the variant;
     a ``calibrate.handled_outcomes`` list of failure reasons replaces the declared handled outcomes.
     """
-    registry = load_registry(cfg)
-    process = load_process(cfg)
+    registry, process = ctx.registry, ctx.process
     targets: list[Target] = []
     for spec in variants:
         entry = registry.get(spec.base_env_id)
         expert = process.expert(entry.family)
         accepted = (
             process.vocabulary.accepted_outcomes(spec.params)
-            if cfg.calibrate.handled_outcomes is None
+            if ctx.cfg.calibrate.handled_outcomes is None
             else frozenset({process.vocabulary.goal})
         )
         targets.append((functools.partial(entry.make, spec.params, spec.env_id), expert.act, accepted))
@@ -80,15 +77,17 @@ def calibration_envs(cfg: AgentFlowConfig, variants: list[VariantSpec]) -> list[
 
 
 def run_calibrate(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     out_dir: Path,
     metrics_path: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the calibration gate's measurements; returns the summary (the gate verdict included)."""
+    cfg = ctx.cfg
+    check_output(out_dir)
     started = time.perf_counter()
     rng = np.random.default_rng(cfg.base.seed)
-    variants = sample_variants(cfg, cfg.calibrate.variants_per_family, rng)
+    variants = sample_variants(ctx, cfg.calibrate.variants_per_family, rng)
     c = cfg.calibrate
 
     def calibrate_chunk(targets: list[Target]) -> list[VariantCalibration]:
@@ -97,9 +96,9 @@ def run_calibrate(
         return calibrate(targets, c.resets, cfg.base.seed, *thresholds, outcomes).variants
 
     # one chunk of variants per env worker: Ray tasks on the Ray backend, in this process otherwise
-    results = map_chunks(cfg, calibrate_chunk, calibration_envs(cfg, variants), progress)
+    results = map_chunks(ctx, calibrate_chunk, calibration_envs(ctx, variants), progress)
     report = CalibrationReport.of(results, c.max_failed_fraction)
-    registry = load_registry(cfg)
+    registry = ctx.registry
     findings = [dataclasses.asdict(f) for env_id in cfg.variants.base_envs for f in audit_entry(registry.get(env_id))]
     errors = [f for f in findings if f.get("severity", "error") == "error"]
     by_base: dict[str, list[Any]] = {}

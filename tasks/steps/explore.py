@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentflow_core.atomic import atomic_dir, write_json
-from agentflow_core.config import AgentFlowConfig
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.evaluation.policy_eval import greedy_policy
 from agentflow_core.gates import evaluate_gate, explore_gate
 from agentflow_core.rl.checkpoint import load_checkpoint
@@ -44,26 +43,25 @@ from tasks.compose import (
     reachable_tokens,
     reward_function,
     unreachable_tokens,
-    vocabulary,
 )
-from tasks.process_io import load_process
+from tasks.context import PhaseContext
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
-from tasks.registry_io import load_registry
 
 
 def behaviour_policy(
-    cfg: AgentFlowConfig, warm_start: Path | None = None
+    ctx: PhaseContext, warm_start: Path | None = None
 ) -> tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], str]:
     """(greedy policy fn, policy hash) that ε-greedy exploration wraps.
 
     ``warm_start`` (a retrain's champion checkpoint) is the network PPO will start from, so with
     ``explore.behaviour: policy`` exploration is ε-greedy around it.
     """
+    cfg = ctx.cfg
     if cfg.explore.behaviour == "expert":
-        expert = load_process(cfg).expert()
+        expert = ctx.process.expert()
         return expert.act_batch, expert_policy_hash(expert)
     torch.manual_seed(cfg.base.seed)  # the same initialisation run_train starts PPO from
-    vocab = vocabulary(cfg)
+    vocab = ctx.vocabulary
     policy = ActorCritic(vocab.obs_dim, vocab.n_actions, cfg.train.hidden_sizes)
     if warm_start is not None:
         policy.load_state_dict(load_checkpoint(warm_start, cfg.train.hidden_sizes, vocab).model)
@@ -71,7 +69,7 @@ def behaviour_policy(
 
 
 def run_explore(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     catalogue_path: Path,
     out_dir: Path,
     metrics_path: Path | None = None,
@@ -91,6 +89,8 @@ def run_explore(
     in that order (the priority variants, then the rest in catalogue order) instead of using
     ``pool.scheduler``. ``card`` adds entries to the dataset card.
     """
+    cfg = ctx.cfg
+    check_output(out_dir)
     started = time.perf_counter()
     variants = read_splits(catalogue_path)["train"]
     seed = cfg.base.seed if seed is None else seed
@@ -98,18 +98,18 @@ def run_explore(
         rank = {env_id: i for i, env_id in enumerate(priority)}
         variants = sorted(variants, key=lambda v: rank.get(v.env_id, len(rank)))
     if class_paths is None:
-        registry = load_registry(cfg)
+        registry = ctx.registry
         class_paths = {registry.get(b).class_path for b in {v.base_env_id for v in variants}}
-    vocab = vocabulary(cfg)
+    vocab = ctx.vocabulary
     tracker = CoverageTracker(reachable_tokens(class_paths, vocab.tokens), vocabulary=vocab)
     unreachable = unreachable_tokens(class_paths, vocab.tokens)
-    expert = load_process(cfg).expert()
-    behaviour, behaviour_hash = behaviour_policy(cfg, warm_start)
+    expert = ctx.process.expert()
+    behaviour, behaviour_hash = behaviour_policy(ctx, warm_start)
     reward_cfg = cfg.train.reward
     scheduler = "round_robin" if priority else None
-    pool = pool_factory(cfg, variants, cfg.explore.num_envs, seed=seed, scheduler=scheduler)
+    pool = pool_factory(ctx, variants, cfg.explore.num_envs, seed=seed, scheduler=scheduler)
     try:
-        with reward_function(cfg, pool.num_envs) as reward_fn, atomic_dir(Path(out_dir)) as tmp:
+        with reward_function(ctx, pool.num_envs) as reward_fn, atomic_dir(Path(out_dir)) as tmp:
             writer = TrajectoryWriter(
                 tmp,
                 cfg.explore.shard_rows,

@@ -18,28 +18,38 @@ both actors greedily on the validation episodes ``agentflow train`` evaluates on
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from agentflow_core.atomic import write_json
+from agentflow_core.atomic import check_output, save_tensors, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.policy_eval import evaluate_policy, greedy_policy, stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, offline_gate
 from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.cql import CQLSettings, QNetwork, actor_state, improve_actor, td_error_on, train_cql
+from agentflow_core.rl.cql import (
+    CQLSettings,
+    OfflinePrior,
+    QNetwork,
+    actor_state,
+    improve_actor,
+    load_actor,
+    td_error_on,
+    train_cql,
+)
 from agentflow_core.rl.offline_data import load_transitions
 from agentflow_core.rl.policy import ActorCritic, resolve_device
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.splits import read_splits
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool
-from tasks.process_io import load_process
-from tasks.steps.train import EVAL_NUM_ENVS
+from tasks.context import PhaseContext
+from tasks.steps.evaluation import EVAL_NUM_ENVS
 
 ACTOR_FILE = "actor.safetensors"
 BC_ACTOR_FILE = "bc_actor.safetensors"
@@ -84,10 +94,11 @@ def cql_settings(cfg: AgentFlowConfig) -> CQLSettings:
     )
 
 
-def bc_actor(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path, seed: int) -> tuple[ActorCritic, int]:
+def bc_actor(ctx: PhaseContext, catalogue_path: Path, trajectories_dir: Path, seed: int) -> tuple[ActorCritic, int]:
     """The actor ``agentflow train`` clones: ``manual_seed(seed)``, a fresh network, BC on the train split."""
+    cfg = ctx.cfg
     train_variants = read_splits(catalogue_path)["train"]
-    vocabulary = load_process(cfg).vocabulary
+    vocabulary = ctx.vocabulary
     torch.manual_seed(seed)
     policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
     accepted = {v.content_hash: vocabulary.accepted_outcomes(v.params) for v in train_variants}
@@ -97,9 +108,10 @@ def bc_actor(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path,
 
 
 def offline_actor(
-    cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path, seed: int
+    ctx: PhaseContext, catalogue_path: Path, trajectories_dir: Path, seed: int
 ) -> tuple[ActorCritic, ActorCritic, QNetwork, dict[str, Any]]:
     """``(bc actor, bc+cql actor, Q, figures)``: BC, then CQL on the train split's transitions, then the actor step."""
+    cfg = ctx.cfg
     o, device = cfg.offline, resolve_device(cfg.base.device)
     clock = [time.perf_counter()]
 
@@ -107,10 +119,10 @@ def offline_actor(
         clock.append(time.perf_counter())
         return clock[-1] - clock[-2]
 
-    bc, bc_samples = bc_actor(cfg, catalogue_path, trajectories_dir, seed)
+    bc, bc_samples = bc_actor(ctx, catalogue_path, trajectories_dir, seed)
     bc_s = lap()
     train_hashes = {v.content_hash for v in read_splits(catalogue_path)["train"]}
-    vocabulary = load_process(cfg).vocabulary
+    vocabulary = ctx.vocabulary
     data = load_transitions(Path(trajectories_dir), vocabulary, train_hashes)
     fit, heldout = data.split(o.heldout_share, np.random.default_rng(seed))
     settings = cql_settings(cfg)
@@ -146,7 +158,7 @@ def offline_actor(
 
 
 def run_offline(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     catalogue_path: Path,
     trajectories_dir: Path,
     out_dir: Path,
@@ -156,8 +168,10 @@ def run_offline(
     seed: int | None = None,
 ) -> dict[str, Any]:
     """Run the offline stage (or record that it is switched off); returns the summary."""
+    cfg = ctx.cfg
     started = time.perf_counter()
     out_dir = Path(out_dir)
+    check_output(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in (ACTOR_FILE, BC_ACTOR_FILE, Q_FILE):
         (out_dir / name).unlink(missing_ok=True)  # a switched-off or failed stage leaves no actor for train
@@ -169,12 +183,12 @@ def run_offline(
         if metrics_path is not None:
             write_json(metrics_path, {"enabled": 0.0})
         return summary
-    bc, actor, q, figures = offline_actor(cfg, catalogue_path, trajectories_dir, seed)
+    bc, actor, q, figures = offline_actor(ctx, catalogue_path, trajectories_dir, seed)
     splits = read_splits(catalogue_path)
     dimensions = sorted(cfg.variants.dimensions)
     validation = stratified_eval_variants(splits["validation"], o.eval_episodes, dimensions, cfg.base.seed)
     pool = pool_factory(
-        cfg,
+        ctx,
         validation,
         min(cfg.train.num_envs, EVAL_NUM_ENVS),
         seed=cfg.base.seed + 1,
@@ -204,9 +218,9 @@ def run_offline(
     }
     verdict = evaluate_gate(offline_gate(cfg), summary)
     if verdict.passed:
-        save_file(actor_state(actor), str(out_dir / ACTOR_FILE))
-    save_file(actor_state(bc), str(out_dir / BC_ACTOR_FILE))
-    save_file({k: v.detach().cpu().contiguous() for k, v in q.state_dict().items()}, str(out_dir / Q_FILE))
+        save_tensors(actor_state(actor), out_dir / ACTOR_FILE)
+    save_tensors(actor_state(bc), out_dir / BC_ACTOR_FILE)
+    save_tensors({k: v.detach().cpu().contiguous() for k, v in q.state_dict().items()}, out_dir / Q_FILE)
     summary["wall_s"] = time.perf_counter() - started
     summary.update(
         passed=verdict.passed,
@@ -228,3 +242,44 @@ def offline_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """``data/metrics/offline.json``: the headline numbers and the budget."""
     budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
     return {"enabled": 1.0, **{k: float(summary[k]) for k in METRIC_KEYS}} | budget
+
+
+@dataclass(frozen=True)
+class OfflineStart:
+    """The offline stage's actor (PPO's initial actor weights) and the decaying KL prior toward it."""
+
+    path: Path
+    actor: dict[str, torch.Tensor]
+    prior: OfflinePrior
+    settings: dict[str, float]
+
+
+def offline_start(ctx: PhaseContext, offline_dir: Path | None, warm_start: Path | None) -> OfflineStart | None:
+    """The offline actor when the stage is on and wrote one (``offline_dir``, default ``<data_dir>/offline``).
+
+    A retrain's champion warm start replaces it (the champion already learnt online); without an
+    actor file (the stage switched off, not run, or its gate failed) training starts from BC alone.
+    A damaged file counts as absent, with a warning line.
+    """
+    from safetensors.torch import load_file
+
+    cfg = ctx.cfg
+    path = Path(offline_dir or ctx.paths.offline) / ACTOR_FILE
+    if not cfg.offline.enabled or warm_start is not None or not path.is_file():
+        return None
+    reference = ActorCritic(ctx.vocabulary.obs_dim, ctx.vocabulary.n_actions, cfg.train.hidden_sizes)
+    try:
+        actor = load_file(str(path))
+        load_actor(reference, actor)
+    except Exception as exc:  # SafetensorError on damaged bytes, KeyError/RuntimeError on wrong tensors
+        logging.getLogger("agentflow.train").warning(
+            "offline actor %s is damaged (%s: %s): treated as absent, training starts from BC alone; "
+            "the cycle's offline phase recomputes it (its output no longer matches its cache record)",
+            path,
+            type(exc).__name__,
+            str(exc)[:160],
+        )
+        return None
+    o = cfg.offline
+    prior = OfflinePrior(reference, o.kl_coef, o.kl_decay_updates)
+    return OfflineStart(path, actor, prior, {"kl_coef": o.kl_coef, "kl_decay_updates": o.kl_decay_updates})

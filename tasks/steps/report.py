@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion
@@ -33,21 +33,19 @@ from agentflow_core.evaluation.records import PolicyFn
 from agentflow_core.evaluation.report import (
     build_report,
     cycle_context,
-    render_html,
-    render_markdown,
     report_tree,
     tree_text,
     verdict,
 )
+from agentflow_core.evaluation.report_render import render_html, render_markdown
 from agentflow_core.evaluation.robustness import consistency_variants
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.gates import declared_gates, evaluate_gate
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import read_budgets
 from tasks.compose import PoolFactory, build_pool
-from tasks.paths import DataPaths
+from tasks.context import PhaseContext
 from tasks.plots import write_plots
-from tasks.process_io import load_process
 from tasks.provenance import GIT_COMMIT_TAG, git_tags
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 from tasks.steps.calibrate import read_quarantine
@@ -99,10 +97,11 @@ def training_summary(checkpoints: Path) -> dict[str, Any] | None:
 
 
 def build_cycle(
-    cfg: AgentFlowConfig, stress: Mapping[str, Any], champion: Mapping[str, Any] | None, links: Mapping[str, str]
+    ctx: PhaseContext, stress: Mapping[str, Any], champion: Mapping[str, Any] | None, links: Mapping[str, str]
 ) -> dict[str, Any]:
     """The report's opening: verdict, date, commit, links, training, gates, budgets, quarantine."""
-    paths = DataPaths.of(cfg)
+    cfg = ctx.cfg
+    paths = ctx.paths
     stress_gate_message = str(stress.get("gate", "stress gate failed"))
     training = training_summary(paths.checkpoints)
     if training is not None and (paths.checkpoints / "plots" / TRAIN_CURVE).exists():
@@ -151,7 +150,7 @@ def write_report(
 
 
 def run_report(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     checkpoint: str | Path | None = None,
     stress_dir: Path | None = None,
     out_dir: Path | None = None,
@@ -161,14 +160,16 @@ def run_report(
 ) -> dict[str, Any]:
     """Write ``report.{json,md,html}`` and the plots of the stress summary of ``checkpoint``; returns the
     metrics, verdict, tree and paths. The report opens with the cycle's verdict (:func:`build_cycle`)."""
-    paths = DataPaths.of(cfg)
+    cfg = ctx.cfg
+    paths = ctx.paths
     stress_dir = stress_dir or paths.stress
     out_dir = out_dir or paths.reports
-    ref = resolve_checkpoint(cfg, checkpoint)
+    check_output(out_dir)
+    ref = resolve_checkpoint(ctx, checkpoint)
     summary = load_stress_summary(stress_dir)
     if summary is None or summary.get("checkpoint") != ref:
         raise AgentFlowError(f"no stress summary of {ref} in {stress_dir}: run `agentflow stress` for it first")
-    cycle = build_cycle(cfg, summary, champion, links or {})
+    cycle = build_cycle(ctx, summary, champion, links or {})
     train_curve = paths.checkpoints / "plots" / TRAIN_CURVE
     report = write_report(summary, out_dir, cfg.report.formats, champion, cycle, train_curve)
     return {
@@ -200,7 +201,7 @@ class RecordingPolicy:
 
 
 def _slice_eval(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     policy: LoadedPolicy,
     variants: Sequence[VariantSpec],
     episodes: int,
@@ -209,7 +210,7 @@ def _slice_eval(
     """Mean evaluated return and success on the slice, the observations the policy saw, the rollout."""
     recorder = RecordingPolicy(policy.act)
     rollout = stress_rollout(
-        cfg, LoadedPolicy(policy.name, policy.checkpoint, recorder), variants, episodes, pool_factory=pool_factory
+        ctx, LoadedPolicy(policy.name, policy.checkpoint, recorder), variants, episodes, pool_factory=pool_factory
     )
     eps = rollout.episodes
     stats = {
@@ -221,7 +222,7 @@ def _slice_eval(
 
 
 def run_champion_challenger(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     challenger_ckpt: str | Path,
     champion_ckpt: str | Path | None,
     *,
@@ -235,11 +236,12 @@ def run_champion_challenger(
     visited on the slice plus the canonical probes of the slice's variants (see
     ``agentflow_core.evaluation.champion``). No champion: promote with reason "no champion yet".
     """
+    cfg = ctx.cfg
     rc = cfg.report
-    variants = load_variants(cfg, catalogue)
+    variants = load_variants(ctx, catalogue)
     sliced = champion_slice(variants, rc.champion_slice)
-    challenger = load_policy(resolve_checkpoint(cfg, challenger_ckpt), load_process(cfg))
-    ch_stats, ch_obs, ch_rollout = _slice_eval(cfg, challenger, sliced, rc.champion_episodes, pool_factory)
+    challenger = load_policy(resolve_checkpoint(ctx, challenger_ckpt), ctx.process)
+    ch_stats, ch_obs, ch_rollout = _slice_eval(ctx, challenger, sliced, rc.champion_episodes, pool_factory)
     context: dict[str, Any] = {
         "challenger": challenger.name,
         "challenger_checkpoint": challenger.checkpoint,
@@ -252,17 +254,17 @@ def run_champion_challenger(
             ch_stats["mean_evaluated_return"], None, None, rc.promote_min_consistency, rc.promote_min_reward_gain
         )
         return {**decision.to_dict(), **context, "champion": None}
-    champion = load_policy(resolve_checkpoint(cfg, champion_ckpt), load_process(cfg))
-    cp_stats, cp_obs, _ = _slice_eval(cfg, champion, sliced, rc.champion_episodes, pool_factory)
-    scales = cart_scales(cfg)
+    champion = load_policy(resolve_checkpoint(ctx, champion_ckpt), ctx.process)
+    cp_stats, cp_obs, _ = _slice_eval(ctx, champion, sliced, rc.champion_episodes, pool_factory)
+    scales = cart_scales(ctx)
     ids, features, families = consistency_variants(
         ch_rollout, [v.env_id for v in sliced], cfg.stress.consistency_variants
     )
-    vocabulary = load_process(cfg).vocabulary
+    vocabulary = ctx.vocabulary
     probes = [
         probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE), vocabulary=vocabulary)
         for feats, fam in zip(features, families, strict=True)
-        for state in load_process(cfg).probes
+        for state in ctx.process.probes
     ]
     states = np.concatenate([ch_obs, cp_obs, *([np.stack(probes)] if probes else [])])
     masks = np.ones((len(states), vocabulary.n_actions), dtype=bool)
@@ -272,7 +274,7 @@ def run_champion_challenger(
         ids,
         features,
         [scales.get(f, DEFAULT_CART_SCALE) for f in families],
-        load_process(cfg).probes,
+        ctx.process.probes,
         vocabulary=vocabulary,
     ).score
     decision = decide_promotion(

@@ -27,8 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agentflow_core.atomic import atomic_dir, write_json
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.evaluation.channel_consistency import cross_channel_consistency
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
@@ -37,11 +38,9 @@ from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
-from tasks.paths import DataPaths
+from tasks.context import PhaseContext
 from tasks.plots import write_plots
-from tasks.process_io import load_process
-from tasks.real_channels import run_sim_to_real
-from tasks.registry_io import load_registry
+from tasks.real_channels import run_sim_to_real, run_sim_to_real_oscar
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
 METRIC_KEYS = (
@@ -52,6 +51,8 @@ METRIC_KEYS = (
     "crash_rate",
     "matched_state_consistency",
     "consistency_random",
+    "cross_channel_consistency",
+    "cross_channel_consistency_random",
     "payment_success_rate",
     "state_coverage",
     "mean_evaluated_return",
@@ -60,14 +61,14 @@ METRIC_KEYS = (
 )
 
 
-def _reachable(cfg: AgentFlowConfig, variants: Sequence[VariantSpec]) -> list[str]:
-    registry = load_registry(cfg)
+def _reachable(ctx: PhaseContext, variants: Sequence[VariantSpec]) -> list[str]:
+    registry = ctx.registry
     known = [b for b in {v.base_env_id for v in variants} if b in registry]
-    return reachable_tokens({registry.get(b).class_path for b in known}, load_process(cfg).vocabulary.tokens)
+    return reachable_tokens({registry.get(b).class_path for b in known}, ctx.vocabulary.tokens)
 
 
 def evaluate_stress(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     policy: LoadedPolicy,
     variants: Sequence[VariantSpec],
     *,
@@ -77,10 +78,11 @@ def evaluate_stress(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[StressRollout, StressAnalysis, list[VariantSpec]]:
     """Stratified sample -> rollouts -> analysis (no files written)."""
+    cfg = ctx.cfg
     dimensions = [d for d in cfg.variants.dimensions if any(d in v.params for v in variants)]
     sample = stratified_sample(variants, cfg.stress.variants, dimensions, np.random.default_rng(cfg.base.seed))
     rollout = stress_rollout(
-        cfg, policy, sample, episodes or cfg.stress.episodes, pool_factory=pool_factory, on_progress=on_progress
+        ctx, policy, sample, episodes or cfg.stress.episodes, pool_factory=pool_factory, on_progress=on_progress
     )
     families = sorted({v.family for v in sample})
     analysis = analyze_stress(
@@ -89,10 +91,10 @@ def evaluate_stress(
         cfg.stress,
         dimensions,
         [v.env_id for v in sample],
-        reachable if reachable is not None else _reachable(cfg, sample),
-        cart_scales(cfg, families),
-        load_process(cfg).probes,
-        load_process(cfg).vocabulary,
+        reachable if reachable is not None else _reachable(ctx, sample),
+        cart_scales(ctx, families),
+        ctx.process.probes,
+        ctx.vocabulary,
     )
     return rollout, analysis, list(sample)
 
@@ -165,8 +167,9 @@ def stress_summary(
     sample: Sequence[VariantSpec],
     cfg: AgentFlowConfig,
     episodes: Sequence[EpisodeRecord],
+    goal: str,
 ) -> dict[str, Any]:
-    """The JSON written as ``summary.json``: the analysis plus which policy ran on what."""
+    """The JSON written as ``summary.json``: the analysis plus which policy ran on what (``goal``: the goal token)."""
     sample_ids = [v.env_id for v in sample]
     breakdowns = success_breakdowns(episodes, sorted(cfg.variants.dimensions))
     return {
@@ -175,7 +178,7 @@ def stress_summary(
         "breakdown_metrics": {k: v for name, b in breakdowns.items() for k, v in b.metrics(name).items()},
         "policy": policy.name,
         "process": cfg.process,
-        "goal": load_process(cfg).vocabulary.goal,
+        "goal": goal,
         "checkpoint": policy.checkpoint,
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "config": cfg.stress.model_dump(mode="json"),
@@ -189,7 +192,7 @@ def stress_summary(
 
 
 def run_stress(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     checkpoint: str | Path | None = None,
     catalogue: Path | None = None,
     out_dir: Path | None = None,
@@ -200,21 +203,32 @@ def run_stress(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Stress-validate a checkpoint; write the records, summary and plots; return the summary."""
+    cfg = ctx.cfg
     started = time.perf_counter()
-    paths = DataPaths.of(cfg)
+    paths = ctx.paths
     out_dir = out_dir or paths.stress
     metrics_path = metrics_path or paths.metrics_file("stress")
-    policy = load_policy(resolve_checkpoint(cfg, checkpoint), load_process(cfg))
-    variants = load_variants(cfg, catalogue)
+    check_output(out_dir)  # a read-only or full disk fails here, not after the episodes ran
+    policy = load_policy(resolve_checkpoint(ctx, checkpoint), ctx.process)
+    variants = load_variants(ctx, catalogue)
     rollout, analysis, sample = evaluate_stress(
-        cfg, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
+        ctx, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
-    summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
+    summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes, ctx.vocabulary.goal)
+    # the same policy on paired states of every channel (expert episodes, same params and seed, faults off)
+    paired = cross_channel_consistency(
+        ctx.process, ctx.registry, dict(cfg.variants.dimensions), policy.act, cfg.base.seed
+    )
+    summary["metrics"].update(paired)
     if cfg.stress.sim_to_real.enabled:  # the same policy on the real channels (same variants and seeds)
-        real = run_sim_to_real(cfg, policy, sample)
+        real = run_sim_to_real(ctx, policy, sample)
         summary["sim_to_real"] = real.to_dict()
         summary["metrics"].update(real.metrics())
-    summary["reward_validator"] = validator_flags(cfg, rollout)
+    if cfg.stress.sim_to_real.enabled and cfg.stress.sim_to_real.oscar_episodes > 0:  # a store nobody here wrote
+        oscar = run_sim_to_real_oscar(ctx, policy, sample)
+        summary["sim_to_real_oscar"] = oscar
+        summary["metrics"].update(oscar["metrics"])
+    summary["reward_validator"] = validator_flags(ctx, rollout)
     if summary["reward_validator"] is not None:
         summary["metrics"]["validator_flagged"] = summary["reward_validator"]["flagged"]
         summary["metrics"]["validator_flagged_rate"] = summary["reward_validator"]["rate"]
@@ -223,7 +237,7 @@ def run_stress(
     summary["gate"] = verdict.message
     summary["budget"] = budget_metrics("stress", time.perf_counter() - started, cfg.stress.budget_s)
     with atomic_dir(Path(out_dir)) as tmp:
-        write_records(tmp, rollout.steps, rollout.episodes, load_process(cfg).vocabulary.actions)
+        write_records(tmp, rollout.steps, rollout.episodes, ctx.vocabulary.actions)
         summary["plots"] = write_plots(summary, tmp)
         write_json(tmp / "summary.json", summary)
     write_json(
@@ -231,7 +245,7 @@ def run_stress(
         {k: summary["metrics"][k] for k in METRIC_KEYS}
         | {"passed": summary["passed"]}
         | summary["breakdown_metrics"]
-        | {k: v for k, v in summary["metrics"].items() if k.startswith("sim_to_real_")}
+        | {k: v for k, v in summary["metrics"].items() if k.startswith(("sim_to_real_", "real_process_success_"))}
         | summary["budget"]
         | {
             k: summary["metrics"][k] for k in ("validator_flagged", "validator_flagged_rate") if k in summary["metrics"]
@@ -240,13 +254,14 @@ def run_stress(
     return summary
 
 
-def validator_flags(cfg: AgentFlowConfig, rollout: StressRollout) -> dict[str, Any] | None:
+def validator_flags(ctx: PhaseContext, rollout: StressRollout) -> dict[str, Any] | None:
     """The discriminator reward validator's verdict on the stress episodes (None when off or not trained)."""
     from agentflow_core.evaluation.validator import validate_episodes
     from tasks.steps.validator import load_validator
 
-    model = load_validator(cfg)
+    cfg = ctx.cfg
+    model = load_validator(ctx)
     if model is None:
         return None
-    vocabulary = load_process(cfg).vocabulary
+    vocabulary = ctx.vocabulary
     return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold, vocabulary).to_dict()

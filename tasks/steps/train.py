@@ -25,30 +25,34 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from agentflow_core.atomic import write_json, write_text
+from agentflow_core.atomic import MIN_FREE_BYTES, check_output, save_tensors, write_json
 from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
-from agentflow_core.evaluation.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
-from agentflow_core.evaluation.policy_eval import EvalResult, stratified_eval_variants, summarise_episodes
+from agentflow_core.evaluation.policy_eval import stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, train_gate
+from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
 from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
-from agentflow_core.rl.checkpoint import BEST, LATEST, CheckpointManager, load_checkpoint, load_intact, restore_ppo
+from agentflow_core.rl.checkpoint import (
+    BEST,
+    LATEST,
+    CheckpointManager,
+    load_checkpoint,
+    load_intact,
+    restore_ppo,
+)
 from agentflow_core.rl.convergence import ConvergenceTracker
-from agentflow_core.rl.cql import OfflinePrior, load_actor
+from agentflow_core.rl.cql import load_actor
 from agentflow_core.rl.ewc import EWCPenalty
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
-from agentflow_core.rl.policy import ActorCritic, policy_hash, resolve_device
+from agentflow_core.rl.policy import ActorCritic, resolve_device
 from agentflow_core.rl.ppo import PPO, MetricsSink, NullSink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
@@ -57,12 +61,21 @@ from agentflow_core.tuning import ImpedanceMeter, time_forward
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import build_rollouts, recovery_summary, reward_function
-from tasks.process_io import load_process
+from tasks.context import PhaseContext
+from tasks.steps.evaluation import EXPLORATION_EPSILON, FINAL_EVAL_EPISODES
+from tasks.steps.offline import offline_start
+from tasks.steps.train_outputs import plot_curves, train_metrics, train_summary, write_outputs
+from tasks.steps.train_state import FinalPolicy, TrainingRun, TrainingState
 from tasks.steps.validator import training_validator
 
-EXPLORATION_EPSILON = 0.95
-EVAL_NUM_ENVS = 16
-FINAL_EVAL_EPISODES = 128
+# The keys of a PPO update's metrics kept in the training curve (curve.json, the plots).
+CURVE_KEYS = (
+    "global_step",
+    "rollout/success_rate",
+    "rollout/episode_return",
+    "losses/approx_kl",
+    "adaptive/clip_range",
+)
 
 
 def reward_transform(cfg: AgentFlowConfig, pool: EnvPool | SlicedRollouts, reward_fn: RewardFunction) -> TrainingReward:
@@ -76,70 +89,8 @@ def reward_transform(cfg: AgentFlowConfig, pool: EnvPool | SlicedRollouts, rewar
     )
 
 
-@dataclass(frozen=True)
-class OfflineStart:
-    """The offline stage's actor (PPO's initial actor weights) and the decaying KL prior toward it."""
-
-    path: Path
-    actor: dict[str, torch.Tensor]
-    prior: OfflinePrior
-    settings: dict[str, float]
-
-
-def offline_start(cfg: AgentFlowConfig, offline_dir: Path | None, warm_start: Path | None) -> OfflineStart | None:
-    """The offline actor when the stage is on and wrote one (``offline_dir``, default ``<data_dir>/offline``).
-
-    A retrain's champion warm start replaces it (the champion already learnt online); without an
-    actor file (the stage switched off, not run, or its gate failed) training starts from BC alone.
-    """
-    from safetensors.torch import load_file
-
-    from tasks.paths import DataPaths
-    from tasks.steps.offline import ACTOR_FILE
-
-    path = Path(offline_dir or DataPaths.of(cfg).offline) / ACTOR_FILE
-    if not cfg.offline.enabled or warm_start is not None or not path.is_file():
-        return None
-    actor = load_file(str(path))
-    vocabulary = load_process(cfg).vocabulary
-    reference = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
-    load_actor(reference, actor)
-    o = cfg.offline
-    prior = OfflinePrior(reference, o.kl_coef, o.kl_decay_updates)
-    return OfflineStart(path, actor, prior, {"kl_coef": o.kl_coef, "kl_decay_updates": o.kl_decay_updates})
-
-
-def _plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], path: Path) -> None:
-    """The training curves as a PNG (a bare ``Figure``, no pyplot: drawn on a helper thread)."""
-    from matplotlib.figure import Figure
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(11, 4))
-    ax_s, ax_r = fig.subplots(1, 2)
-    steps = [c["global_step"] for c in curve]
-    ax_s.plot(steps, [c.get("rollout/success_rate", np.nan) for c in curve], label="training rollouts")
-    ax_r.plot(steps, [c.get("rollout/episode_return", np.nan) for c in curve], label="training rollouts")
-    if evals:
-        ax_s.plot(
-            [e["global_step"] for e in evals],
-            [e["validation/process_success_rate"] for e in evals],
-            "o-",
-            label="validation process success (greedy)",
-        )
-        ax_r.plot(
-            [e["global_step"] for e in evals], [e["validation/mean_return"] for e in evals], "o-", label="validation"
-        )
-    ax_s.set(xlabel="environment steps", ylabel="success rate", title="success rate")
-    ax_r.set(xlabel="environment steps", ylabel="episode return (env reward)", title="reward")
-    for ax in (ax_s, ax_r):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def run_train(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     catalogue_path: Path,
     trajectories_dir: Path | None,
     out_dir: Path,
@@ -171,43 +122,101 @@ def run_train(
     PPO's loss when ``train.ewc.enabled``. The discriminator reward validator, when trained
     (``tasks.steps.validator``), down-weights the rewards of suspicious training episodes.
 
-    ``tuning`` records whether ``cfg`` carries the auto-tuner's choice (``tasks.steps.tune.tuned_config``);
+    ``tuning`` records whether ``ctx.cfg`` carries the auto-tuner's choice (``tasks.steps.tune.tuned_config``);
     every update's impedance metrics (``impedance/*``, docs/design.md §7.1) go to the sink and the summary.
     """
-    tc, seed, eval_seed = cfg.train, cfg.base.seed if seed is None else seed, cfg.base.seed
-    out_dir = Path(out_dir)
-    ckpt_root = out_dir / "checkpoints"
-    sink = sink or NullSink()
-    splits = read_splits(catalogue_path)
-    train_variants = splits["train"]
-    dimensions = sorted(cfg.variants.dimensions)
-    validation = stratified_eval_variants(splits["validation"], tc.eval_episodes, dimensions, eval_seed)
-    n_final = max(tc.eval_episodes, FINAL_EVAL_EPISODES)
-    test = stratified_eval_variants(splits["test"], n_final, dimensions, eval_seed)
-    device = resolve_device(cfg.base.device)
-    torch.manual_seed(seed)
-    process = load_process(cfg)
-    vocab = process.vocabulary
-    policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes).to(device)
-    if warm_start is not None:
-        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes, vocab).model)
-    untrained = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
-    untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
+    check_output(Path(out_dir), MIN_FREE_BYTES)  # its checkpoints are rotated, not doubled: the floor is the estimate
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
-    pool = rollout_factory(cfg, train_variants, tc.num_envs, seed=seed, eval_variants=[*validation, *test])
+    with ExitStack() as on_error:
+        on_error.push(resources)
+        run = open_training(
+            ctx, catalogue_path, Path(out_dir), sink, resources, seed, warm_start, rollout_factory, offline_dir, ewc
+        )
+        on_error.pop_all()
+    state = TrainingState()
+    t_start = time.perf_counter()
+    try:
+        start_training(run, state, resume, trajectories_dir, warm_start)
+        train_loop(run, state, t_start, on_update)
+        state.stop_reason = state.stop_reason or "step_budget"
+        # the curves are final now: drawn while the test episodes play (the driver mostly waits on them)
+        plot = resources.enter_context(ThreadPoolExecutor(1, thread_name_prefix="agentflow-plot")).submit(
+            plot_curves, state.curve, state.evals, run.out_dir / "plots" / "train_curves.png"
+        )
+        best = final_evaluation(run)
+    finally:
+        resources.close()
+    return finish_training(run, state, best, plot, t_start, metrics_path, warm_start, ewc, tuning)
+
+
+def open_training(
+    ctx: PhaseContext,
+    catalogue_path: Path,
+    out_dir: Path,
+    sink: MetricsSink | None,
+    resources: ExitStack,
+    seed: int | None,
+    warm_start: Path | None,
+    rollout_factory: Callable[..., SlicedRollouts],
+    offline_dir: Path | None,
+    ewc: Path | None,
+) -> TrainingRun:
+    """The run's splits, networks, rollout source, reward and PPO, in the order the seed draws them.
+
+    The pool and the reward-model client are registered on ``resources``.
+    """
+    cfg = ctx.cfg
+    tc, seed = cfg.train, cfg.base.seed if seed is None else seed
+    splits = read_splits(catalogue_path)
+    validation, test = held_out(cfg, splits)
+    device = resolve_device(cfg.base.device)
+    policy, untrained = initial_networks(ctx, seed, device, warm_start)
+    pool = rollout_factory(ctx, splits["train"], tc.num_envs, seed=seed, eval_variants=[*validation, *test])
     resources.callback(pool.close)
-    eval_envs = min(tc.num_envs, EVAL_NUM_ENVS)
+    sink = sink or NullSink()
+    ppo, penalty, validator = learner(ctx, policy, pool, seed, device, sink, resources, ewc)
+    offline = offline_start(ctx, offline_dir, warm_start)
+    if offline is not None:
+        ppo.policy_penalty = offline.prior
+    impedance = impedance_meter(pool, tc, policy)
+    manager = CheckpointManager(
+        out_dir / "checkpoints", tc.checkpoint_every_updates, tc.checkpoint_every_minutes, vocabulary=ctx.vocabulary
+    )
+    return TrainingRun(
+        ctx,
+        out_dir,
+        seed,
+        sink,
+        splits,
+        validation,
+        test,
+        policy,
+        untrained,
+        pool,
+        ppo,
+        penalty,
+        validator,
+        offline,
+        impedance,
+        manager,
+    )
 
-    def evaluate(
-        variants: list[VariantSpec], actor: ActorSpec, net: ActorCritic | None, n: int, episodes_seed: int
-    ) -> EvalResult:
-        records = pool.evaluate(variants, actor, net, n, episodes_seed, min(eval_envs, max(len(variants), 1)))
-        return summarise_episodes(records, variants, dimensions, vocab)
 
-    greedy = ActorSpec(GREEDY, tuple(tc.hidden_sizes))
-    reward = reward_transform(cfg, pool, resources.enter_context(reward_function(cfg, pool.num_envs)))
+def learner(
+    ctx: PhaseContext,
+    policy: ActorCritic,
+    pool: SlicedRollouts,
+    seed: int,
+    device: torch.device | str,
+    sink: MetricsSink,
+    resources: ExitStack,
+    ewc: Path | None,
+) -> tuple[PPO, EWCPenalty | None, Any]:
+    """PPO over ``pool`` with the configured reward, the EWC penalty toward the champion and the reward validator."""
+    tc = ctx.cfg.train
+    reward = reward_transform(ctx.cfg, pool, resources.enter_context(reward_function(ctx, pool.num_envs)))
     penalty = EWCPenalty.load(Path(ewc), tc.ewc.lam) if ewc is not None and tc.ewc.enabled else None
-    validator = training_validator(cfg)
+    validator = training_validator(ctx)
     ppo = PPO(
         policy,
         pool,
@@ -219,226 +228,167 @@ def run_train(
         regularizer=penalty,
         reward_validator=validator,
     )
-    offline = offline_start(cfg, offline_dir, warm_start)
-    if offline is not None:
-        ppo.policy_penalty = offline.prior
-    impedance = impedance_meter(pool, tc, policy)
-    manager = CheckpointManager(ckpt_root, tc.checkpoint_every_updates, tc.checkpoint_every_minutes, vocabulary=vocab)
-    tracker = ConvergenceTracker()
-    curve: list[dict[str, float]] = []
-    evals: list[dict[str, float]] = []
-    bc_summary: dict[str, Any] = {"used": False}
-    # this process's throughput per update, its steps over the time since the previous update ended
-    # (the rollout, the update and what the loop does with it: evaluations, checkpoints, logging);
-    # timing, so not in checkpoints
-    update_sps: list[float] = []
-    t_start = time.perf_counter()
-    stop_reason: str | None = None  # converged | step_budget | time_budget, whichever came first
-    try:
-        ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes, vocab) if resume else None
-        if ckpt is not None:
-            restore_ppo(ppo, ckpt)
-            extra = ckpt.state["extra"]
-            tracker.load_state_dict(extra["tracker"])
-            curve, evals, bc_summary = extra["curve"], extra["evals"], extra["bc"]
-            # a converged run stays stopped; one cut by its step or time budget goes on to the new budget
-            if extra.get("stop_reason") == "converged" and tc.gate.stop_on_convergence:
-                stop_reason = "converged"
-            untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
-        else:
-            if warm_start is not None:
-                bc_summary = {"used": False, "reason": f"warm start from {warm_start}"}
-            elif offline is not None:
-                load_actor(policy, offline.actor)
-                bc_summary = {"used": True, "source": "offline", "actor": str(offline.path)}
-            elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
-                accepted = {v.content_hash: vocab.accepted_outcomes(v.params) for v in train_variants}
-                obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted, vocab)
-                result = behaviour_cloning(policy, obs, actions, masks, seed=seed)
-                bc_summary = {
-                    "used": result.samples > 0,
-                    "samples": result.samples,
-                    "accuracy": result.accuracy,
-                    "final_loss": result.losses[-1] if result.losses else None,
-                }
-            ckpt_root.mkdir(parents=True, exist_ok=True)
-            save_file(
-                {k: v.contiguous() for k, v in untrained.state_dict().items()}, str(ckpt_root / "untrained.safetensors")
-            )
-        num_updates = tc.num_updates
-        next_rollout_runs = _next_rollout_runs(tc, t_start)
-        t_update = time.perf_counter()
-        while ppo.update < num_updates and stop_reason is None:
-            metrics = ppo.train_iteration(prefetch_next=next_rollout_runs)
-            sink.record(ppo.global_step, impedance.observe(metrics))
-            curve.append(
-                {
-                    k: metrics[k]
-                    for k in (
-                        "global_step",
-                        "rollout/success_rate",
-                        "rollout/episode_return",
-                        "losses/approx_kl",
-                        "adaptive/clip_range",
-                    )
-                    if k in metrics
-                }
-            )
-            over_time = time.perf_counter() - t_start >= tc.budget_s
-            is_last = ppo.update == num_updates or over_time
-            new_best = evaluated = False
-            if ppo.update % tc.eval_every_updates == 0 or is_last:
-                result_eval = evaluate(validation, greedy, ppo.policy, tc.eval_episodes, eval_seed + 7)
-                eval_metrics = result_eval.metrics("validation/")
-                evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
-                new_best = tracker.add(ppo.update, result_eval.process_success_rate, result_eval.mean_return)
-                sink.record(ppo.global_step, {**eval_metrics, "policy_convergence_flag": float(tracker.converged)})
-                evaluated = True
-            stop_reason = _stop_reason(tc, tracker, ppo.global_step, evaluated, over_time, ppo.update == num_updates)
-            if manager.due(ppo.update) or new_best or stop_reason is not None:
-                extra = {
-                    "tracker": tracker.state_dict(),
-                    "curve": curve,
-                    "evals": evals,
-                    "bc": bc_summary,
-                    "stop_reason": stop_reason,
-                }
-                sink.flush()  # the metrics up to here in the store: a resumed run restarts after this checkpoint
-                path = manager.save(ppo, best_metric=tracker.best_metric if evals else None, extra=extra)
-                if new_best:
-                    manager.mark_best(path)
-            if on_update is not None:
-                on_update(ppo.update, num_updates, metrics)
-            update_sps.append(ppo.batch_size / max(time.perf_counter() - t_update, 1e-9))
-            t_update = time.perf_counter()
-        stop_reason = stop_reason or "step_budget"
-        # the curves are final now: drawn while the test episodes play (the driver mostly waits on them)
-        plot = resources.enter_context(ThreadPoolExecutor(1, thread_name_prefix="agentflow-plot")).submit(
-            _plot_curves, curve, evals, out_dir / "plots" / "train_curves.png"
-        )
-        best_ckpt = load_intact(ckpt_root, BEST, tc.hidden_sizes, vocab)
-        assert best_ckpt is not None
-        best = best_ckpt.path
-        best_policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
-        best_policy.load_state_dict(best_ckpt.model)
-        explorer = ActorSpec(EPSILON_GREEDY, tuple(tc.hidden_sizes), EXPLORATION_EPSILON)
-        experts = tuple((family, process.expert(family)) for family in sorted({v.family for v in test}))
-        final = {
-            name: evaluate(test, actor, net, n_final, eval_seed + 11)
-            for name, actor, net in (
-                ("trained", greedy, best_policy),
-                ("exploration", explorer, untrained),
-                ("expert", ActorSpec(EXPERT, experts=experts), None),
-            )
+    return ppo, penalty, validator
+
+
+def held_out(cfg: AgentFlowConfig, splits: dict[str, list[VariantSpec]]) -> tuple[list[VariantSpec], list[VariantSpec]]:
+    """The validation and test episodes' variants, stratified; ``base.seed`` chooses them, whatever the cycle seed."""
+    tc, dimensions, eval_seed = cfg.train, sorted(cfg.variants.dimensions), cfg.base.seed
+    validation = stratified_eval_variants(splits["validation"], tc.eval_episodes, dimensions, eval_seed)
+    n_final = max(tc.eval_episodes, FINAL_EVAL_EPISODES)
+    return validation, stratified_eval_variants(splits["test"], n_final, dimensions, eval_seed)
+
+
+def initial_networks(
+    ctx: PhaseContext, seed: int, device: torch.device | str, warm_start: Path | None
+) -> tuple[ActorCritic, ActorCritic]:
+    """PPO's network (seeded, or the champion's weights) and a CPU copy of it as it starts, the exploration baseline."""
+    tc, vocab = ctx.cfg.train, ctx.vocabulary
+    torch.manual_seed(seed)
+    policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes).to(device)
+    if warm_start is not None:
+        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes, vocab).model)
+    untrained = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
+    untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
+    return policy, untrained
+
+
+def start_training(
+    run: TrainingRun, state: TrainingState, resume: bool, trajectories_dir: Path | None, warm_start: Path | None
+) -> None:
+    """Resume from the latest checkpoint, or start: from the champion, the offline actor or behaviour cloning."""
+    tc, vocab, ckpt_root = run.tc, run.vocab, run.ckpt_root
+    ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes, vocab) if resume else None
+    if ckpt is not None:
+        restore_ppo(run.ppo, ckpt)
+        extra = ckpt.state["extra"]
+        state.tracker.load_state_dict(extra["tracker"])
+        state.curve, state.evals, state.bc_summary = extra["curve"], extra["evals"], extra["bc"]
+        # a converged run stays stopped; one cut by its step or time budget goes on to the new budget
+        if extra.get("stop_reason") == "converged" and tc.gate.stop_on_convergence:
+            state.stop_reason = "converged"
+        run.untrained.load_state_dict(load_checkpoint_untrained(ckpt_root))
+        return
+    if warm_start is not None:
+        state.bc_summary = {"used": False, "reason": f"warm start from {warm_start}"}
+    elif run.offline is not None:
+        load_actor(run.policy, run.offline.actor)
+        state.bc_summary = {"used": True, "source": "offline", "actor": str(run.offline.path)}
+    elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
+        accepted = {v.content_hash: vocab.accepted_outcomes(v.params) for v in run.splits["train"]}
+        obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted, vocab)
+        result = behaviour_cloning(run.policy, obs, actions, masks, seed=run.seed)
+        state.bc_summary = {
+            "used": result.samples > 0,
+            "samples": result.samples,
+            "accuracy": result.accuracy,
+            "final_loss": result.losses[-1] if result.losses else None,
         }
-        recovery = recovery_summary(pool)
-    finally:
-        resources.close()
-    save_file({k: v.contiguous() for k, v in best_ckpt.model.items()}, str(out_dir / "policy.safetensors"))
-    summary: dict[str, Any] = {
-        "policy_hash": policy_hash(best_policy),
-        "best_checkpoint": best.name,
-        "updates": ppo.update,
-        "global_step": ppo.global_step,
-        "train_variants": len(train_variants),
-        "validation_variants": len(splits["validation"]),
-        "test_variants": len(splits["test"]),
-        "validation_process_success": tracker.best_metric,
-        **_test_summary(final),
-        "policy_convergence_flag": tracker.converged,
-        "stop_reason": stop_reason,
-        "stopped_on_convergence": stop_reason == "converged",
-        "evaluations": len(evals),
-        "bc": bc_summary,
-        "pool": recovery,
-        "worker_restarts": recovery["worker_restarts"],
-        "steps_lost": recovery["steps_lost"],
-        "worker_recovery_s": max((r["recovery_s"] for r in recovery["recoveries"]), default=0.0),
-        "seed": seed,
-        "offline": None if offline is None else {"actor": str(offline.path), **offline.settings},
-        "warm_start": None
-        if warm_start is None
-        else {"checkpoint": str(warm_start), "policy_hash": policy_hash(untrained)},
-        "wall_s": time.perf_counter() - t_start,
-        "update_sps": update_sps,
-        "ewc": {"used": False} if penalty is None else {"used": True, "file": str(ewc), **penalty.summary()},
-        "reward_validator": validator is not None,
-        "impedance": impedance.summary(),
-        "tuning": tuning or {"applied": False, "reason": "run without the auto-tuner"},
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    untrained = {k: v.contiguous() for k, v in run.untrained.state_dict().items()}
+    save_tensors(untrained, ckpt_root / "untrained.safetensors")
+
+
+def train_loop(
+    run: TrainingRun,
+    state: TrainingState,
+    t_start: float,
+    on_update: Callable[[int, int, dict[str, float]], None] | None,
+) -> None:
+    """PPO updates until convergence, the step budget or the time budget; validation and checkpoints on the way."""
+    tc, ppo, sink = run.tc, run.ppo, run.sink
+    num_updates = tc.num_updates
+    next_rollout_runs = _next_rollout_runs(tc, t_start)
+    greedy = ActorSpec(GREEDY, tuple(tc.hidden_sizes))
+    eval_seed = run.ctx.cfg.base.seed
+    t_update = time.perf_counter()
+    while ppo.update < num_updates and state.stop_reason is None:
+        metrics = ppo.train_iteration(prefetch_next=next_rollout_runs)
+        sink.record(ppo.global_step, run.impedance.observe(metrics))
+        state.curve.append({k: metrics[k] for k in CURVE_KEYS if k in metrics})
+        over_time = time.perf_counter() - t_start >= tc.budget_s
+        is_last = ppo.update == num_updates or over_time
+        new_best = evaluated = False
+        if ppo.update % tc.eval_every_updates == 0 or is_last:
+            result_eval = run.evaluate(run.validation, greedy, ppo.policy, tc.eval_episodes, eval_seed + 7)
+            eval_metrics = result_eval.metrics("validation/")
+            state.evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
+            new_best = state.tracker.add(ppo.update, result_eval.process_success_rate, result_eval.mean_return)
+            sink.record(ppo.global_step, {**eval_metrics, "policy_convergence_flag": float(state.tracker.converged)})
+            evaluated = True
+        last = ppo.update == num_updates
+        state.stop_reason = _stop_reason(tc, state.tracker, ppo.global_step, evaluated, over_time, last)
+        if run.manager.due(ppo.update) or new_best or state.stop_reason is not None:
+            sink.flush()  # the metrics up to here in the store: a resumed run restarts after this checkpoint
+            best_metric = state.tracker.best_metric if state.evals else None
+            path = run.manager.save(ppo, best_metric=best_metric, extra=state.extra())
+            if new_best:
+                run.manager.mark_best(path)
+        if on_update is not None:
+            on_update(ppo.update, num_updates, metrics)
+        state.update_sps.append(ppo.batch_size / max(time.perf_counter() - t_update, 1e-9))
+        t_update = time.perf_counter()
+
+
+def final_evaluation(run: TrainingRun) -> FinalPolicy:
+    """The best checkpoint, the exploration policy and the scripted expert on the test split; the pool's losses."""
+    tc, vocab = run.tc, run.vocab
+    best_ckpt = load_intact(run.ckpt_root, BEST, tc.hidden_sizes, vocab)
+    assert best_ckpt is not None
+    best_policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
+    best_policy.load_state_dict(best_ckpt.model)
+    greedy = ActorSpec(GREEDY, tuple(tc.hidden_sizes))
+    explorer = ActorSpec(EPSILON_GREEDY, tuple(tc.hidden_sizes), EXPLORATION_EPSILON)
+    experts = tuple((family, run.ctx.process.expert(family)) for family in sorted({v.family for v in run.test}))
+    n_final, eval_seed = max(tc.eval_episodes, FINAL_EVAL_EPISODES), run.ctx.cfg.base.seed
+    final = {
+        name: run.evaluate(run.test, actor, net, n_final, eval_seed + 11)
+        for name, actor, net in (
+            ("trained", greedy, best_policy),
+            ("exploration", explorer, run.untrained),
+            ("expert", ActorSpec(EXPERT, experts=experts), None),
+        )
     }
-    gate = train_gate(cfg)
+    return FinalPolicy(best_ckpt, best_policy, final, recovery_summary(run.pool))
+
+
+def finish_training(
+    run: TrainingRun,
+    state: TrainingState,
+    best: FinalPolicy,
+    plot: Future[None],
+    t_start: float,
+    metrics_path: Path | None,
+    warm_start: Path | None,
+    ewc: Path | None,
+    tuning: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Write the best policy, the summary (with the train gate's verdict), the card, curves and metrics."""
+    tc, out_dir = run.tc, run.out_dir
+    save_tensors({k: v.contiguous() for k, v in best.checkpoint.model.items()}, out_dir / "policy.safetensors")
+    summary = train_summary(run, state, best, time.perf_counter() - t_start, warm_start, ewc, tuning)
+    gate = train_gate(run.ctx.cfg)
     verdict = evaluate_gate(gate, {k: v for k, v in summary.items() if isinstance(v, int | float)})
+    ppo = run.ppo
     summary.update(
         passed=verdict.passed,
         gate=verdict.message,
-        message=f"{verdict.message}; stopped on {stop_reason} after {ppo.global_step} steps ({ppo.update} updates)",
+        message=f"{verdict.message}; stopped on {state.stop_reason} after {ppo.global_step} steps ({ppo.update} updates)",
         **budget_metrics("train", summary["wall_s"], tc.budget_s, ppo.global_step, gate.budget_steps),
     )
-    write_json(
-        out_dir / "policy.json",
-        {
-            "policy_hash": summary["policy_hash"],
-            "hidden_sizes": list(tc.hidden_sizes),
-            "vocab_version": vocab.version,
-            "test_process_success": summary["test_process_success"],
-            "test_payment_success": summary["test_payment_success"],
-            "checkpoint": best.name,
-        },
-    )
-    write_json(out_dir / "curve.json", {"curve": curve, "evals": evals})
-    write_json(out_dir / "train_summary.json", summary)
-    write_curve_csv(evals, out_dir / "validation_curve.csv")
+    card = {
+        "policy_hash": summary["policy_hash"],
+        "hidden_sizes": list(tc.hidden_sizes),
+        "vocab_version": run.vocab.version,
+        "test_process_success": summary["test_process_success"],
+        "test_payment_success": summary["test_payment_success"],
+        "checkpoint": best.checkpoint.path.name,
+    }
+    write_outputs(out_dir, summary, card, state.curve, state.evals)
     plot.result()
     if metrics_path is not None:
         write_json(metrics_path, train_metrics(summary))
     return summary
-
-
-METRIC_KEYS = (
-    "test_process_success",
-    "test_payment_success",
-    "test_return",
-    "test_process_success_vs_exploration",
-    "test_process_success_vs_expert",
-    "test_payment_success_vs_exploration",
-    "test_payment_success_vs_expert",
-    "validation_process_success",
-    "policy_convergence_flag",
-    "stopped_on_convergence",
-    "global_step",
-    "updates",
-)
-
-
-def _test_summary(final: dict[str, EvalResult]) -> dict[str, Any]:
-    """The test split's numbers: trained policy vs exploration and expert, both success measures."""
-    trained, exploration, expert = final["trained"], final["exploration"], final["expert"]
-    return {
-        "test_process_success": trained.process_success_rate,
-        "test_payment_success": trained.success_rate,
-        "test_return": trained.mean_return,
-        "test_process_success_exploration": exploration.process_success_rate,
-        "test_process_success_expert": expert.process_success_rate,
-        "test_payment_success_exploration": exploration.success_rate,
-        "test_payment_success_expert": expert.success_rate,
-        "test_process_success_vs_exploration": _ratio(trained.process_success_rate, exploration.process_success_rate),
-        "test_process_success_vs_expert": _ratio(trained.process_success_rate, expert.process_success_rate),
-        "test_payment_success_vs_exploration": _ratio(trained.success_rate, exploration.success_rate),
-        "test_payment_success_vs_expert": _ratio(trained.success_rate, expert.success_rate),
-        "test_process_success_by_family": trained.process_success_by_family,
-        "test_payment_success_by_family": trained.success_by_family,
-        "test": trained.to_dict(),
-        "test_expert": expert.to_dict(),
-        "test_metrics": trained.metrics("test/"),
-    }
-
-
-def train_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """``data/metrics/train.json`` (and the MLflow run's summary): headline numbers, then the test split's
-    payment and process success per family and dimension value with their 95% Wilson bounds."""
-    budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
-    impedance = {k: float(v) for k, v in summary.get("impedance", {}).items()}
-    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"] | budget | impedance
 
 
 def impedance_meter(pool: EnvPool | SlicedRollouts, tc: TrainConfig, policy: ActorCritic) -> ImpedanceMeter:
@@ -473,17 +423,6 @@ def _stop_reason(
     return "step_budget" if last else None
 
 
-def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:
-    """Validation success/return per evaluation, the training curve ``dvc plots show`` draws."""
-    lines = ["step,validation_process_success,validation_payment_success,validation_return"]
-    lines += [
-        f"{int(e['global_step'])},{e['validation/process_success_rate']:.6f},"
-        f"{e['validation/success_rate']:.6f},{e['validation/mean_return']:.6f}"
-        for e in evals
-    ]
-    write_text(path, "\n".join(lines) + "\n")
-
-
 def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:
     """The initial (pre-BC, pre-PPO) weights: the exploration baseline is epsilon-greedy around them."""
     from safetensors.torch import load_file
@@ -494,7 +433,3 @@ def load_checkpoint_untrained(ckpt_root: Path) -> dict[str, torch.Tensor]:
         return load_file(str(ckpt_root / "untrained.safetensors"))
     except Exception as exc:  # safetensors raises its own SafetensorError on damaged bytes
         raise CheckpointError(ckpt_root / "untrained.safetensors", f"{type(exc).__name__}: {exc}") from None
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else float("inf")

@@ -18,10 +18,7 @@ the same static settings; otherwise with the static ones, saying why.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,15 +29,14 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from agentflow_core.atomic import write_json
+from agentflow_core.atomic import check_output, write_json
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.pool.rollout import CentralRollouts
 from agentflow_core.rl.losses import LossCoefficients, ppo_minibatch_loss
 from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.rl.rollout import CentralRollouts
 from agentflow_core.splits import read_splits
 from agentflow_core.tuning import (
     CHOICE_VERSION,
-    Cores,
     Sparsity,
     TuneChoice,
     UpdateTiming,
@@ -51,9 +47,9 @@ from agentflow_core.tuning import (
 )
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
-from tasks.compose import build_pool, ray_address, start_ray
+from tasks.compose import build_pool
+from tasks.context import PhaseContext
 from tasks.process_io import load_process
-from tasks.registry_io import load_registry
 
 CHOICE_FILE = "choice.json"
 WARMUP_STEPS = 2
@@ -79,7 +75,7 @@ class TimedPolicy(ActorCritic):
 
 
 def time_workers(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     variants: Sequence[VariantSpec],
     ks: Sequence[int],
     steps: int,
@@ -94,7 +90,10 @@ def time_workers(
     mostly measure someone else's load. The rollout's opening reset is left out (a real rollout
     amortises it over ``n_steps``).
     """
-    one_worker = cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"backend": "inprocess", "num_workers": 1})})
+    cfg = ctx.cfg
+    one_worker = ctx.with_config(
+        cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"backend": "inprocess", "num_workers": 1})})
+    )
     threads = torch.get_num_threads()
     pools = {k: build_pool(one_worker, variants, k, seed=seed, standby=False) for k in ks}
     best: dict[int, tuple[float, float]] = {}
@@ -102,7 +101,7 @@ def time_workers(
         torch.set_num_threads(1)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            vocabulary = load_process(cfg).vocabulary
+            vocabulary = ctx.vocabulary
             policy = TimedPolicy(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
         rollouts = {k: CentralRollouts(pool) for k, pool in pools.items()}
         for source in rollouts.values():
@@ -121,10 +120,10 @@ def time_workers(
     return [WorkerTiming(envs=k, steps=steps, env_s=best[k][0], inference_s=best[k][1]) for k in ks]
 
 
-def time_update_step(cfg: AgentFlowConfig, seed: int, repeats: int = 8) -> UpdateTiming:
+def time_update_step(ctx: PhaseContext, seed: int, repeats: int = 8) -> UpdateTiming:
     """Fastest time of one PPO gradient step at the shipped minibatch size, on random data of the real shapes."""
+    cfg, vocabulary = ctx.cfg, ctx.vocabulary
     mb = cfg.train.minibatch_size
-    vocabulary = load_process(cfg).vocabulary
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -148,64 +147,23 @@ def time_update_step(cfg: AgentFlowConfig, seed: int, repeats: int = 8) -> Updat
     return UpdateTiming(minibatch=mb, step_s=min(times[1:]))  # the fastest: the rest is the machine's other load
 
 
-def measure_sparsity(cfg: AgentFlowConfig, trajectories: Path, variants: Sequence[VariantSpec]) -> Sparsity:
+def measure_sparsity(ctx: PhaseContext, trajectories: Path, variants: Sequence[VariantSpec]) -> Sparsity:
     """Steps, rewarded steps and goal events in the exploration shards; the longest episode the variants allow."""
     steps = rewarded = goals = 0
-    goal = load_process(cfg).vocabulary.goal
+    goal = ctx.vocabulary.goal
     for shard in sorted(Path(trajectories).rglob("*.parquet")):
         table = pq.read_table(shard, columns=["env_reward", "tokens"])
         reward = table.column("env_reward").to_numpy(zero_copy_only=False)
         steps += len(reward)
         rewarded += int(np.count_nonzero(reward))
         goals += sum(goal in (tokens or ()) for tokens in table.column("tokens").to_pylist())
-    registry = load_registry(cfg)
+    registry = ctx.registry
     longest = max(registry.get(v.base_env_id).scenario(v.params).max_episode_steps for v in variants[:200])
     return Sparsity(steps=steps, rewarded_steps=rewarded, goals=goals, max_episode_steps=int(longest))
 
 
-def _local_addresses() -> set[str]:
-    names = {"127.0.0.1", "localhost", socket.gethostname()}
-    with contextlib.suppress(OSError):
-        names |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
-    return {str(n) for n in names}
-
-
-def measure_cores(cfg: AgentFlowConfig) -> Cores:
-    """Ray's logical CPUs, and the cores that can run at once: per host, at most what that host schedules.
-
-    A private local Ray has ``base.ray.num_cpus`` logical CPUs on this host (read from the config, no
-    Ray start); a cluster (``RAY_ADDRESS`` / ``base.ray.address``) is asked for its alive nodes. Nodes
-    on this host share its schedulable cores (``os.sched_getaffinity``); other hosts count their CPUs.
-    """
-    here = len(os.sched_getaffinity(0))
-    if cfg.pool.backend != "ray":
-        return Cores(logical=1, usable=1, detail="inprocess backend")
-    if ray_address(cfg) is None:
-        logical = cfg.base.ray.num_cpus
-        usable = min(logical, here)
-        return Cores(logical, usable, f"local Ray: {logical} logical CPUs, {here} schedulable cores here")
-    import ray
-
-    start_ray(cfg)
-    local = _local_addresses()
-    local_cpus = remote_cpus = 0
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    for node in nodes:
-        cpus = int(node.get("Resources", {}).get("CPU", 0))
-        if node.get("NodeManagerAddress") in local:
-            local_cpus += cpus
-        else:
-            remote_cpus += cpus
-    usable = min(local_cpus, here) + remote_cpus
-    detail = (
-        f"Ray cluster of {len(nodes)} node(s): {local_cpus} logical CPUs on this host ({here} schedulable cores), "
-        f"{remote_cpus} on other hosts"
-    )
-    return Cores(local_cpus + remote_cpus, max(usable, 1), detail)
-
-
 def run_tune(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     catalogue: Path,
     trajectories: Path,
     out_dir: Path,
@@ -218,6 +176,8 @@ def run_tune(
     ``replay``: a recorded choice.json (``agentflow reproduce`` replays the run's own choice rather
     than probing a machine whose load has changed since); it must have been made from these static settings.
     """
+    cfg = ctx.cfg
+    check_output(out_dir)
     started = time.perf_counter()
     tc = cfg.tune
     out = Path(out_dir) / CHOICE_FILE
@@ -230,7 +190,7 @@ def run_tune(
             if choice.shipped != shipped_settings(cfg):
                 raise ValueError(f"{replay} was chosen for other static settings than these params")
         else:
-            choice = probe_and_choose(cfg, catalogue, trajectories)
+            choice = probe_and_choose(ctx, catalogue, trajectories)
         write_json(out, {**choice.to_json(), "replayed_from": None if replay is None else str(replay)})
         summary = choice_summary(choice)
     summary.update(budget_metrics("tune", time.perf_counter() - started, tc.budget_s))
@@ -239,14 +199,15 @@ def run_tune(
     return summary
 
 
-def probe_and_choose(cfg: AgentFlowConfig, catalogue: Path, trajectories: Path) -> TuneChoice:
+def probe_and_choose(ctx: PhaseContext, catalogue: Path, trajectories: Path) -> TuneChoice:
     """The probe's measurements on this machine, and the choice they lead to."""
+    cfg = ctx.cfg
     tc = cfg.tune
     train_variants = read_splits(catalogue)["train"]
-    cores = measure_cores(cfg)
-    timings = time_workers(cfg, train_variants, sorted(set(tc.envs_per_worker)), tc.probe_steps, cfg.base.seed)
-    update = time_update_step(cfg, cfg.base.seed)
-    sparsity = measure_sparsity(cfg, trajectories, train_variants)
+    cores = ctx.backend.cores()
+    timings = time_workers(ctx, train_variants, sorted(set(tc.envs_per_worker)), tc.probe_steps, cfg.base.seed)
+    update = time_update_step(ctx, cfg.base.seed)
+    sparsity = measure_sparsity(ctx, trajectories, train_variants)
     return choose(cfg, cores, timings, sparsity, update)
 
 

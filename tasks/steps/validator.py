@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.atomic import atomic_dir, write_json
-from agentflow_core.config import AgentFlowConfig
+from agentflow_core.atomic import atomic_dir, check_output, write_json
 from agentflow_core.evaluation.validator import (
     VALIDATOR_FILE,
     Discriminator,
@@ -30,13 +29,12 @@ from agentflow_core.evaluation.validator import (
 from agentflow_core.rl.trajectories import read_steps
 from agentflow_core.semantics import Vocabulary
 from tasks.budgets import budget_metrics
-from tasks.paths import DataPaths
-from tasks.process_io import load_process
+from tasks.context import PhaseContext
 
 
-def validator_dir(cfg: AgentFlowConfig) -> Path:
+def validator_dir(ctx: PhaseContext) -> Path:
     """``<data_dir>/validator``: the discriminator and its summary."""
-    return DataPaths.of(cfg).root / "validator"
+    return ctx.paths.root / "validator"
 
 
 def expert_rows(
@@ -58,21 +56,23 @@ def expert_rows(
 
 
 def run_validator(
-    cfg: AgentFlowConfig,
+    ctx: PhaseContext,
     trajectories: Path | None = None,
     out_dir: Path | None = None,
     metrics_path: Path | None = None,
 ) -> dict[str, Any]:
     """Fit the discriminator on the exploration dataset; write it, its summary and the metrics."""
+    cfg = ctx.cfg
     vc = cfg.validator
-    paths = DataPaths.of(cfg)
+    paths = ctx.paths
     trajectories = paths.trajectories if trajectories is None else Path(trajectories)
-    out_dir = validator_dir(cfg) if out_dir is None else Path(out_dir)
+    out_dir = validator_dir(ctx) if out_dir is None else Path(out_dir)
+    check_output(out_dir)
     started = time.perf_counter()
     summary: dict[str, Any] = {"enabled": vc.enabled, "threshold": vc.threshold, "weight": vc.suspicious_weight}
     with atomic_dir(out_dir) as tmp:
         if vc.enabled:
-            vocabulary = load_process(cfg).vocabulary
+            vocabulary = ctx.vocabulary
             obs, masks, actions = expert_rows(trajectories, vc.max_samples, cfg.base.seed, vocabulary)
             model, fit = fit_discriminator(
                 obs,
@@ -101,17 +101,19 @@ def run_validator(
     return summary
 
 
-def load_validator(cfg: AgentFlowConfig) -> Discriminator | None:
+def load_validator(ctx: PhaseContext) -> Discriminator | None:
     """The trained discriminator, or None when the validator is off or has not run."""
-    path = validator_dir(cfg) / VALIDATOR_FILE
+    cfg = ctx.cfg
+    path = validator_dir(ctx) / VALIDATOR_FILE
     if not cfg.validator.enabled or not path.exists():
         return None
     return load_discriminator(path)
 
 
-def training_validator(cfg: AgentFlowConfig) -> RolloutValidator | None:
+def training_validator(ctx: PhaseContext) -> RolloutValidator | None:
     """PPO's reward hook over the trained discriminator (None when off or not trained)."""
-    model = load_validator(cfg)
+    cfg = ctx.cfg
+    model = load_validator(ctx)
     if model is None:
         return None
     return RolloutValidator(model, cfg.validator.threshold, cfg.validator.suspicious_weight)

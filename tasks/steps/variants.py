@@ -9,36 +9,28 @@ variant count also goes to ``data/metrics/variants.json`` when a metrics path is
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from agentflow_core.atomic import write_json
-from agentflow_core.config import AgentFlowConfig
+from agentflow_core.atomic import check_output, write_json
 from agentflow_core.splits import write_split_catalogue
-from agentflow_core.variants import BaseEnvInfo, generate_variants, read_meta
+from agentflow_core.variants import generate_variants, read_meta
 from tasks.budgets import budget_metrics
-from tasks.config_io import load_config
-from tasks.paths import DataPaths
-from tasks.process_io import load_process
-from tasks.registry_io import load_registry
+from tasks.compose import base_env_infos
+from tasks.context import PhaseContext
 from tasks.steps.calibrate import read_quarantine
 
 
-def base_env_infos(cfg: AgentFlowConfig) -> list[BaseEnvInfo]:
-    """Family and version of each configured base env, from the env registry."""
-    registry = load_registry(cfg)
-    return [BaseEnvInfo(e.env_id, e.family, e.version) for e in map(registry.get, cfg.variants.base_envs)]
-
-
 def run_variants(
-    cfg: AgentFlowConfig, out_dir: Path, metrics_path: Path | None = None, *, source: str = "params.yaml"
+    ctx: PhaseContext, out_dir: Path, metrics_path: Path | None = None, *, source: str = "params.yaml"
 ) -> dict[str, Any]:
     """Generate and write the catalogue; returns the summary. Errors name ``source``, the params file read."""
+    cfg = ctx.cfg
+    check_output(out_dir)
     started = time.perf_counter()
     v = cfg.variants
-    bases = base_env_infos(cfg)
+    bases = base_env_infos(ctx)
     generated = generate_variants(
         bases,
         v.dimensions,
@@ -46,9 +38,9 @@ def run_variants(
         v.samples_per_combination,
         cfg.base.seed,
         source=source,
-        scenario=load_process(cfg).vocabulary.scenario,
+        scenario=ctx.vocabulary.scenario,
     )
-    quarantine = read_quarantine(DataPaths.of(cfg).calibration)
+    quarantine = read_quarantine(ctx.paths.calibration)
     excluded = {q["content_hash"] for q in quarantine}
     variants = [spec for spec in generated if spec.content_hash not in excluded]
     meta = {
@@ -95,18 +87,3 @@ def run_variants(
             },
         )
     return summary
-
-
-def main(argv: list[str] | None = None) -> int:
-    """DVC entry point: ``python -m tasks.steps.variants [params.yaml] [out_dir]``."""
-    args = sys.argv[1:] if argv is None else argv
-    params = Path(args[0]) if args else Path("params.yaml")
-    cfg = load_config(params)
-    paths = DataPaths.of(cfg)
-    out = Path(args[1]) if len(args) > 1 else paths.variants
-    run_variants(cfg, out, paths.metrics_file("variants"), source=str(params))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

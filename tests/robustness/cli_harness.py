@@ -9,7 +9,8 @@ it fails in the child) and kills a child still running after ``--timeout-s``. Us
 
 ``cases.json`` is a list of ``{"cwd": dir, "argv": [...], "out": dir}``; each result holds the
 exit code (or ``"timeout"``), wall seconds and the captured stdout/stderr. A child that needs more
-memory than allowed fails its allocation (MemoryError, a traceback, exit 70), never exit 2.
+memory than allowed fails its allocation: a MemoryError the CLI turns into its generic one line
+(which names no file or key, so no case's expectations match it), or a traceback, exit 70.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentflow_core.pool.worker import TIMED_OUT, BatchWatchdog, gc_seconds
+from agentflow_core.pool.watchdog import TIMED_OUT, BatchWatchdog, gc_seconds
 
 
 @pytest.fixture

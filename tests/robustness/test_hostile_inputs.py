@@ -83,6 +83,9 @@ DEEP_JSON = b"[" * 100_000 + b"]" * 100_000
 BIG_INT = b"base:\n  seed: " + b"9" * 5000 + b"\n"
 UTF16 = "train:\n  total_steps: 10\n".encode("utf-16")
 BINARY = bytes(range(256)) * 4
+RECURSIVE = b"x: &a [*a]\n"  # 12 bytes that once spun the loader's size check forever
+RECURSIVE_MAP = b"base: &b\n  seed: 1\n  again: *b\n"
+NESTED_COUNTS = "(?:(?:a{999}){999}){999}"  # 24 characters that unroll into ~10^9 nodes when compiled
 SHAPING_999 = b'train:\n  reward:\n    shaping:\n      - {condition: "' + b"9" * 990 + b' > 0", reward: 1.0}\n'
 
 CASES = [
@@ -134,7 +137,38 @@ CASES = [
     _openapi("alias_bomb.yaml", (CORPUS / "openapi" / "alias_bomb.yaml").read_bytes(), "aliases"),
     _openapi("list_root.yaml", (CORPUS / "openapi" / "list_root.yaml").read_bytes(), "<root>"),
     _openapi("duplicate_paths.yaml", (CORPUS / "openapi" / "duplicate_paths.yaml").read_bytes(), "'paths'"),
+    _openapi("paths_list.yaml", (CORPUS / "openapi" / "paths_list.yaml").read_bytes(), "$.paths", "expected a mapping"),
     _openapi("utf16.yaml", UTF16, "UTF-16"),
+    _params("recursive_alias.yaml", RECURSIVE, "params.yaml", "line 1", "recursive alias"),
+    _params("recursive_mapping.yaml", RECURSIVE_MAP, "params.yaml", "line 1", "recursive alias"),
+    _registry("recursive_alias", {"shop.yaml": RECURSIVE}, "shop.yaml", "recursive alias"),
+    _openapi("recursive_alias.yaml", RECURSIVE, "recursive alias"),
+    _mapping(
+        "nested_counted_regex",
+        _web_mapping(text_regex=NESTED_COUNTS),
+        "text_regex",
+        "unrolls",
+        base="web_checkout_v2",
+    ),
+    _mapping(
+        "nested_groups_regex", _web_mapping(text_regex="(" * 40 + "a" + ")" * 40), "nested", base="web_checkout_v2"
+    ),
+    Case(
+        "set/recursive_alias",
+        {"params.yaml": f"base: {{env_config_dir: {REPO / 'configs/envs'}}}\n".encode()},
+        ("run", "--params", "params.yaml", "--set", "train.total_steps=&a [*a]"),
+        ("--set", "train.total_steps", "recursive alias"),
+    ),
+    Case(
+        "process/recursive_alias",
+        {
+            "params.yaml": b"process: evil\nbase: {env_config_dir: envs}\n",
+            "envs/.keep": b"",
+            "processes/evil.yaml": RECURSIVE,
+        },
+        ("validate", "--params", "params.yaml"),
+        ("evil.yaml", "recursive alias"),
+    ),
     _openapi("deep.yaml", DEEP, "nested deeper"),
     *(
         []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentflow_core.pool.worker import AbandonedStep, interrupt_thread
+from agentflow_core.pool.watchdog import AbandonedStep, interrupt_thread
 
 
 def _package(root: Path, name: str) -> None:

@@ -30,6 +30,7 @@ from agentflow_core.rl.checkpoint import (
     load_checkpoint,
     load_intact,
 )
+from tasks.context import PhaseContext
 
 
 class NaNReward:
@@ -151,6 +152,21 @@ def test_pointers_stay_inside_their_root(saved: Path, tmp_path: Path) -> None:
     assert latest_checkpoint(root) is None
 
 
+def test_the_fallback_skips_a_symlinked_update_folder_and_deep_pointers(saved: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other_run"
+    shutil.copytree(saved, other)
+    root = tmp_path / "ckpts"
+    shutil.copytree(saved, root)
+    (root / LATEST).unlink()
+    (root / "update_99999999").symlink_to(other / "update_00000003", target_is_directory=True)
+    ckpt = load_intact(root, LATEST)
+    assert ckpt is not None and ckpt.path == root / "update_00000003"
+    (root / LATEST).write_text("[" * 2000 + "]" * 2000)  # RecursionError in json, within the pointer's size cap
+    assert latest_checkpoint(root) is None
+    ckpt = load_intact(root, LATEST)
+    assert ckpt is not None and ckpt.path == root / "update_00000003"
+
+
 @pytest.mark.parametrize(
     ("hidden_sizes", "reason"),
     [
@@ -185,7 +201,7 @@ def test_stress_and_the_champion_candidate_skip_a_damaged_best(saved: Path, tmp_
     shutil.copytree(saved, root)
     _damage(root / "update_00000002" / MODEL_FILE, "truncated")  # best.json -> update 2
     cfg = AgentFlowConfig.model_validate({"base": {"data_dir": str(tmp_path / "data")}})
-    ref = resolve_checkpoint(cfg, None)
+    ref = resolve_checkpoint(PhaseContext.of(cfg), None)
     assert Path(ref) == root / "update_00000003"
     assert load_policy(ref).checkpoint == ref
-    assert candidate_checkpoint(cfg) == root / "update_00000003"
+    assert candidate_checkpoint(PhaseContext.of(cfg)) == root / "update_00000003"

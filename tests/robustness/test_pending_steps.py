@@ -154,7 +154,7 @@ def test_a_computing_hang_is_not_detached_but_ended_at_its_patience() -> None:
 
 def test_a_soak_side_loses_only_the_faulty_episodes_and_counts_no_pending_step() -> None:
     from agentflow_core.config import AgentFlowConfig
-    from tasks.bench.soak_bench import FaultInjectingFactory, _soak_side
+    from benchmarks.soak_bench import FaultInjectingFactory, _soak_side
 
     variants = tiny_variants(8)
     faults = {variants[1].env_id: "sleep", variants[5].env_id: "spin"}

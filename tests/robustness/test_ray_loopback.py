@@ -1,4 +1,4 @@
-"""A private local Ray started by the pool (``tasks.compose.start_ray``) listens on loopback only."""
+"""A private local Ray started by the pool (``tasks.ray_runtime.start_ray``) listens on loopback only."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json, sys
 import psutil
 sys.path.insert(0, {repo!r})
 from agentflow_core.config import AgentFlowConfig
-from tasks.compose import start_ray
+from tasks.ray_runtime import start_ray
 from tests.tiny import tiny_params
 from pathlib import Path
 

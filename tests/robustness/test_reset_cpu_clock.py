@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agentflow_core.pool.worker import LOAD_GRACE, EnvWorker
+from agentflow_core.pool.watchdog import LOAD_GRACE
+from agentflow_core.pool.worker import EnvWorker
 from agentflow_core.semantics import SemanticAction
 from tests.pool_fixtures import TinyFactory, tiny_variants
 

@@ -8,7 +8,7 @@ import pytest
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import SemanticAction
-from tasks.bench.soak_bench import FAULT_KINDS, FaultInjectingFactory, pick_faulty
+from benchmarks.soak_bench import FAULT_KINDS, FaultInjectingFactory, pick_faulty
 from tests.pool_fixtures import TinyFactory, tiny_variants
 
 LOGIN, VIEW = int(SemanticAction.LOGIN), int(SemanticAction.VIEW_PRODUCT)

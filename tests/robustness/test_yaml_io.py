@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,27 @@ def test_file_level_checks(tmp_path: Path) -> None:
         (tmp_path / "f.yaml").write_bytes(content)
         with pytest.raises(YamlLimitError, match=reason):
             load_yaml_file(tmp_path / "f.yaml")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x: &a [*a]",
+        "&a [*a]",
+        "x: &a {k: *a}",
+        "x: &a [[[[*a]]]]",
+        "x: &a {<<: *a}",
+        "a: &b\n  seed: 1\n  c: [1, {d: *b}]\n",
+        "- &a [x, &b [*a, *b]]",
+    ],
+)
+def test_recursive_aliases_are_refused_in_milliseconds(text: str) -> None:
+    started = time.perf_counter()
+    with pytest.raises(YamlLimitError, match="recursive alias"):
+        load_yaml_text(text)
+    assert time.perf_counter() - started < 0.05
+
+
+def test_a_shared_anchor_that_is_not_a_cycle_still_loads() -> None:
+    text = "a: &b [1, 2]\nc: [*b, {d: *b}]\ne: &f {g: *b}\nh: [*f, *f]\n"
+    assert load_yaml_text(text) == yaml.safe_load(text)

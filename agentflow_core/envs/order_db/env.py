@@ -26,6 +26,7 @@ from agentflow_core.envs.base import (
     StepResult,
 )
 from agentflow_core.envs.order_db import statements as sql
+from agentflow_core.envs.order_db.client import Client, Keys, read_rows, round_trip
 from agentflow_core.envs.order_db.fixtures import (
     _align_seed_rows,
     _clone_template,
@@ -46,7 +47,6 @@ from agentflow_core.envs.order_db.schema import (
     OPS,
     ORDER_TTL_STEPS,
     PAYMENT_ERROR_RATE,
-    QUERY_TIMEOUT_S,
     VERSION,
     _constraint_name,
     make_engine,
@@ -62,21 +62,6 @@ class _Outcome:
     reward: float = STEP_REWARD
     terminated: bool = False
     failure_reason: str | None = None
-
-
-@dataclass
-class _Client:
-    """The client-side handles of one episode (row ids, as an app keeps its session token)."""
-
-    session_id: int | None = None
-    session_step: int = 0
-    user_seen: bool = False
-    product_idx: int | None = None
-    order_id: int | None = None
-    order_step: int = 0
-    payment_id: int | None = None
-    card: str = "primary"
-    ticket_id: int | None = None
 
 
 _NOT_APPLIED = _Outcome(applied=False, reward=INAPPLICABLE_REWARD)
@@ -157,7 +142,7 @@ class OrderDBEnv:
     def _new_episode_state(self) -> None:
         self._step = 0
         self._sim_time = 0.0
-        self._c = _Client()
+        self._c = Client()
         self._retry_op: str | None = None
         self._retries = 0  # RETRY actions that re-issued a lost or refused statement
         self._obs = _blank_obs()
@@ -246,18 +231,9 @@ class OrderDBEnv:
     # ------------------------------------------------------------------------------- link
     def _network_fault(self) -> dict[str, Any] | None:
         """Advance the simulated clock by one round trip; a drop or a timeout loses the statement."""
-        dropped = self._rng.random() < self._drop_rate
-        latency = self._latency + float(self._rng.exponential(self._jitter))
-        if dropped:
-            self._sim_time += QUERY_TIMEOUT_S
-            return _error_row("network_timeout", "no response from database")
-        if latency > QUERY_TIMEOUT_S:
-            self._sim_time += QUERY_TIMEOUT_S
-            return _error_row(
-                "query_timeout", f"statement cancelled after {QUERY_TIMEOUT_S:.1f}s (latency {latency:.3f}s)"
-            )
-        self._sim_time += latency
-        return None
+        elapsed, error = round_trip(self._rng, self._latency, self._jitter, self._drop_rate)
+        self._sim_time += elapsed
+        return error
 
     def _parse(self, native_action: Mapping[str, Any]) -> str:
         kind = native_action.get("type")
@@ -275,6 +251,7 @@ class OrderDBEnv:
     def _execute(self, op: str) -> tuple[_Outcome, dict[str, Any] | None]:
         """Run one op inside a SAVEPOINT; database errors become an error row, not an exception."""
         handler: Callable[[], _Outcome] = getattr(self, f"_op_{op}")
+        self._c.product_shown = False  # any op leaves the product page; view_product opens it again
         if op in _READ_ONLY_OPS:
             return handler(), None
         return self._guarded(handler)
@@ -358,6 +335,7 @@ class OrderDBEnv:
         if not self._session_active():
             return _NOT_APPLIED
         self._c.product_idx = 0 if self._c.product_idx is None else (self._c.product_idx + 1) % N_PRODUCTS
+        self._c.product_shown = True
         return _APPLIED
 
     def _op_add_cart_item(self) -> _Outcome:
@@ -487,55 +465,16 @@ class OrderDBEnv:
 
     # ------------------------------------------------------------------------------- observation
     def _read(self, error: dict[str, Any] | None) -> dict[str, Any]:
-        """One SELECT of scalar subqueries: the rows this client can see."""
-        product_id = None if self._c.product_idx is None else self._product_ids[self._c.product_idx]
-        row = self.db.execute(
-            sql.READ_OBS,
-            {
-                "b_user": self._user_id,
-                "b_cart": self._cart_id,
-                "b_session": self._c.session_id,
-                "b_product": product_id,
-                "b_catalog": self._product_ids[0],
-                "b_order": self._c.order_id,
-                "b_payment": self._c.payment_id,
-                "b_ticket": self._c.ticket_id,
-            },
-        ).fetchone()
-        row = sql.ObsRow._make(row)
-        seen = self._c.user_seen
-        balance = float(row.user_balance) if seen else None
-        attempts = int(row.payment_attempts) if self._c.order_id is not None else 0
-        # What the customer owes: the pending order, else the cart (at least one unit) at their price.
-        unit = round(float(row.catalog_price) * self._discount, 2)
-        due = float(row.order_total) if row.order_status == "pending" else unit * max(int(row.cart_items), 1)
-        return {
-            "session": {"status": row.session_status, "active": int(row.session_status == "active")},
-            "user": {
-                "tier": row.user_tier if seen else None,
-                "status": row.user_status if seen else None,
-                "balance": balance,
-                "vip": int(seen and row.user_tier == "vip"),
-            },
-            "wallet": {"balance_ratio": None if balance is None else round(balance / due, 4)},
-            "cart": {"items": int(row.cart_items)},
-            "product": {"id": product_id, "stock": row.product_stock, "price": row.product_price},
-            "catalog": {"price": float(row.catalog_price)},
-            "order": {"id": self._c.order_id, "status": row.order_status, "total": row.order_total},
-            "payment": {
-                "status": row.payment_status,
-                "code": row.payment_code,
-                "card": row.payment_card,
-                "open": int(row.payment_status == "initiated"),
-                "attempts": attempts,
-            },
-            "client": {"retries": self._retries},
-            "topup": {"amount": row.topup_amount},
-            "ticket": {"reason": row.ticket_reason},
-            "error": error or _error_row(None),
-            "sim_time_s": round(self._sim_time, 6),
-            "step": self._step,
-        }
+        """One SELECT of scalar subqueries: the rows this client can see (see :func:`read_rows`)."""
+        return read_rows(
+            self.db,
+            self._c,
+            Keys(self._user_id, self._cart_id, tuple(self._product_ids)),
+            self._discount,
+            self._retries,
+            error,
+            (round(self._sim_time, 6), self._step),
+        )
 
     def _info(self, failure: str | None, error: dict[str, Any] | None, op: str, applied: bool) -> dict[str, Any]:
         return {

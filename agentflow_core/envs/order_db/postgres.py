@@ -5,7 +5,9 @@ asks for it: the first env of a process starts a private server (PostgreSQL 16, 
 temporary folder, later envs of that process share it, and the last one to close stops it and
 removes the folder. Processes never share one (a Ray worker starts its own). A server left behind
 by a killed process (``kill -9`` skips the exit handler) is stopped by the next process that starts
-one: every ``agentflow-pg-*`` folder whose owning processes are all gone is swept first. Any other URL is
+one: every ``agentflow-pg-*`` folder whose owning processes are all gone is swept first, and a
+command's watchdog is told each folder before its server starts (:func:`~agentflow_core.procs.announce_detached`:
+``pg_ctl`` detaches the postmaster, whose command line names the folder). Any other URL is
 passed to SQLAlchemy as it is, so a user's own server works the same way
 (``postgresql+psycopg://user@host/db``).
 """
@@ -21,6 +23,8 @@ import threading
 import warnings
 from pathlib import Path
 from typing import Any
+
+from agentflow_core.procs import announce_detached
 
 EMBEDDED_POSTGRES = "pgserver"
 PREFIX = "agentflow-pg-"
@@ -45,6 +49,7 @@ def acquire_embedded() -> str:
             sweep_orphans(Path(tempfile.gettempdir()))
             _folder = Path(tempfile.mkdtemp(prefix=PREFIX))
             (_folder / OWNER_FILE).write_text(str(os.getpid()))  # before the server exists: no sweep takes it
+            announce_detached(_folder)  # before the server exists: a watchdog finds it however early we die
             _server = pgserver.get_server(_folder / "pgdata", cleanup_mode="delete")
         _users += 1
         uri = str(_server.get_uri())
@@ -62,6 +67,26 @@ def release_embedded() -> None:
         server.cleanup()
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def restart_embedded() -> str:
+    """Replace this process's embedded server by a fresh one (its users carry over); its SQLAlchemy URL.
+
+    For a server that died under its users: the dead one's folder is removed, a new one started.
+    """
+    global _server, _folder, _users
+    with _lock:
+        old, folder, users = _server, _folder, _users
+        _server, _folder, _users = None, None, 0
+    if old is not None:
+        with contextlib.suppress(Exception):  # stopping a dead server may fail
+            old.cleanup()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+    uri = acquire_embedded()
+    with _lock:
+        _users = max(users, 1)
+    return uri
 
 
 def _folder_path() -> Path | None:

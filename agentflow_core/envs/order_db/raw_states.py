@@ -50,12 +50,12 @@ RAW_STATES: list[tuple[dict[str, Any], str]] = [
     (_raw(user={"tier": "standard", "status": "blocked", "balance": 500.0}), "USER_BLOCKED"),
     (_raw(session={"status": "expired", "active": 0}), "SESSION_EXPIRED"),
     (_raw(session={"status": "expired", "active": 0}), "LOGGED_OUT"),
-    (_raw(session=_ACTIVE, product={"id": 1, "stock": 20, "price": 100.0}), "PRODUCT_VIEWED"),
-    (_raw(session=_ACTIVE, product={"id": 1, "stock": 0, "price": 100.0}), "OUT_OF_STOCK"),
+    (_raw(session=_ACTIVE, product={"id": 1, "stock": 20, "price": 100.0, "shown": 1}), "PRODUCT_VIEWED"),
+    (_raw(session=_ACTIVE, product={"id": 1, "stock": 0, "price": 100.0, "shown": 1}), "OUT_OF_STOCK"),
     (
         _raw(
             session=_ACTIVE,
-            product={"id": 1, "stock": 0, "price": 100.0},
+            product={"id": 1, "stock": 0, "price": 100.0, "shown": 1},
             error={
                 "kind": "constraint",
                 "constraint": "ck_inventory_stock_nonneg",

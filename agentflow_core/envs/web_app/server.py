@@ -91,11 +91,6 @@ class StorefrontServer:
         with self._lock:
             self._sessions.clear()
 
-    def session_count(self) -> int:
-        """Live sessions (one per browser env that has reset)."""
-        with self._lock:
-            return len(self._sessions)
-
     # ------------------------------------------------------------------ session logic
     def create_session(self, body: dict[str, Any], old_token: str | None) -> str:
         """A new checkout from the posted scenario and seed; the caller's old session is dropped."""

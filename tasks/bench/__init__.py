@@ -1,1 +1,0 @@
-"""Benchmarks that return plain dicts (the CLI and CI print or log them; nothing here prints)."""
