@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -55,11 +56,19 @@ def test_paired_states_are_one_state_on_every_channel() -> None:
 
 
 @pytest.mark.slow
-def test_leave_one_channel_out_on_refund_reaches_the_rules() -> None:
-    from benchmarks.transfer_bench import run_transfer_bench
+def test_bench_transfer_command_on_refund_reaches_the_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agentflow bench transfer`` as a user types it, on refund's two channels (about 4 min on 2 cores)."""
+    from typer.testing import CliRunner
 
-    cfg = load_config(REPO / "params-refund.yaml")
-    result = run_transfer_bench(cfg, steps=2048)
+    from flows.cli.bench import bench_app
+
+    for name in ("configs", "params-refund.yaml"):
+        (tmp_path / name).symlink_to(REPO / name)
+    monkeypatch.chdir(tmp_path)  # data/bench/transfer_refund.json and BENCHMARKS.md land here, not in the repo
+    outcome = CliRunner().invoke(bench_app, ["transfer", "--params", "params-refund.yaml", "--steps", "2048"])
+    assert outcome.exit_code == 0, outcome.output
+    result = json.loads((tmp_path / "data" / "bench" / "transfer_refund.json").read_text())
     assert set(result["held_out"]) == {"refund_db_v1", "refund_api_v1"}
     assert result["min_held_out_over_rules"] >= 0.95 and all(result["targets_met"].values())
     assert result["cross_channel_consistency_random"] < result["cross_channel_consistency_policy"]
+    assert "Cross-channel transfer, refund process" in (tmp_path / "BENCHMARKS.md").read_text()

@@ -67,6 +67,7 @@ ELSEWHERE: dict[tuple[str, ...], tuple[str, str]] = {
     },
     ("bench", "learning"): ("tests/test_bench_learning.py", 'bench_app, ["learning", "--params"'),
     ("bench", "forgetting"): ("tests/test_bench_forgetting.py", 'bench_app, ["forgetting", "--params"'),
+    ("bench", "transfer"): ("tests/test_bench_transfer.py", 'bench_app, ["transfer", "--params"'),
 }
 # command -> why no CI test runs it (each is run by `make bench` on the reference machine)
 NOT_IN_CI: dict[tuple[str, ...], str] = {
@@ -302,6 +303,8 @@ def test_make_targets(tmp_path: Path) -> None:
     root.mkdir()
     for name in ("Makefile", "pyproject.toml", "constraints.txt"):
         shutil.copy(REPO / name, root / name)
+    (root / "bin").mkdir()
+    shutil.copy(REPO / "bin" / "ensure-system-deps", root / "bin" / "ensure-system-deps")  # every install runs it first
     for folder in ("agentflow_core", "tasks", "flows", "tests"):  # where `make clean` looks for bytecode
         (root / folder).mkdir()
     # without the stamp, install would create the venv and pip install the project (shown, not run)
@@ -318,13 +321,14 @@ def test_make_targets(tmp_path: Path) -> None:
         "run": ".venv/bin/agentflow run",
         "bench": ".venv/bin/agentflow bench all --repeat 3",
         "lock": ".venv/bin/dvc repro",
+        "docs": "NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet",
     }
     for target, command in expected.items():
         plan = make(root, "-n", target)
         assert command in plan.splitlines(), f"make -n {target}:\n{plan}"
         assert "pip install" not in plan
     ci = (REPO / ".ci" / "run").read_text()
-    assert "make lint\nmake test" in ci  # CI runs these two for real
+    assert "make lint\nmake docs\nmake test" in ci  # CI runs these three for real
     # clean: what a rebuild recreates goes, the history stays
     for folder in (".pytest_cache", ".mypy_cache", ".agentflow/phase-cache", "tasks/__pycache__", "data/bench"):
         (root / folder).mkdir(parents=True)

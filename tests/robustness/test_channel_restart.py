@@ -20,6 +20,7 @@ from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.sim_to_real import paired_episodes, summarize
 from agentflow_core.variants import VariantSpec
 from tasks.config_io import load_config
+from tasks.context import PhaseContext
 from tasks.real_channels import REAL_CHANNELS, open_real_channels
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,9 +39,9 @@ def _variant(family: str, i: int) -> VariantSpec:
 
 @pytest.mark.parametrize("family", ["payment_api", "order_db"])
 def test_a_killed_channel_process_costs_one_episode_and_is_restarted_once(family: str) -> None:
-    cfg = load_config(REPO / "params.yaml")
+    ctx = PhaseContext.of(load_config(REPO / "params.yaml"))
     variants, seeds = [_variant(family, i) for i in range(5)], list(range(5))
-    with open_real_channels(cfg, [family], {family: BASES[family]}) as channels:
+    with open_real_channels(ctx, [family], {family: BASES[family]}) as channels:
         first_pid = channels.pids[family]
         made = []
 
