@@ -9,9 +9,10 @@ episodes with seeds ``seed .. seed+resets-1``. A variant is *stable* when
    ``max_reward_variance`` (docs/design.md §2.2: 0.05). An expert that sometimes finishes and sometimes
    does not produces a variance near 0.25, so a wrong mapping or a broken business rule fails
    this gate long before PPO would have wasted days on it, and
-4. the expert reaches the business goal (PAYMENT_SUCCESS, or a handled outcome such as escalating
-   a blocked user) in at least ``min_success`` of the episodes: an env that *consistently* fails
-   (say a mapping that never emits PAYMENT_PAGE) has zero variance and must still fail the gate.
+4. the expert reaches an accepted outcome -- the process's goal token, or a handled outcome the process
+   declares for the variant (checkout: escalating a blocked user) -- in at least ``min_success`` of the
+   episodes: an env that *consistently* fails (say a mapping that never emits checkout's PAYMENT_PAGE)
+   has zero variance and must still fail the gate.
 
 ``env_stability_score`` is the share of stable variants. The per-variant return statistics are
 kept (Welford) for per-env reward normalisation in training.
@@ -28,11 +29,12 @@ import numpy as np
 
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvError
-from agentflow_core.semantics import GOAL_TOKEN
 
 GOAL_REWARD = 10.0
 
 Policy = Callable[[np.ndarray, np.ndarray], int]
+# (env factory, reference policy, accepted outcome tokens of the variant)
+Target = tuple[Callable[[], SemanticEnv], Policy, frozenset[str]]
 
 
 @dataclass(frozen=True)
@@ -61,18 +63,23 @@ def run_episode(
     env: SemanticEnv,
     policy: Policy,
     seed: int,
+    accepted: frozenset[str],
     handled_outcomes: frozenset[str] = frozenset(),
     max_steps: int = 1000,
-    goal: str = GOAL_TOKEN,
 ) -> tuple[list[float], bool]:
-    """One episode of ``policy``; returns (per-step rewards, reached the process's ``goal`` or a handled outcome)."""
+    """One episode of ``policy``: (per-step rewards, reached an ``accepted`` token or a ``handled_outcomes`` reason).
+
+    ``accepted`` holds the process's goal and the handled-outcome tokens it declares for the variant
+    (:meth:`~agentflow_core.semantics.Vocabulary.accepted_outcomes`); ``handled_outcomes`` are failure
+    reasons a configuration accepts on top.
+    """
     obs, info = env.reset(seed=seed)
     rewards: list[float] = []
     success = False
     for _ in range(max_steps):
         obs, reward, terminated, truncated, info = env.step(policy(obs, info["action_mask"]))
         rewards.append(reward)
-        success = success or goal in info["tokens"] or info.get("failure_reason") in handled_outcomes
+        success = success or not accepted.isdisjoint(info["tokens"]) or info.get("failure_reason") in handled_outcomes
         if terminated or truncated:
             break
     return rewards, success
@@ -84,9 +91,9 @@ def calibrate_variant(
     resets: int,
     seed: int,
     max_variance: float,
+    accepted: frozenset[str],
     min_success: float = 0.0,
     handled_outcomes: frozenset[str] = frozenset(),
-    goal: str = GOAL_TOKEN,
 ) -> VariantCalibration:
     """Run the stability check on one env (which the caller owns and closes)."""
     returns: list[float] = []
@@ -94,11 +101,11 @@ def calibrate_variant(
     successes = 0
     try:
         for i in range(resets):
-            rewards, ok = run_episode(env, policy, seed + i, handled_outcomes, goal=goal)
+            rewards, ok = run_episode(env, policy, seed + i, accepted, handled_outcomes)
             returns.append(sum(rewards))
             step_rewards.extend(rewards)
             successes += ok
-        replay = sum(run_episode(env, policy, seed, handled_outcomes, goal=goal)[0])
+        replay = sum(run_episode(env, policy, seed, accepted, handled_outcomes)[0])
     except EnvError as exc:
         return VariantCalibration(
             env.env_id,
@@ -177,7 +184,7 @@ class CalibrationReport:
 
 
 def calibrate(
-    envs: Sequence[tuple[Callable[[], SemanticEnv], Policy]],
+    envs: Sequence[Target],
     resets: int,
     seed: int,
     max_variance: float,
@@ -185,15 +192,14 @@ def calibrate(
     min_success: float = 0.0,
     handled_outcomes: frozenset[str] = frozenset(),
     progress: Callable[[int, int], None] | None = None,
-    goal: str = GOAL_TOKEN,
 ) -> CalibrationReport:
-    """Calibrate each (env factory, reference policy) pair; envs are built and closed here."""
+    """Calibrate each (env factory, reference policy, accepted tokens) target; envs are built and closed here."""
     results = []
-    for i, (make, policy) in enumerate(envs):
+    for i, (make, policy, accepted) in enumerate(envs):
         env = make()
         try:
             results.append(
-                calibrate_variant(env, policy, resets, seed, max_variance, min_success, handled_outcomes, goal)
+                calibrate_variant(env, policy, resets, seed, max_variance, accepted, min_success, handled_outcomes)
             )
         finally:
             env.close()

@@ -30,18 +30,21 @@ ENTRY_POINT = "agentflow_core.gym_registration:make_semantic_env"
 GYM_ENVS: dict[str, dict[str, str]] = {
     "agentflow/WebCheckout-v2": {
         "env_id": "web_checkout_v2",
+        "process": "checkout",
         "class_path": "agentflow_core.envs.web_checkout:WebCheckoutEnv",
         "adapter": "web",
         "mapping": "web_checkout_v2.json",
     },
     "agentflow/OrderDB-v1": {
         "env_id": "order_db_v1",
+        "process": "checkout",
         "class_path": "agentflow_core.envs.order_db:OrderDBEnv",
         "adapter": "db",
         "mapping": "order_db_v1.json",
     },
     "agentflow/PaymentAPI-v1": {
         "env_id": "payment_api_v1",
+        "process": "checkout",
         "class_path": "agentflow_core.envs.payment_api:PaymentAPIEnv",
         "adapter": "api",
         "mapping": "payment_api_v1.json",
@@ -49,6 +52,7 @@ GYM_ENVS: dict[str, dict[str, str]] = {
     # The web channel in a real headless Chromium (Playwright; /usr/bin/chromium) on the storefront web app.
     "agentflow/WebBrowser-v1": {
         "env_id": "web_browser_v1",
+        "process": "checkout",
         "class_path": "agentflow_core.envs.web_browser:BrowserCheckoutEnv",
         "adapter": "web",
         "mapping": "web_browser_v1.json",

@@ -15,19 +15,26 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
     legal_actions:                     # action -> tokens that make it legal (any / all / none); unlisted: always
       LOGIN: {any: [LOGGED_OUT, SESSION_EXPIRED]}
     goal: PAYMENT_SUCCESS
+    scenario:                          # the business parameters a variant sets (agentflow_core/scenario.py)
+      user_tier: {type: str, values: [standard, vip, blocked], default: standard, role: dimension}
+      price_factor: {type: float, range: [0.01, 10], default: 1.0, role: perturbation}
+      max_episode_steps: {type: int, range: [1, 100000], default: 50}
     handled_outcomes:                  # other terminal tokens that are the right outcome for a variant
       - {dimension: user_tier, value: blocked, tokens: [ESCALATED]}
     channels:                          # env family -> its base env and mapping file
       web_checkout: {env: web_checkout_v2, mapping: web_checkout_v2.json}
     escape_action: ESCALATE            # legal whenever a channel maps no other action
+    exclusive_tokens:                  # token groups no state may hold two of (the mapping audit checks)
+      - [LOGGED_OUT, LOGGED_IN]
     expert:                            # the scripted expert: first rule whose token is present wins
       rules: [{when: USER_BLOCKED, act: ESCALATE}, ...]
       fallback: VIEW_PRODUCT
-    probes:                            # consistency-probe states (evaluation/consistency.py)
+    probes:                            # consistency-probe states (evaluation/consistency.py): tokens + feature values
       - {name: logged_out, tokens: [LOGGED_OUT], logged_in: false}
+      - {name: paying, tokens: [PAYMENT_PAGE], features: {payment_page_loaded: 1.0}}
 
 :meth:`ProcessSpec.from_document` checks everything -- unknown keys, types, duplicates, and that
-every token, action and feature a rule, outcome or probe names is declared -- and raises one
+every token, action, feature and scenario field a rule, outcome or probe names is declared -- and raises one
 :class:`~agentflow_core.errors.ConfigError` naming the file and the key. The result is frozen and
 picklable (plain tuples), so it travels to workers as data.
 """
@@ -42,6 +49,7 @@ from typing import Any
 
 from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import ConfigError
+from agentflow_core.scenario import FIELD_TYPES, ROLES, STEP_LIMIT_FIELD, ScenarioField, ScenarioSpec
 from agentflow_core.semantics import Vocabulary
 from agentflow_core.state_contract import FeatureSpec, contract_from_data
 
@@ -64,25 +72,33 @@ TOP_KEYS = frozenset(
         "expert",
         "probes",
         "escape_action",
+        "exclusive_tokens",
+        "scenario",
         "legal_actions",
         "supersedes",
     }
 )
-REQUIRED = frozenset({"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action"})
+REQUIRED = frozenset(
+    {"name", "version", "tokens", "actions", "features", "goal", "expert", "escape_action", "scenario"}
+)
+FIELD_KEYS = frozenset({"type", "values", "range", "default", "role", "description"})
 
 
 @dataclass(frozen=True)
 class CanonicalState:
-    """A semantic state every channel can be in: its tokens and its stage features (cart in items).
+    """A semantic state every channel can be in: its tokens and the feature values it fixes.
 
     A process lists them as its consistency probes; :mod:`agentflow_core.evaluation.consistency`
-    encodes each in every variant and compares the policy's choices."""
+    encodes each in every variant and compares the policy's choices. ``features`` are the process's own
+    (feature name, value) pairs; ``logged_in``, ``cart_items`` (in items) and ``payment_page`` are
+    checkout's stage features, used where the vocabulary has them."""
 
     name: str
     tokens: frozenset[str]
     logged_in: bool = True
     cart_items: int = 0
     payment_page: bool = False
+    features: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,10 @@ class ProcessSpec:
     def from_document(cls, document: Any, source: str = "<process>") -> ProcessSpec:
         """Validate a parsed process document; the first problem raises a ConfigError naming ``source`` and key."""
         return _Parser(source).parse(document)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class _Parser:
@@ -194,11 +214,15 @@ class _Parser:
         features = self.names("features", [s.name for s in specs])
         actions, risks = self.actions(doc["actions"])
         goal = self.member("goal", doc["goal"], tokens, "token")
-        outcomes = self.outcomes(doc.get("handled_outcomes"), tokens)
+        scenario = self.scenario(doc["scenario"])
+        outcomes = self.outcomes(doc.get("handled_outcomes"), tokens, scenario)
         escape = self.member("escape_action", doc["escape_action"], actions, "action")
+        exclusive = self.exclusive(doc.get("exclusive_tokens"), tokens)
         legal = self.legal(doc.get("legal_actions"), tokens, actions)
         contract = contract_from_data(actions, escape, legal, specs, self.supersedes(doc.get("supersedes"), tokens))
-        vocabulary = Vocabulary(str(version), tokens, actions, features, risks, goal, outcomes, escape, contract)
+        vocabulary = Vocabulary(
+            str(version), tokens, actions, features, risks, goal, outcomes, escape, exclusive, scenario, contract
+        )
         rules, fallback = self.expert(doc["expert"], tokens, actions)
         return ProcessSpec(
             name=name,
@@ -206,7 +230,7 @@ class _Parser:
             channels=self.channels(doc.get("channels")),
             expert_rules=rules,
             expert_fallback=fallback,
-            probes=self.probes(doc.get("probes"), tokens),
+            probes=self.probes(doc.get("probes"), tokens, features),
             source=self.source,
             description=str(doc.get("description", "")),
         )
@@ -290,12 +314,61 @@ class _Parser:
             risks.append(float(risk))
         return self.names("actions", names), tuple(risks)
 
-    def outcomes(self, value: Any, tokens: tuple[str, ...]) -> dict[tuple[str, str], frozenset[str]]:
+    def scenario(self, value: Any) -> ScenarioSpec:
+        if not isinstance(value, Mapping) or not value or len(value) > MAX_NAMES:
+            raise self.fail("scenario", value, f"a mapping of at most {MAX_NAMES} field name -> {{type, default, ...}}")
+        fields = tuple(self.scenario_field(name, entry) for name, entry in value.items())
+        if STEP_LIMIT_FIELD not in {f.name for f in fields}:
+            raise self.fail(f"scenario.{STEP_LIMIT_FIELD}", None, "a declared int field (the episode step limit)")
+        if fields[[f.name for f in fields].index(STEP_LIMIT_FIELD)].type != "int":
+            raise self.fail(f"scenario.{STEP_LIMIT_FIELD}.type", "not int", "int")
+        return ScenarioSpec(fields)
+
+    def scenario_field(self, name: Any, entry: Any) -> ScenarioField:
+        key = f"scenario.{name}"
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise self.fail("scenario", name, "field names of letters, digits and '_' (starting with a letter)")
+        item = self.mapping(key, entry, FIELD_KEYS, frozenset({"type", "default"}))
+        kind = item["type"]
+        if kind not in FIELD_TYPES:
+            raise self.fail(f"{key}.type", kind, f"one of {list(FIELD_TYPES)}")
+        role = item.get("role", "fixed")
+        if role not in ROLES:
+            raise self.fail(f"{key}.role", role, f"one of {list(ROLES)}")
+        values = None
+        if "values" in item:
+            if not isinstance(item["values"], list) or not item["values"] or len(item["values"]) > MAX_ITEMS:
+                raise self.fail(f"{key}.values", item["values"], f"a non-empty list of at most {MAX_ITEMS} values")
+            values = tuple(item["values"])
+        low = high = None
+        if "range" in item:
+            bounds = item["range"]
+            numbers = isinstance(bounds, list) and len(bounds) == 2 and all(_finite(b) for b in bounds)
+            if kind not in ("int", "float") or not numbers or bounds[0] > bounds[1] or values is not None:
+                raise self.fail(f"{key}.range", bounds, "[low, high] of a number field without values")
+            low, high = float(bounds[0]), float(bounds[1])
+        field = ScenarioField(name, kind, item["default"], role, values, low, high)
+        for i, choice in enumerate(values or ()):
+            if (problem := ScenarioField(name, kind, choice).problem(choice)) is not None:
+                raise self.fail(f"{key}.values.{i}", choice, problem)
+        if (problem := field.problem(item["default"])) is not None:
+            raise self.fail(f"{key}.default", item["default"], problem)
+        if role == "perturbation" and kind != "bool" and values is None and low is None:
+            raise self.fail(key, dict(item), "values or a range (a perturbation is drawn from them)")
+        return field
+
+    def outcomes(
+        self, value: Any, tokens: tuple[str, ...], scenario: ScenarioSpec
+    ) -> dict[tuple[str, str], frozenset[str]]:
         out: dict[tuple[str, str], frozenset[str]] = {}
         keys = frozenset({"dimension", "value", "tokens"})
         for i, entry in enumerate(self.items("handled_outcomes", value, allow_empty=True)):
             item = self.mapping(f"handled_outcomes.{i}", entry, keys, keys)
-            dimension = self.text(f"handled_outcomes.{i}.dimension", item["dimension"])
+            dimension = self.member(
+                f"handled_outcomes.{i}.dimension", item["dimension"], scenario.names, "scenario field"
+            )
+            if scenario.field(dimension).problem(item["value"]) is not None:
+                raise self.fail(f"handled_outcomes.{i}.value", item["value"], scenario.field(dimension).expected)
             dim_value = self.text(f"handled_outcomes.{i}.value", str(item["value"]))
             names = self.names(f"handled_outcomes.{i}.tokens", item["tokens"])
             for j, token in enumerate(names):
@@ -304,6 +377,17 @@ class _Parser:
                 raise self.fail(f"handled_outcomes.{i}", [dimension, dim_value], "one entry per (dimension, value)")
             out[(dimension, dim_value)] = frozenset(names)
         return out
+
+    def exclusive(self, value: Any, tokens: tuple[str, ...]) -> tuple[frozenset[str], ...]:
+        groups = []
+        for i, entry in enumerate(self.items("exclusive_tokens", value, allow_empty=True)):
+            names = self.names(f"exclusive_tokens.{i}", entry)
+            if len(names) < 2:
+                raise self.fail(f"exclusive_tokens.{i}", entry, "a group of at least two tokens")
+            for j, token in enumerate(names):
+                self.member(f"exclusive_tokens.{i}.{j}", token, tokens, "token")
+            groups.append(frozenset(names))
+        return tuple(groups)
 
     def channels(self, value: Any) -> tuple[ChannelSpec, ...]:
         if value is None:
@@ -339,9 +423,22 @@ class _Parser:
         fallback = self.member("expert.fallback", expert["fallback"], actions, "action")
         return tuple(rules), actions.index(fallback)
 
-    def probes(self, value: Any, tokens: tuple[str, ...]) -> tuple[CanonicalState, ...]:
+    def probe_features(self, key: str, value: Any, features: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, Mapping) or len(value) > MAX_NAMES:
+            raise self.fail(key, value, "a mapping of declared feature -> number")
         out = []
-        keys = frozenset({"name", "tokens", "logged_in", "cart_items", "payment_page"})
+        for name, number in value.items():
+            self.member(f"{key}.{name}", name, features, "feature")
+            if not _finite(number):
+                raise self.fail(f"{key}.{name}", number, "a finite number")
+            out.append((str(name), float(number)))
+        return tuple(out)
+
+    def probes(self, value: Any, tokens: tuple[str, ...], features: tuple[str, ...]) -> tuple[CanonicalState, ...]:
+        out = []
+        keys = frozenset({"name", "tokens", "features", "logged_in", "cart_items", "payment_page"})
         for i, entry in enumerate(self.items("probes", value, allow_empty=True)):
             item = self.mapping(f"probes.{i}", entry, keys, frozenset({"name", "tokens"}))
             names = self.names(f"probes.{i}.tokens", item["tokens"])
@@ -362,6 +459,7 @@ class _Parser:
                     logged_in=flags["logged_in"],
                     cart_items=cart,
                     payment_page=flags["payment_page"],
+                    features=self.probe_features(f"probes.{i}.features", item.get("features"), features),
                 )
             )
         return tuple(out)

@@ -3,18 +3,19 @@
 Each file in the config directory (``configs/envs/*.yaml``) declares one base env::
 
     env_id: web_checkout_v2
+    process: checkout                 # the business process whose vocabulary and scenario the env speaks
     class_path: agentflow_core.envs.web_checkout:WebCheckoutEnv
     adapter: web                      # template name, or "module:Class"
     mapping: web_checkout_v2.json     # next to the config first, then agentflow_core/mappings/
-    params: {card_decline_rate: 0.1}  # Scenario defaults of this env
+    params: {card_decline_rate: 0.1}  # scenario values of this env (fields the process declares)
     kwargs: {}                        # optional extra constructor arguments of the family
 
 Code never comes from data: a ``class_path`` or explicit adapter path must lie in ``agentflow_core``
 or be an entry point a user installed (groups ``agentflow.envs`` / ``agentflow.adapters``), checked
 before anything is imported; a ``mapping`` path stays inside the config directory.
 
-Everything is checked when the file is loaded -- class path, adapter, mapping schema, Scenario
-params, unknown keys, duplicate ids -- so a typo fails at ``refresh()`` with the file and key,
+Everything is checked when the file is loaded -- the process, class path, adapter, mapping schema,
+scenario params, unknown keys, duplicate ids -- so a typo fails at ``refresh()`` with the file and key,
 not in a Ray worker an hour later. The YAML parser is injected (``load``): the core never imports
 yaml. An :class:`EnvEntry` holds the loaded mapping, so workers build envs from data alone
 (gymnasium's ``EnvSpec`` idea: a spec is data, the factory is a callable).
@@ -33,6 +34,7 @@ from agentflow_core.adapters import adapter_class, load_object
 from agentflow_core.envs.base import Scenario, make_env_id
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import MappingError, RegistryError
+from agentflow_core.scenario import ScenarioValues
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 PACKAGED_MAPPINGS_DIR = Path(__file__).resolve().parent / "mappings"
@@ -40,8 +42,8 @@ TRUSTED_PACKAGE = "agentflow_core"
 ENV_ENTRY_POINTS = "agentflow.envs"
 ADAPTER_ENTRY_POINTS = "agentflow.adapters"
 MAX_CONFIG_BYTES = 1 << 20
-REQUIRED_KEYS = frozenset({"env_id", "class_path", "adapter", "mapping"})
-OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version", "process"})
+REQUIRED_KEYS = frozenset({"env_id", "process", "class_path", "adapter", "mapping"})
+OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version"})
 DEFAULT_PROCESS = "checkout"
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -73,9 +75,14 @@ class EnvEntry:
             return cls(self.mapping, source=self.mapping_path)
         return cls(self.mapping, source=self.mapping_path, vocabulary=self.vocabulary)
 
-    def scenario(self, overrides: Mapping[str, Any] | None = None) -> Scenario:
-        """The entry's Scenario defaults with ``overrides`` (a variant's params) on top."""
-        return Scenario.from_dict({**self.params, **dict(overrides or {})})
+    def scenario(self, overrides: Mapping[str, Any] | None = None) -> ScenarioValues | Scenario:
+        """The entry's params with ``overrides`` (a variant's params) on top, as its process's typed scenario.
+
+        Checkout's envs take their :class:`Scenario` (built from the same declared fields); every other
+        process's envs take the :class:`~agentflow_core.scenario.ScenarioValues` mapping.
+        """
+        values = self.vocabulary.scenario.build({**self.params, **dict(overrides or {})})
+        return Scenario.from_dict(values) if self.process == DEFAULT_PROCESS else values
 
     def instance_id(self, suffix: str = "") -> str:
         """``<family>_v<version>_<date>[_<suffix>]``, the env_id a made env reports."""
@@ -168,6 +175,8 @@ def _checked_sections(config: Any, src: str) -> tuple[Mapping[str, Any], Mapping
             src, f"unknown key(s) {unknown}, expected a subset of {sorted(REQUIRED_KEYS | OPTIONAL_KEYS)}"
         )
     missing = sorted(REQUIRED_KEYS - set(config))
+    if missing == ["process"]:
+        raise RegistryError(src, "process: missing; name the business process the env belongs to (e.g. checkout)")
     if missing:
         raise RegistryError(src, f"missing key(s) {missing}")
     for key in sorted(REQUIRED_KEYS):
@@ -188,18 +197,20 @@ def entry_from_config(
 ) -> EnvEntry:
     """Validate one env config document and return its entry; every error names ``source_file``.
 
-    ``process`` (optional, default checkout) names the business process whose vocabulary the
-    mapping speaks; ``vocabularies`` holds the loaded processes by name.
+    ``process`` names the business process whose vocabulary the mapping speaks and whose scenario
+    fields ``params`` sets; ``vocabularies`` holds the loaded processes by name (checkout's is built in).
     """
     src = str(source_file)
     params, kwargs = _checked_sections(config, src)
     known = {DEFAULT_PROCESS: CHECKOUT, **dict(vocabularies or {})}
-    process = config.get("process", DEFAULT_PROCESS)
+    process = config["process"]
     if process not in known:
         raise RegistryError(src, f"process: got {str(process)[:80]!r}, expected one of {sorted(known)}")
     vocabulary = known[process]
     try:
-        Scenario.from_dict(params)
+        scenario = vocabulary.scenario.build(params)
+        if process == DEFAULT_PROCESS:
+            Scenario.from_dict(scenario)
     except (TypeError, ValueError) as exc:
         raise RegistryError(src, f"params: {exc}") from exc
     try:

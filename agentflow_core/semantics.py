@@ -15,6 +15,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from agentflow_core.scenario import ScenarioField, ScenarioSpec
 from agentflow_core.state_contract import FeatureSpec, StateContract, contract_from_data, permissive
 
 VOCAB_VERSION = "1"
@@ -86,6 +87,16 @@ ACTION_RISK: dict[SemanticAction, float] = {
     SemanticAction.SUBMIT_PAYMENT: 0.1,
 }
 
+# Meanings that cannot hold at once (one session, one cart, one order, one payment outcome): the mapping
+# audit flags a reading that holds two of one group, since the policy cannot know which is true.
+EXCLUSIVE_TOKENS: tuple[frozenset[str], ...] = (
+    frozenset({"LOGGED_OUT", "LOGGED_IN"}),
+    frozenset({"CART_EMPTY", "CART_FILLED"}),
+    frozenset({"ORDER_PENDING", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
+    frozenset({"PAYMENT_SUCCESS", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
+    frozenset({"PAYMENT_SUCCESS", "PAYMENT_FAILED", "INVALID_CARD", "INSUFFICIENT_FUNDS"}),
+)
+
 # Numeric features, each scaled to roughly [0, 1] by the adapter.
 FEATURES: tuple[str, ...] = (
     "user_logged_in",
@@ -100,6 +111,24 @@ FEATURES: tuple[str, ...] = (
 FEATURE_INDEX: dict[str, int] = {f: i for i, f in enumerate(FEATURES)}
 N_TOKENS = len(TOKENS)
 N_FEATURES = len(FEATURES)
+
+# The checkout scenario's fields (agentflow_core.envs.base.Scenario is the typed form checkout's envs take).
+CHECKOUT_SCENARIO = ScenarioSpec(
+    (
+        ScenarioField("network", "str", "normal", "dimension", values=("normal", "latency_500ms", "packet_loss_5%")),
+        ScenarioField("user_tier", "str", "standard", "dimension", values=("standard", "vip", "blocked")),
+        ScenarioField(
+            "start_stage", "str", "login", "dimension", values=("login", "product_detail", "checkout", "payment")
+        ),
+        ScenarioField("price_factor", "float", 1.0, "perturbation", low=0.01, high=10.0),
+        ScenarioField("inventory", "int", 20, "perturbation", low=0, high=10_000),
+        ScenarioField("balance", "float", 500.0, "perturbation", low=0.0, high=1e7),
+        ScenarioField("card_decline_rate", "float", 0.1, "perturbation", low=0.0, high=1.0),
+        ScenarioField("session_timeout_steps", "int", 40, "fixed", low=1, high=100_000),
+        ScenarioField("max_episode_steps", "int", 50, "fixed", low=1, high=100_000),
+        ScenarioField("vip_discount", "float", 0.9, "perturbation", low=0.01, high=1.0),
+    )
+)
 OBS_DIM = N_TOKENS + N_FEATURES
 
 
@@ -166,6 +195,8 @@ class Vocabulary:
     goal: str
     handled_outcomes: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict, hash=False)
     escape_action: str = "ESCALATE"  # legal whenever a channel maps no other action (never no legal move)
+    exclusive: tuple[frozenset[str], ...] = ()  # token groups no state may hold two of (the mapping audit)
+    scenario: ScenarioSpec = ScenarioSpec(())  # the business parameters a variant sets (agentflow_core.scenario)
     contract: StateContract | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
@@ -278,6 +309,8 @@ CHECKOUT = Vocabulary(
     action_risk=tuple(ACTION_RISK.get(a, 0.0) for a in SemanticAction),
     goal=GOAL_TOKEN,
     handled_outcomes=HANDLED_OUTCOMES,
+    exclusive=EXCLUSIVE_TOKENS,
+    scenario=CHECKOUT_SCENARIO,
     contract=contract_from_data(
         ACTIONS, "ESCALATE", CHECKOUT_LEGAL, CHECKOUT_FEATURES, {"ESCALATED": ("USER_BLOCKED",)}
     ),

@@ -37,6 +37,7 @@ import torch
 
 from agentflow_core.config import AgentFlowConfig, TuneConfig
 from agentflow_core.rl.policy import ActorCritic
+from agentflow_core.semantics import Vocabulary
 
 CHOICE_VERSION = 1
 # the share of the best candidate's measured worker throughput a ratio-chosen k must keep
@@ -209,8 +210,11 @@ def shipped_settings(cfg: AgentFlowConfig) -> dict[str, int]:
     }
 
 
-def apply_choice(cfg: AgentFlowConfig, choice: TuneChoice) -> AgentFlowConfig:
-    """``cfg`` with the choice's settings, validated like params.yaml (minibatch must divide the batch)."""
+def apply_choice(cfg: AgentFlowConfig, choice: TuneChoice, vocabulary: Vocabulary) -> AgentFlowConfig:
+    """``cfg`` with the choice's settings, validated like params.yaml (minibatch must divide the batch).
+
+    ``vocabulary`` is the selected process's: reward names are checked against it, as at load.
+    """
     train = cfg.train.model_dump()
     train.update(
         num_envs=choice.num_envs,
@@ -223,7 +227,7 @@ def apply_choice(cfg: AgentFlowConfig, choice: TuneChoice) -> AgentFlowConfig:
     pool["num_workers"] = choice.num_workers if cfg.pool.backend == "ray" else cfg.pool.num_workers
     data = cfg.model_dump()
     data.update(train=train, pool=pool)
-    return AgentFlowConfig.model_validate(data)
+    return AgentFlowConfig.model_validate(data, context={"vocabulary": vocabulary})
 
 
 def _pow2_at_least(x: float) -> int:

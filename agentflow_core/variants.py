@@ -1,6 +1,7 @@
 """The variant catalogue: base envs × scenario dimensions × sampled perturbations, as data.
 
-A variant is a base env plus ``Scenario`` overrides (``params``). The catalogue is generated
+A variant is a base env plus overrides of its process's scenario fields (``params``; the fields, and which
+are dimensions and perturbations, are declared by the process, :mod:`agentflow_core.scenario`). The catalogue is generated
 deterministically from a seed (docs/design.md §3.3: ~7,000 variants from a handful of base envs), written
 once as a Parquet table with a ``_meta.json`` card, and read back by the pool, which builds each
 variant from its :class:`VariantSpec` alone (specs cross process boundaries as JSON, not objects).
@@ -26,6 +27,8 @@ from agentflow_core.atomic import atomic_dir
 from agentflow_core.config import RangeSpec
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import DATA_ERRORS, AgentFlowError, ConfigError, DataFileError
+from agentflow_core.scenario import ScenarioSpec
+from agentflow_core.semantics import CHECKOUT
 
 CATALOGUE_FILE = "catalogue.parquet"
 META_FILE = "_meta.json"
@@ -45,8 +48,7 @@ ID_ABBREVIATIONS = {
     "max_episode_steps": "steps",
     "vip_discount": "vipdisc",
 }
-SCENARIO_FIELDS: dict[str, str] = {f.name: str(f.type) for f in fields(Scenario)}
-_FIELD_ORDER = {name: i for i, name in enumerate(SCENARIO_FIELDS)}
+_FIELD_ORDER = {name: i for i, name in enumerate(f.name for f in fields(Scenario))}
 _MAX_RESAMPLE_ROUNDS = 10_000
 
 
@@ -139,31 +141,22 @@ def _to_python(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _check_type(name: str, value: Any) -> str | None:
-    kind = SCENARIO_FIELDS[name]
-    if kind == "str" and not isinstance(value, str):
-        return "a string"
-    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int | np.integer)):
-        return "an integer"
-    if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating)):
-        return "a number"
-    return None
-
-
-def _check_value(key: str, name: str, value: Any, source: str) -> None:
-    """Reject a value Scenario would reject, naming the config key and the value."""
-    expected = _check_type(name, value)
+def _check_value(key: str, field: str, value: Any, source: str, scenario: ScenarioSpec) -> None:
+    """Reject a value the process's scenario field refuses, naming the config key and the value."""
+    expected = scenario.field(field).problem(_to_python(value))
     if expected is not None:
-        raise ConfigError(source, key, value, f"{expected} for scenario field {name!r}")
-    try:
-        Scenario(**{name: _to_python(value)})
-    except ValueError as exc:
-        raise ConfigError(source, key, value, str(exc).split("expected ", 1)[-1]) from None
+        raise ConfigError(source, key, value, f"{expected} for scenario field {field!r}")
 
 
-def _check_name(key: str, name: str, source: str) -> None:
-    if name not in SCENARIO_FIELDS:
-        raise ConfigError(source, key, name, f"a Scenario field, one of {sorted(SCENARIO_FIELDS)}")
+def _check_name(key: str, name: str, source: str, scenario: ScenarioSpec, role: str) -> None:
+    if name not in scenario.names:
+        raise ConfigError(source, key, name, f"a scenario field of the process, one of {list(scenario.names)}")
+    declared = scenario.field(name).role
+    if declared != role:
+        allowed = list(scenario.with_role(role))  # type: ignore[arg-type]
+        raise ConfigError(
+            source, key, name, f"a field the process declares as a {role} ({allowed}; {name} is {declared})"
+        )
 
 
 def validate_generator(
@@ -171,23 +164,27 @@ def validate_generator(
     perturbations: Mapping[str, RangeSpec],
     samples_per_combination: int,
     source: str = "params.yaml",
+    scenario: ScenarioSpec = CHECKOUT.scenario,
 ) -> None:
-    """Fail at load, naming the dimension/perturbation and value, before anything is generated."""
+    """Fail at load, naming the dimension/perturbation and value, before anything is generated.
+
+    Dimensions and perturbations must be fields ``scenario`` (the process's) declares in that role.
+    """
     for name, values in dimensions.items():
         key = f"variants.dimensions.{name}"
-        _check_name(key, name, source)
+        _check_name(key, name, source, scenario, "dimension")
         if not values:
             raise ConfigError(source, key, values, "a non-empty list of values")
         if len(set(map(canonical_json, values))) != len(values):
             raise ConfigError(source, key, values, "distinct values")
         for value in values:
-            _check_value(key, name, value, source)
+            _check_value(key, name, value, source, scenario)
     for name, spec in perturbations.items():
         key = f"variants.perturbations.{name}"
-        _check_name(key, name, source)
         if name in dimensions:
             raise ConfigError(source, key, name, "a field that is not also a dimension")
-        _check_range(key, name, spec, source)
+        _check_name(key, name, source, scenario, "perturbation")
+        _check_range(key, name, spec, source, scenario)
     space = perturbation_space_size(perturbations)
     if samples_per_combination > space:
         raise ConfigError(
@@ -198,21 +195,21 @@ def validate_generator(
         )
 
 
-def _check_range(key: str, name: str, spec: RangeSpec, source: str) -> None:
+def _check_range(key: str, name: str, spec: RangeSpec, source: str, scenario: ScenarioSpec) -> None:
     if spec.kind == "choice":
         for value in spec.choices or []:
-            _check_value(f"{key}.choices", name, value, source)
+            _check_value(f"{key}.choices", name, value, source, scenario)
         return
-    kind = SCENARIO_FIELDS[name]
+    kind = scenario.field(name).type
     if spec.kind == "uniform" and kind != "float":
         raise ConfigError(source, f"{key}.kind", spec.kind, f"'int' or 'choice' for the {kind} field {name!r}")
-    if spec.kind == "int" and kind == "str":
-        raise ConfigError(source, f"{key}.kind", spec.kind, f"'choice' for the string field {name!r}")
+    if spec.kind == "int" and kind not in ("int", "float"):
+        raise ConfigError(source, f"{key}.kind", spec.kind, f"'choice' for the {kind} field {name!r}")
     for bound in ("low", "high"):
         value = getattr(spec, bound)
         if spec.kind == "int" and float(value).is_integer():
             value = int(value)
-        _check_value(f"{key}.{bound}", name, value, source)
+        _check_value(f"{key}.{bound}", name, value, source, scenario)
 
 
 def perturbation_space_size(perturbations: Mapping[str, RangeSpec]) -> int:
@@ -297,6 +294,7 @@ def generate_variants(
     seed: int,
     *,
     source: str = "params.yaml",
+    scenario: ScenarioSpec = CHECKOUT.scenario,
 ) -> list[VariantSpec]:
     """Cartesian product of base envs × dimensions, each with ``samples_per_combination`` draws.
 
@@ -309,7 +307,7 @@ def generate_variants(
     ids = [b.base_env_id for b in base_envs]
     if len(set(ids)) != len(ids):
         raise ConfigError(source, "variants.base_envs", ids, "distinct base env ids")
-    validate_generator(dimensions, perturbations, samples_per_combination, source)
+    validate_generator(dimensions, perturbations, samples_per_combination, source, scenario)
     rng = np.random.default_rng(seed)
     ordered_perturbations = sorted(perturbations.items())
     specs: list[VariantSpec] = []

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from agentflow_core.envs.base import Scenario, StepResult
-from agentflow_refund.case import INAPPLICABLE_REWARD, RefundCase
+from agentflow_core.envs.base import StepResult
+from agentflow_refund.case import INAPPLICABLE_REWARD, RefundCase, Scenario
 from agentflow_refund.service import case_body
 
 FAMILY = "refund_api"
@@ -68,7 +68,7 @@ class RefundAPIEnv:
         self.np_random = np.random.default_rng(seed)
         self.step_id, self.retries, self._last, self._last_timed_out = 0, 0, None, False
         episode_seed = int(self.np_random.integers(0, 2**62))
-        response = self.http.post("/episodes", json={"scenario": self.scenario.to_dict(), "seed": episode_seed})
+        response = self.http.post("/episodes", json={"scenario": dict(self.scenario), "seed": episode_seed})
         response.raise_for_status()
         body = response.json()
         self._headers = {"X-Episode-Id": body.pop("episode_id"), "X-Client-Token": body.pop("client_token")}
@@ -104,7 +104,7 @@ class RefundAPIEnv:
         return self._result(raw, reward, bool(body.get("done", False)), reason, applied)
 
     def _result(self, raw: dict[str, Any], reward: float, done: bool, reason: str | None, applied: bool) -> StepResult:
-        truncated = not done and self.step_id >= self.scenario.max_episode_steps
+        truncated = not done and self.step_id >= self.scenario["max_episode_steps"]
         info = {"env_id": self.env_id, "step_id": self.step_id, "failure_reason": reason, "applied": applied}
         if truncated and reason is None:
             info["failure_reason"] = "max_steps"

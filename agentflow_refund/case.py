@@ -3,23 +3,26 @@
 A case belongs to one customer and one order. It moves draft -> submitted -> issued; a refund above
 ``EVIDENCE_THRESHOLD`` needs evidence attached before it can be submitted (submitting without it
 returns the request with ``evidence_required``). The review issues the refund on a status check with
-probability ``1 - card_decline_rate`` (the scenario's generic "decline" knob: here, a review still
-pending). A flagged account (``user_tier: blocked``) can do nothing but escalate to support; a session
-expires after ``session_timeout_steps``; a network drop (the scenario's ``network``) fails a request
-without applying it, and RETRY sends it again. The channel decides how the case is stored (SQL rows,
-a service's memory) and what the client sees; this module decides what happens.
+probability ``1 - review_pending_rate``. A flagged account (``account: flagged``) can do nothing but
+escalate to support; a session expires after ``session_timeout_steps``; a network drop (the scenario's
+``network``) fails a request without applying it, and RETRY sends it again. The channel decides how the
+case is stored (SQL rows, a service's memory) and what the client sees; this module decides what happens.
 
-The case reuses the project's :class:`~agentflow_core.envs.base.Scenario` (its generic dimensions:
-network, user tier, start stage, price factor = order value, decline rate = review delay).
+The refund system's parameters are :data:`SCENARIO` (configs/processes/refund.yaml declares the same
+fields, which the variant catalogue varies); a case starts at ``entry_stage`` with an order worth
+``order_value``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from agentflow_core.envs.base import NETWORK_DROP_RATE, Scenario
+from agentflow_core.envs.base import NETWORK_CONDITIONS, NETWORK_DROP_RATE
+from agentflow_core.scenario import ScenarioField, ScenarioSpec
 
 EVIDENCE_THRESHOLD = 100.0  # refunds above this amount need evidence
 STEP_REWARD = -0.01
@@ -28,6 +31,20 @@ ISSUED_REWARD = 10.0
 FLAGGED_ESCALATION_REWARD = 1.0
 WRONG_ESCALATION_REWARD = -1.0
 WITHDRAW_REWARD = -2.0
+
+ENTRY_STAGES = ("signed_out", "order_found", "request_draft", "under_review")
+SCENARIO = ScenarioSpec(
+    (
+        ScenarioField("network", "str", "normal", "dimension", values=NETWORK_CONDITIONS),
+        ScenarioField("account", "str", "ok", "dimension", values=("ok", "flagged")),
+        ScenarioField("entry_stage", "str", "signed_out", "dimension", values=ENTRY_STAGES),
+        ScenarioField("order_value", "float", 100.0, "perturbation", low=1.0, high=10_000.0),
+        ScenarioField("review_pending_rate", "float", 0.3, "perturbation", low=0.0, high=1.0),
+        ScenarioField("session_timeout_steps", "int", 40, "fixed", low=1, high=100_000),
+        ScenarioField("max_episode_steps", "int", 30, "fixed", low=1, high=100_000),
+    )
+)
+Scenario = Mapping[str, Any]  # a ScenarioValues of SCENARIO's fields
 
 ACTIONS = (
     "sign_in",
@@ -63,15 +80,15 @@ class RefundCase:
 
 
 def start_case(scenario: Scenario) -> RefundCase:
-    """The case at the scenario's start stage (login: signed out; product_detail: order found; ...)."""
-    case = RefundCase(amount=round(100.0 * scenario.price_factor, 2))
-    case.account = "flagged" if scenario.user_tier == "blocked" else "ok"
-    stage = scenario.start_stage
-    if stage != "login":
+    """The case at the scenario's entry stage (signed out; order found; request drafted; under review)."""
+    case = RefundCase(amount=round(float(scenario["order_value"]), 2))
+    case.account = str(scenario["account"])
+    stage = scenario["entry_stage"]
+    if stage != "signed_out":
         case.session, case.order_found = "active", True
-    if stage in ("checkout", "payment"):
+    if stage in ("request_draft", "under_review"):
         case.request = "draft"
-    if stage == "payment":
+    if stage == "under_review":
         case.evidence = case.amount > EVIDENCE_THRESHOLD
         case.request = "submitted"
     return case
@@ -80,9 +97,9 @@ def start_case(scenario: Scenario) -> RefundCase:
 def apply(case: RefundCase, action: str, scenario: Scenario, rng: np.random.Generator) -> tuple[float, str | None]:
     """Apply one business action; returns (reward, failure reason or None). Draws from ``rng`` only."""
     case.steps += 1
-    if case.steps >= scenario.session_timeout_steps and case.session == "active":
+    if case.steps >= scenario["session_timeout_steps"] and case.session == "active":
         case.session = "expired"
-    case.timed_out = bool(rng.random() < NETWORK_DROP_RATE[scenario.network])
+    case.timed_out = bool(rng.random() < NETWORK_DROP_RATE[scenario["network"]])
     if case.timed_out:
         return STEP_REWARD, "network_timeout"
     return _business(case, action, scenario, rng)
@@ -124,7 +141,7 @@ def _request_step(
         case.request = "submitted"
         return STEP_REWARD, None
     if action == "check_status" and case.request == "submitted":
-        if rng.random() >= scenario.card_decline_rate:
+        if rng.random() >= scenario["review_pending_rate"]:
             case.request = "issued"
             return ISSUED_REWARD, None
         return STEP_REWARD, "review_pending"

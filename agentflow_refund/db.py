@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.envs.base import Scenario, StepResult
-from agentflow_refund.case import ACTIONS, INAPPLICABLE_REWARD, RefundCase, apply, start_case
+from agentflow_core.envs.base import StepResult
+from agentflow_refund.case import ACTIONS, INAPPLICABLE_REWARD, RefundCase, Scenario, apply, start_case
 
 FAMILY = "refund_db"
 VERSION = 1
@@ -112,7 +112,7 @@ class RefundDBEnv:
             self._last_op = op
         for statement, values in WRITE:
             self.conn.execute(statement, values(self.case))
-        truncated = not self.case.done and self.step_id >= self.scenario.max_episode_steps
+        truncated = not self.case.done and self.step_id >= self.scenario["max_episode_steps"]
         info = {"env_id": self.env_id, "step_id": self.step_id, "failure_reason": reason, "applied": applied}
         if truncated:
             info["failure_reason"] = reason or "max_steps"

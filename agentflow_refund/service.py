@@ -30,8 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.envs.base import Scenario
-from agentflow_refund.case import RefundCase, apply, start_case
+from agentflow_refund.case import SCENARIO, RefundCase, Scenario, apply, start_case
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_EPISODES = 4096
@@ -101,7 +100,7 @@ class RefundState:
         if not isinstance(raw, dict):
             raise BadRequest(HTTPStatus.BAD_REQUEST, "scenario: expected an object")
         try:
-            scenario = Scenario.from_dict(raw)
+            scenario = SCENARIO.build(raw)
         except (TypeError, ValueError) as exc:
             raise BadRequest(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc)[:200]) from None
         episode_id, token = secrets.token_hex(16), secrets.token_hex(16)

@@ -87,8 +87,10 @@ def _evaluate(ctx: PhaseContext, catalogue: Path, checkpoint: Path, episodes: in
     cfg = ctx.cfg
     dimensions = sorted(cfg.variants.dimensions)
     test = stratified_eval_variants(read_splits(catalogue)["test"], episodes, dimensions, cfg.base.seed)
-    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    policy.load_state_dict(load_checkpoint(Path(resolve_checkpoint(ctx, checkpoint)), cfg.train.hidden_sizes).model)
+    vocabulary = ctx.process.vocabulary
+    policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
+    ckpt = load_checkpoint(Path(resolve_checkpoint(ctx, checkpoint)), cfg.train.hidden_sizes, vocabulary)
+    policy.load_state_dict(ckpt.model)
     pool = build_pool(ctx, test, min(16, len(test)), seed=cfg.base.seed + 2, scheduler="round_robin", standby=False)
     try:
         result = evaluate_policy(pool, greedy_policy(policy), episodes, seed=cfg.base.seed + 11, dimensions=dimensions)

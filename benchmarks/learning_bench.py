@@ -50,7 +50,6 @@ from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO, TrainingReward
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
-from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from benchmarks.sb3_envs import TrainVariantEnv, maskable_greedy, product_reward_vec_env
@@ -203,7 +202,8 @@ def train_agentflow(
     clock = TrainingClock()
     train_variants = read_splits(catalogue)["train"]
     torch.manual_seed(seed)
-    policy = ActorCritic(hidden_sizes=tc.hidden_sizes)
+    vocabulary = ctx.process.vocabulary
+    policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, tc.hidden_sizes)
     explore_steps = 0  # the exploration phase's env steps count towards AgentFlow's steps to the expert
     if tc.bc_warm_start:
         trajectories = work / "trajectories"
@@ -211,8 +211,8 @@ def train_agentflow(
         explore_steps = int(run_explore(ctx, catalogue, trajectories, pool_factory=pool_factory)["explore_steps"])
         run.setup_s["explore_s"] = clock.elapsed - started
         started = clock.elapsed
-        accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
-        behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted), seed=seed)
+        accepted = {v.content_hash: vocabulary.accepted_outcomes(v.params) for v in train_variants}
+        behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted, vocabulary), seed=seed)
         run.setup_s["bc_s"] = clock.elapsed - started
     started = clock.elapsed
     # the product's rollout source (worker-side rollouts), unless a test hands in its own pools

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentflow_core.config import AgentFlowConfig
 from agentflow_core.contracts import PolicyFn
 from agentflow_core.evaluation.policy_eval import expert_policy, greedy_policy
 from agentflow_core.rl.bc import behaviour_cloning
@@ -36,7 +35,6 @@ from agentflow_core.rl.cql import OfflinePrior, QNetwork, load_actor, masked_q
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
-from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from benchmarks.learning_bench import Evaluator, LearnerRun, TrainingClock, machine_info
 from tasks.compose import build_pool, build_rollouts, reward_function
@@ -62,9 +60,10 @@ def q_greedy_policy(q: QNetwork) -> PolicyFn:
     return act
 
 
-def _fresh_policy(cfg: AgentFlowConfig, seed: int) -> ActorCritic:
+def _fresh_policy(ctx: PhaseContext, seed: int) -> ActorCritic:
     torch.manual_seed(seed)
-    return ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    vocabulary = ctx.process.vocabulary
+    return ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, ctx.cfg.train.hidden_sizes)
 
 
 def _ppo_to_expert(
@@ -144,17 +143,18 @@ def run_setting(
         expert = evaluator.test(expert_policy(evaluator.test_pool)).process_success_rate
         bc = LearnerRun("bc")
         started = time.perf_counter()
-        policy = _fresh_policy(cfg, seed)
-        accepted = {v.content_hash: accepted_outcomes(v.params) for v in read_splits(catalogue)["train"]}
-        behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted), seed=seed)
+        policy = _fresh_policy(ctx, seed)
+        vocabulary = ctx.process.vocabulary
+        accepted = {v.content_hash: vocabulary.accepted_outcomes(v.params) for v in read_splits(catalogue)["train"]}
+        behaviour_cloning(policy, *behaviour_cloning_arrays(trajectories, accepted, vocabulary), seed=seed)
         bc.setup_s["bc_s"] = time.perf_counter() - started
         _ppo_to_expert(ctx, bc, policy, catalogue, evaluator, expert, eval_every, None)
         cql = LearnerRun("bc_cql")
         started = time.perf_counter()
-        _, actor, q, offline = offline_actor(cfg, catalogue, trajectories, seed)
+        _, actor, q, offline = offline_actor(ctx, catalogue, trajectories, seed)
         cql.setup_s["bc_cql_s"] = time.perf_counter() - started
         q_greedy = evaluator.test(q_greedy_policy(q)).process_success_rate  # CQL's own greedy policy, for reference
-        policy = _fresh_policy(cfg, seed)
+        policy = _fresh_policy(ctx, seed)
         load_actor(policy, actor.state_dict())
         prior = OfflinePrior(actor, cfg.offline.kl_coef, cfg.offline.kl_decay_updates)
         _ppo_to_expert(ctx, cql, policy, catalogue, evaluator, expert, eval_every, prior)

@@ -37,9 +37,9 @@ CLASS_PATH = "agentflow_refund.api:RefundAPIEnv"
 GRID = tuple(
     itertools.product(
         ("normal", "latency_500ms", "packet_loss_5%"),
-        ("standard", "vip", "blocked"),
-        ("login", "product_detail", "checkout", "payment"),
-        (0.9, 1.3),
+        ("ok", "flagged"),
+        ("signed_out", "order_found", "request_draft", "under_review"),
+        (90.0, 130.0),
     )
 )
 
@@ -99,8 +99,8 @@ def run_onboarding_bench(repeats: int = 5, seeds: int = 2) -> dict[str, Any]:
             }
             for name, entry in channels.items():
                 t0, outcomes, steps = time.perf_counter(), [], 0
-                for (network, tier, stage, price), seed in itertools.product(GRID, range(seeds)):
-                    params = {"network": network, "user_tier": tier, "start_stage": stage, "price_factor": price}
+                for (network, account, stage, value), seed in itertools.product(GRID, range(seeds)):
+                    params = {"network": network, "account": account, "entry_stage": stage, "order_value": value}
                     ok, length = _episode(entry, process, params, seed)
                     outcomes.append(ok)
                     steps += length

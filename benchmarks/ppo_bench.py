@@ -40,10 +40,10 @@ from agentflow_core.pool.base import PoolBatch, RegistryEnvFactory
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
-from agentflow_core.semantics import CHECKOUT, GOAL_TOKEN, OBS_DIM, TOKEN_INDEX
+from agentflow_core.semantics import CHECKOUT
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants
 
-GOAL_INDEX = TOKEN_INDEX[GOAL_TOKEN]
+GOAL_INDEX = CHECKOUT.token_index()[CHECKOUT.goal]
 
 TARGETS = {"sps_ratio_vs_sb3": 3.0, "update_s_2048": 0.1}
 
@@ -115,7 +115,7 @@ class GymVectorPool:
         self.scheduler = _FixedScheduler()
         self._return = np.zeros(num_envs)
         self._length = np.zeros(num_envs, dtype=np.int64)
-        self._obs = np.zeros((num_envs, OBS_DIM), np.float32)
+        self._obs = np.zeros((num_envs, CHECKOUT.obs_dim), np.float32)
 
     def slot_variants(self) -> np.ndarray:
         """Every slot plays variant 0."""
@@ -221,7 +221,7 @@ def _ours_sps(gym_id: str, cfg: TrainConfig, seed: int, catalogue_pool: bool = F
     pool: Any = _gym_pool(gym_id, cfg.num_envs, seed) if catalogue_pool else GymVectorPool(gym_id, cfg.num_envs)
     try:
         torch.manual_seed(seed)
-        ppo = PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), pool, cfg, seed=seed)
+        ppo = PPO(ActorCritic(CHECKOUT.obs_dim, CHECKOUT.n_actions, cfg.hidden_sizes), pool, cfg, seed=seed)
         t0 = time.perf_counter()
         for _ in range(cfg.num_updates):
             ppo.train_iteration()
@@ -276,7 +276,7 @@ def _update_latency(gym_id: str, seed: int, repeats: int) -> tuple[float, float]
     pool = GymVectorPool(gym_id, cfg.num_envs)
     try:
         torch.manual_seed(seed)
-        ppo = PPO(ActorCritic(), pool, cfg, seed=seed)
+        ppo = PPO(ActorCritic(CHECKOUT.obs_dim, CHECKOUT.n_actions), pool, cfg, seed=seed)
         ppo.collect_rollout()
         ours = []
         for _ in range(repeats):
@@ -331,7 +331,7 @@ def _iteration_split(gym_id: str, cfg: TrainConfig, seed: int, repeats: int = 3)
     pool = GymVectorPool(gym_id, cfg.num_envs)
     try:
         torch.manual_seed(seed)
-        ppo = PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), pool, cfg, seed=seed)
+        ppo = PPO(ActorCritic(CHECKOUT.obs_dim, CHECKOUT.n_actions, cfg.hidden_sizes), pool, cfg, seed=seed)
         rollout, update = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from agentflow_core.contracts import PolicyFn, PoolBatch, VariantLike
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.rl.ppo import TrainingReward
-from agentflow_core.semantics import N_ACTIONS
+from agentflow_core.semantics import CHECKOUT
 
 
 class TrainVariantEnv(gym.Env[np.ndarray, np.int64]):
@@ -93,7 +93,7 @@ def _batch(obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[
     final_obs = obs.copy()
     for i in np.flatnonzero(dones):
         final_obs[i] = infos[i]["terminal_observation"]
-    masks = np.ones((len(obs), N_ACTIONS), dtype=bool)
+    masks = np.ones((len(obs), CHECKOUT.n_actions), dtype=bool)
     return PoolBatch(obs, masks, np.asarray(rewards, np.float32), dones & ~truncated, truncated, final_obs, infos)
 
 

@@ -20,7 +20,7 @@ from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, PoolBatch, VariantLike
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import CHECKOUT
 
 
 class ReplaySchedule:
@@ -96,8 +96,8 @@ class _ReplayEnv(gym.Env[np.ndarray, np.int64]):
     trajectories match the pool's.
     """
 
-    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(OBS_DIM,), dtype=np.float32)
-    action_space = gym.spaces.Discrete(N_ACTIONS)
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(CHECKOUT.obs_dim,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(CHECKOUT.n_actions)
 
     def __init__(self, cache: _EnvCache, episodes: list[tuple[int, int]]) -> None:
         self.cache, self.episodes = cache, episodes
@@ -131,7 +131,7 @@ class ReplayRawEnv(_ReplayEnv):
 
     def __init__(self, cache: _EnvCache, episodes: list[tuple[int, int]]) -> None:
         super().__init__(cache, episodes)
-        self._obs = np.zeros(OBS_DIM, dtype=np.float32)
+        self._obs = np.zeros(CHECKOUT.obs_dim, dtype=np.float32)
         self._native: dict[str, list[dict[str, Any]]] = {}
         self.physical: Any = None
         self._actions: list[dict[str, Any]] = []
@@ -145,7 +145,7 @@ class ReplayRawEnv(_ReplayEnv):
         self.physical, adapter = self.env.physical, self.env.adapter
         table = self._native.get(self.base_env_id)
         if table is None:
-            table = self._native[self.base_env_id] = [adapter.adapt_action(a) for a in range(N_ACTIONS)]
+            table = self._native[self.base_env_id] = [adapter.adapt_action(a) for a in range(CHECKOUT.n_actions)]
         self._actions = table
         self.physical.reset(seed=int(self.np_random.integers(0, 2**31 - 1)))
         return self._obs, {}
@@ -213,7 +213,7 @@ def semantic_overhead(
     sample = _mixed_sample(variants, num_envs, rng)
     n = len(sample)
     block = max(steps // blocks, 1)
-    actions = rng.integers(0, N_ACTIONS, size=(warmup + block * blocks, n))
+    actions = rng.integers(0, CHECKOUT.n_actions, size=(warmup + block * blocks, n))
     config = PoolConfig(num_workers=1, scheduler=scheduler)
 
     schedule = ReplaySchedule(n)

@@ -30,7 +30,7 @@ from agentflow_core.contracts import EnvPool, PolicyFn
 from agentflow_core.evaluation.policy_eval import expert_policy, stratified_eval_variants
 from agentflow_core.evaluation.stress import StressRollout, run_stress_episodes
 from agentflow_core.evaluation.validator import Discriminator, episode_authenticity
-from agentflow_core.semantics import N_TOKENS, TOKEN_INDEX, SemanticAction
+from agentflow_core.semantics import CHECKOUT
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from tasks.compose import build_pool, reward_function
@@ -38,24 +38,23 @@ from tasks.context import PhaseContext
 
 TARGETS = {"caught_rate": (0.9, True), "false_positive_rate": (0.05, False)}
 
-A = SemanticAction
-PAYMENT_PAGE = TOKEN_INDEX["PAYMENT_PAGE"]
+PAYMENT_PAGE = CHECKOUT.token_index()["PAYMENT_PAGE"]  # the habits are the checkout process's
 
 
-def _first_legal(mask: np.ndarray, *actions: SemanticAction) -> int | None:
-    return next((int(a) for a in actions if mask[int(a)]), None)
+def _first_legal(mask: np.ndarray, *actions: str) -> int | None:
+    return next((CHECKOUT.action_id(a) for a in actions if mask[CHECKOUT.action_id(a)]), None)
 
 
 Habit = Callable[[np.ndarray, np.ndarray], int | None]
 # habit(state tokens, mask) -> the action that replaces the expert's, or None (keep the expert's)
 HABITS: dict[str, Habit] = {
-    "cart_churn": lambda o, m: _first_legal(m, A.REMOVE_FROM_CART, A.ADD_TO_CART),
-    "cancel_readd": lambda o, m: _first_legal(m, A.CANCEL_ORDER, A.ADD_TO_CART),
+    "cart_churn": lambda o, m: _first_legal(m, "REMOVE_FROM_CART", "ADD_TO_CART"),
+    "cancel_readd": lambda o, m: _first_legal(m, "CANCEL_ORDER", "ADD_TO_CART"),
     "payment_page_stall": lambda o, m: (
-        _first_legal(m, A.ENTER_PAYMENT, A.VIEW_PRODUCT, A.RETRY) if o[PAYMENT_PAGE] > 0.5 else None
+        _first_legal(m, "ENTER_PAYMENT", "VIEW_PRODUCT", "RETRY") if o[PAYMENT_PAGE] > 0.5 else None
     ),
-    "view_loop": lambda o, m: _first_legal(m, A.VIEW_PRODUCT),
-    "retry_spam": lambda o, m: _first_legal(m, A.RETRY),
+    "view_loop": lambda o, m: _first_legal(m, "VIEW_PRODUCT"),
+    "retry_spam": lambda o, m: _first_legal(m, "RETRY"),
 }
 
 
@@ -71,7 +70,7 @@ class PlantedPolicy:
         expert = np.asarray(self.expert(obs, mask), dtype=np.int64)
         actions = expert.copy()
         for i in range(len(actions)):
-            choice = self.habit(obs[i][:N_TOKENS], mask[i])
+            choice = self.habit(obs[i][: CHECKOUT.n_tokens], mask[i])
             if choice is not None:
                 actions[i] = choice
         self.deviated.append(actions != expert)
@@ -123,7 +122,7 @@ def _play(
 
 
 def _scores(model: Discriminator, rollout: StressRollout, fired: set[str] | None = None) -> list[float]:
-    score = episode_authenticity(model, rollout.steps)
+    score = episode_authenticity(model, rollout.steps, CHECKOUT)
     return [score[e.episode_id] for e in rollout.episodes if fired is None or e.episode_id in fired]
 
 

@@ -42,7 +42,7 @@ from tasks.prefect_tasks import (
     variants_task,
 )
 from tasks.preflight import require
-from tasks.provenance import git_tags
+from tasks.provenance import git_tags, process_provenance
 from tasks.retrain_tasks import plan_retrain_task
 from tasks.runtime import mlflow_uri
 from tasks.stages import dvc_md5, params_hash
@@ -63,12 +63,25 @@ def open_cycle(tracker: MlflowTracker, cfg: AgentFlowConfig, params_path: str, r
         tags = {"agentflow.resume": str(resume), CHECKPOINTS_TAG: str(checkpoints.resolve()), PARAMS_HASH_TAG: digest}
         parent = tracker.start_cycle(run_name, flatten_params(cfg), tags)
         tracker.log_artifacts(parent, Path(params_path), "config")
+        provenance = process_provenance(cfg)  # the process YAML, mappings, env configs; each channel's code
+        for path, folder in provenance.artifacts():
+            tracker.log_artifacts(parent, path, f"config/{folder}")
+        tracker.set_tags(parent, provenance.tags)
     ui_url = f"{PREFECT_UI_URL.value() or PREFECT_UI}/runs/flow-run/{flow_run.id}"
     tracker.set_tags(
         parent,
         {**git_tags(), **determinism_tags(), "prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_url": ui_url},
     )
     return parent
+
+
+def name_flow_run(cfg: AgentFlowConfig, run_name: str) -> None:
+    """Name the Prefect flow run ``<process>-<run name>`` and tag it with both, so the UI tells processes apart."""
+    from prefect.client.orchestration import get_client
+
+    tags = sorted({*(flow_run.tags or []), f"process:{cfg.process}", f"run:{run_name}"})
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=f"{cfg.process}-{run_name}", tags=tags)
 
 
 def record_phase(tracker: MlflowTracker, parent: str, paths: DataPaths, phase: str, output: Path) -> None:
@@ -120,10 +133,16 @@ def training_cycle(
     logger = get_run_logger()
     uri, experiment = mlflow_uri(cfg), cfg.base.tracking.experiment
     tracker = MlflowTracker(uri, experiment)
+    name_flow_run(cfg, run_name or cfg.base.run_name)
     parent = open_cycle(tracker, cfg, params_path, run_name or cfg.base.run_name, resume)
     paths = DataPaths.of(cfg)
     tracker.set_tags(parent, backend_of(cfg).place().params(cfg.train.num_envs))  # where the envs are stepped
-    results: dict[str, Any] = {"mlflow_run_id": parent, "params_path": params_path}
+    results: dict[str, Any] = {
+        "mlflow_run_id": parent,
+        "params_path": params_path,
+        "process": cfg.process,
+        "run_name": run_name or cfg.base.run_name,
+    }
     plan: str | None = None
     try:
         if retrain:

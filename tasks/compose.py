@@ -23,7 +23,6 @@ from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.reward_model import RewardModelClient
-from agentflow_core.semantics import TOKENS
 from agentflow_core.variants import BaseEnvInfo, VariantSpec
 from tasks.context import PhaseContext
 
@@ -121,7 +120,7 @@ def expert_policy_hash(expert: ScriptedExpert) -> str:
     return "expert-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKENS) -> list[str]:
+def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str]) -> list[str]:
     """Tokens some env family of the catalogue can reach: its ``RAW_STATES`` tokens less its ``UNREACHABLE_TOKENS``.
 
     ``RAW_STATES`` lists every token the family's mapping can emit; ``UNREACHABLE_TOKENS`` declares
@@ -137,7 +136,7 @@ def reachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKEN
     return sorted(found) or list(tokens)
 
 
-def unreachable_tokens(class_paths: Collection[str], tokens: Sequence[str] = TOKENS) -> dict[str, str]:
+def unreachable_tokens(class_paths: Collection[str], tokens: Sequence[str]) -> dict[str, str]:
     """Declared unreachable tokens (with reasons) that no family of the catalogue reaches."""
     reachable = set(reachable_tokens(class_paths, tokens))
     out: dict[str, str] = {}

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.rl.trajectories import Episode, iter_episodes, read_card
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM, TOKEN_INDEX, decode_features, encode
+from agentflow_core.semantics import Vocabulary
 
 DATASET_ID = "agentflow/trajectories-v0"
 
@@ -44,13 +44,13 @@ def _datasets_root(root: Path) -> Iterator[None]:
             os.environ["MINARI_DATASETS_PATH"] = previous
 
 
-def final_observation(episode: Episode) -> np.ndarray:
+def final_observation(episode: Episode, vocabulary: Vocabulary) -> np.ndarray:
     """The state after the last action: recorded final tokens, features carried from the last recorded state."""
-    tokens = [t for t in episode.tokens[-1] if t in TOKEN_INDEX]
-    return encode(tokens, decode_features(episode.obs[-1]))
+    tokens = [t for t in episode.tokens[-1] if t in set(vocabulary.tokens)]
+    return vocabulary.encode(tokens, vocabulary.decode_features(episode.obs[-1]))
 
 
-def episode_buffer(episode: Episode, index: int) -> Any:
+def episode_buffer(episode: Episode, index: int, vocabulary: Vocabulary) -> Any:
     """One Minari ``EpisodeBuffer`` (T actions, T + 1 observations and infos)."""
     from minari.data_collector import EpisodeBuffer
 
@@ -59,12 +59,12 @@ def episode_buffer(episode: Episode, index: int) -> Any:
     truncations = np.zeros(steps, dtype=bool)
     terminations[-1] = episode.terminated
     truncations[-1] = not episode.terminated  # truncated, or cut off by the end of the run
-    masks = np.concatenate([episode.action_mask, np.zeros((1, N_ACTIONS), dtype=bool)])
+    masks = np.concatenate([episode.action_mask, np.zeros((1, vocabulary.n_actions), dtype=bool)])
     carried = np.zeros(steps + 1, dtype=np.int64)
     carried[-1] = 1
     return EpisodeBuffer(
         id=index,
-        observations=np.concatenate([episode.obs, final_observation(episode)[None]]).astype(np.float32),
+        observations=np.concatenate([episode.obs, final_observation(episode, vocabulary)[None]]).astype(np.float32),
         actions=episode.actions.astype(np.int64),
         rewards=episode.rewards.astype(np.float64).tolist(),
         terminations=terminations.tolist(),
@@ -73,14 +73,17 @@ def episode_buffer(episode: Episode, index: int) -> Any:
     )
 
 
-def export_minari(trajectories: Path, out: Path, dataset_id: str = DATASET_ID) -> dict[str, Any]:
-    """Write the dataset at ``trajectories`` as Minari dataset ``dataset_id`` under ``out``; returns a summary."""
+def export_minari(
+    trajectories: Path, out: Path, vocabulary: Vocabulary, dataset_id: str = DATASET_ID
+) -> dict[str, Any]:
+    """Write the dataset at ``trajectories`` (in ``vocabulary``) as Minari dataset ``dataset_id`` under ``out``."""
     import gymnasium as gym
     import minari
 
     trajectories, out = Path(trajectories), Path(out)
     card = read_card(trajectories)
-    buffers = [episode_buffer(ep, i) for i, ep in enumerate(iter_episodes(trajectories))]
+    episodes = iter_episodes(trajectories, vocabulary=vocabulary)
+    buffers = [episode_buffer(ep, i, vocabulary) for i, ep in enumerate(episodes)]
     if not buffers:
         raise ValueError(f"{trajectories} holds no episodes to export")
     out.mkdir(parents=True, exist_ok=True)
@@ -95,8 +98,8 @@ def export_minari(trajectories: Path, out: Path, dataset_id: str = DATASET_ID) -
         dataset = minari.create_dataset_from_buffers(
             dataset_id=dataset_id,
             buffer=buffers,
-            observation_space=gym.spaces.Box(-np.inf, np.inf, shape=(OBS_DIM,), dtype=np.float32),
-            action_space=gym.spaces.Discrete(N_ACTIONS),
+            observation_space=gym.spaces.Box(-np.inf, np.inf, shape=(vocabulary.obs_dim,), dtype=np.float32),
+            action_space=gym.spaces.Discrete(vocabulary.n_actions),
             algorithm_name="AgentFlow explore phase (epsilon-greedy, coverage-driven)",
             author="AgentFlow",
             description=(

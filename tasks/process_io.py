@@ -95,6 +95,49 @@ def load_process(cfg: AgentFlowConfig | None = None, *, name: str | None = None)
     return _cached(str(process_path(chosen, env_dir)), str(env_dir))
 
 
+def check_config(cfg: AgentFlowConfig, source: str = "params.yaml") -> None:
+    """What later phases would refuse, refused now: the config against its process and every env config.
+
+    Every env config under ``base.env_config_dir`` must load (each names its process, and its mapping and
+    params are checked against that process); the base envs must belong to the selected process; the
+    variant dimensions and perturbations must be scenario fields the process declares in that role;
+    ``stress.coverage_group`` a declared dimension; each sim-to-real family a channel of the process
+    with a real counterpart.
+    """
+    from agentflow_core.errors import AgentFlowError
+    from agentflow_core.variants import validate_generator
+    from tasks.real_channels import REAL_CHANNELS
+    from tasks.registry_io import load_registry
+
+    process, v = load_process(cfg), cfg.variants
+    scenario = process.vocabulary.scenario
+    registry = load_registry(cfg)
+    for i, env_id in enumerate(v.base_envs):
+        try:
+            entry = registry.get(env_id)
+        except AgentFlowError:
+            raise ConfigError(
+                source, f"variants.base_envs.{i}", env_id, f"an env of {cfg.base.env_config_dir}"
+            ) from None
+        if entry.process != process.name:
+            raise ConfigError(source, f"variants.base_envs.{i}", env_id, f"an env of process {process.name!r}")
+    validate_generator(v.dimensions, v.perturbations, v.samples_per_combination, source, scenario)
+    group = cfg.stress.coverage_group
+    if group not in scenario.with_role("dimension"):
+        expected = f"a dimension of process {process.name!r} ({list(scenario.with_role('dimension'))})"
+        raise ConfigError(source, "stress.coverage_group", group, expected)
+    if cfg.stress.sim_to_real.enabled:
+        families = {c.family for c in process.channels}
+        for i, family in enumerate(cfg.stress.sim_to_real.families):
+            if family not in families or family not in REAL_CHANNELS:
+                raise ConfigError(
+                    source,
+                    f"stress.sim_to_real.families.{i}",
+                    family,
+                    f"a channel of process {process.name!r} with a real counterpart ({sorted(REAL_CHANNELS)})",
+                )
+
+
 def known_vocabularies(env_config_dir: Path | str = "configs/envs") -> dict[str, Vocabulary]:
     """Process name -> vocabulary, for every process file beside ``env_config_dir`` and shipped (env configs name one)."""
     found: dict[str, Vocabulary] = {}

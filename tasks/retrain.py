@@ -46,6 +46,7 @@ from agentflow_core.evaluation.paired import EpisodeOutcome, PairedComparison, c
 from agentflow_core.evaluation.policy_eval import stratified_eval_variants
 from agentflow_core.evaluation.records import EpisodeRecord
 from agentflow_core.rl.exploration import ExploreProgress
+from agentflow_core.semantics import Vocabulary
 from agentflow_core.splits import read_splits
 from agentflow_core.variants import VariantSpec
 from tasks.compose import PoolFactory, build_pool, reward_function
@@ -175,28 +176,30 @@ def champion_fisher(ctx: PhaseContext, checkpoint: Path, trajectories: Path) -> 
     from agentflow_core.rl.policy import ActorCritic
 
     cfg = ctx.cfg
-    obs, masks = dataset_states(trajectories, cfg.train.ewc.samples, cfg.base.seed)
-    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    policy.load_state_dict(load_checkpoint(Path(resolve_checkpoint(ctx, checkpoint)), cfg.train.hidden_sizes).model)
+    vocabulary = ctx.vocabulary
+    obs, masks = dataset_states(trajectories, cfg.train.ewc.samples, cfg.base.seed, vocabulary)
+    policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
+    checkpoint_path = Path(resolve_checkpoint(ctx, checkpoint))
+    policy.load_state_dict(load_checkpoint(checkpoint_path, cfg.train.hidden_sizes, vocabulary=vocabulary).model)
     path = checkpoint.parent / FISHER_FILE
     champion_penalty(policy, obs, masks, cfg.train.ewc.lam).save(path)
     return path
 
 
-def dataset_states(trajectories: Path, n: int, seed: int) -> tuple[Any, Any]:
+def dataset_states(trajectories: Path, n: int, seed: int, vocabulary: Vocabulary) -> tuple[Any, Any]:
     """``(obs, action_mask)`` of ``n`` rows of the dataset drawn without replacement (all rows if fewer)."""
     import numpy as np
 
     from agentflow_core.rl.trajectories import read_steps
-    from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 
+    obs_dim, n_actions = vocabulary.obs_dim, vocabulary.n_actions
     if not (Path(trajectories) / "_meta.json").exists():
-        return np.zeros((0, OBS_DIM), np.float32), np.zeros((0, N_ACTIONS), bool)
-    table = read_steps(Path(trajectories))
-    obs = np.asarray(table.column("obs").combine_chunks().flatten(), dtype=np.float32).reshape(-1, OBS_DIM)
+        return np.zeros((0, obs_dim), np.float32), np.zeros((0, n_actions), bool)
+    table = read_steps(Path(trajectories), vocabulary=vocabulary)
+    obs = np.asarray(table.column("obs").combine_chunks().flatten(), dtype=np.float32).reshape(-1, obs_dim)
     masks = np.asarray(
         table.column("action_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool
-    ).reshape(-1, N_ACTIONS)
+    ).reshape(-1, n_actions)
     if len(obs) > n:
         idx = np.sort(np.random.default_rng(seed).choice(len(obs), n, replace=False))
         obs, masks = obs[idx], masks[idx]

@@ -86,7 +86,12 @@ def load_variants(ctx: PhaseContext, catalogue: Path | None = None, split: str =
         raise AgentFlowError(f"catalogue {catalogue} does not exist")
     v = cfg.variants
     variants = generate_variants(
-        base_env_infos(ctx), v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed
+        base_env_infos(ctx),
+        v.dimensions,
+        v.perturbations,
+        v.samples_per_combination,
+        cfg.base.seed,
+        scenario=ctx.vocabulary.scenario,
     )
     hashes = set(assign_splits(variants, v.split.validation, v.split.test, sorted(v.dimensions), cfg.base.seed)[split])
     return [variant for variant in variants if variant.content_hash in hashes]

@@ -173,6 +173,7 @@ def test_planted_collapse_is_found_in_a_copied_mapping(entry: EnvEntry, tmp_path
     mapping_file.write_text(json.dumps(planted))
     config = {
         "env_id": entry.env_id,
+        "process": entry.process,
         "class_path": entry.class_path,
         "adapter": entry.adapter,
         "mapping": "planted.json",

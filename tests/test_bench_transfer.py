@@ -10,7 +10,7 @@ import pytest
 
 from agentflow_core.evaluation.channel_consistency import action_consistency, paired_scenarios, paired_states
 from agentflow_core.splits import channel_catalogue, read_splits
-from tasks.config_io import load_config, parse_config
+from tasks.config_io import load_config
 from tasks.context import PhaseContext
 from tasks.process_io import load_process
 from tasks.registry_io import load_registry
@@ -45,7 +45,7 @@ def test_action_consistency_counts_agreeing_pairs() -> None:
 
 
 def test_paired_states_are_one_state_on_every_channel() -> None:
-    cfg = parse_config({"process": "refund", "base": {"env_config_dir": str(REPO / "configs/refund/envs")}})
+    cfg = load_config(REPO / "params-refund.yaml")  # refund's own dimensions (entry_stage, account, network)
     process = load_process(cfg)
     states = paired_states(process, load_registry(cfg), paired_scenarios(dict(cfg.variants.dimensions))[:2], (0,))
     assert len(states) == 2 and len(states[0]) == len(states[1]) > 2

@@ -22,6 +22,7 @@ from tasks.steps.calibrate import run_calibrate
 
 REPO = Path(__file__).resolve().parents[1]
 HANDLED = frozenset({"user_blocked"})
+ACCEPTED = frozenset({"PAYMENT_SUCCESS"})
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def test_real_envs_are_stable_under_the_expert(registry: EnvRegistry, env_id: st
             resets=20,
             seed=0,
             max_variance=0.05,
+            accepted=ACCEPTED,
             min_success=0.9,
             handled_outcomes=HANDLED,
         )
@@ -69,6 +71,7 @@ def test_a_consistently_failing_mapping_fails_the_gate(registry: EnvRegistry) ->
         resets=10,
         seed=0,
         max_variance=0.05,
+        accepted=ACCEPTED,
         min_success=0.9,
         handled_outcomes=HANDLED,
     )
@@ -93,7 +96,11 @@ def test_a_crashing_env_fails_with_its_reason(registry: EnvRegistry) -> None:
         return env
 
     report = calibrate(
-        [(crashing, expert_for("web_checkout").act)], resets=3, seed=0, max_variance=0.05, max_failed_fraction=0.0
+        [(crashing, expert_for("web_checkout").act, ACCEPTED)],
+        resets=3,
+        seed=0,
+        max_variance=0.05,
+        max_failed_fraction=0.0,
     )
     assert report.env_stability_score == 0.0 and not report.passed
     assert "env_crash" in (report.failed[0].reason or "") and "renderer died" in (report.failed[0].reason or "")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion, reward_gain, slice_position
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec, content_hash
 from tasks.context import PhaseContext
 
@@ -62,7 +63,7 @@ def test_real_slice_evaluation_keeps_and_promotes(tmp_path: Path, local_config: 
     untrained = save_checkpoint(
         tmp_path / "ckpt",
         "update_00000000",
-        ActorCritic().state_dict(),
+        ActorCritic(OBS_DIM, N_ACTIONS).state_dict(),
         {},
         {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
     )

@@ -32,7 +32,8 @@ ENV_DIRS = {"checkout": REPO / "configs/envs", "refund": REPO / "configs/refund/
 FAULT_TOKENS = {"checkout": frozenset({"NETWORK_TIMEOUT", "SERVER_ERROR", "PAGE_NOT_FOUND"})}
 FAULT_TOKENS["refund"] = frozenset({"SERVICE_TIMEOUT"})
 
-# Paired scenarios, faults off: every user tier and start stage, a short wallet, certain declines.
+# Paired scenarios, faults off: checkout's user tiers and start stages, a short wallet, certain declines;
+# refund's evidence-required order value, flagged account and a review already under way.
 CLEAN = {
     "checkout": [
         {"card_decline_rate": 0.0},
@@ -44,7 +45,7 @@ CLEAN = {
         {"card_decline_rate": 0.0, "balance": 50.0},
         {"card_decline_rate": 0.0, "inventory": 0},
     ],
-    "refund": [{}, {"user_tier": "vip"}, {"user_tier": "blocked"}],
+    "refund": [{}, {"order_value": 150.0}, {"account": "flagged"}, {"entry_stage": "under_review"}],
 }
 FAULTY = {
     "checkout": [{"card_decline_rate": 0.0, "network": "packet_loss_5%"}],

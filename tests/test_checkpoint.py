@@ -20,6 +20,7 @@ from agentflow_core.rl.checkpoint import (
 )
 from agentflow_core.rl.policy import policy_hash
 from agentflow_core.rl.ppo import MemorySink
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 
 LOSS_KEYS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl")
 
@@ -164,7 +165,14 @@ def _real_learner(seed: int, sink: MemorySink | None = None) -> Any:
         min_count=10,
     )
     torch.manual_seed(seed)
-    return PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), pool, cfg, seed=seed, sink=sink, reward_transform=reward)
+    return PPO(
+        ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=cfg.hidden_sizes),
+        pool,
+        cfg,
+        seed=seed,
+        sink=sink,
+        reward_transform=reward,
+    )
 
 
 def test_resume_is_bit_identical_on_real_envs_with_scheduler_and_normaliser(tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def test_cql_learns_the_corridor_and_the_actor_follows_it() -> None:
     assert values == pytest.approx(expected, abs=0.1)
     assert bool((values[:, 0] > values[:, 1]).all())
     torch.manual_seed(0)
-    actor = ActorCritic()
+    actor = ActorCritic(OBS_DIM, N_ACTIONS)
     result = improve_actor(actor, q, data.obs, data.mask, temperature=0.1, steps=200, seed=0)
     assert result.kl_after < result.kl_before and result.greedy_agreement == 1.0
     assert (actor.act(data.obs[::2], data.mask[::2]) == 0).all()
@@ -148,7 +148,7 @@ def test_cql_learns_the_corridor_and_the_actor_follows_it() -> None:
 
 def test_offline_prior_kl_and_its_linear_decay() -> None:
     torch.manual_seed(0)
-    reference, policy = ActorCritic(), ActorCritic()
+    reference, policy = ActorCritic(OBS_DIM, N_ACTIONS), ActorCritic(OBS_DIM, N_ACTIONS)
     with torch.no_grad():  # two fresh inits are near-uniform: a KL of ~4e-5 is float32 cancellation noise
         for p in policy.actor.parameters():
             p.add_(0.5 * torch.randn_like(p))

@@ -30,7 +30,7 @@ from agentflow_core.evaluation.risk import risk_report
 from agentflow_core.evaluation.robustness import robustness_score
 from agentflow_core.evaluation.root_causes import cause_of, root_causes
 from agentflow_core.evaluation.token_frequency import coverage_table
-from agentflow_core.semantics import FEATURE_INDEX, N_TOKENS, SemanticAction, decode_tokens
+from agentflow_core.semantics import ACTIONS, FEATURE_INDEX, N_TOKENS, TOKENS, SemanticAction, decode_tokens
 
 A = SemanticAction
 
@@ -228,7 +228,7 @@ def test_risk_report_counts_by_action_and_family() -> None:
         step("w", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.9),
         step("d", {"PAYMENT_PAGE"}, int(A.SUBMIT_PAYMENT), risk=0.1, family="order_db"),
     ]
-    report = risk_report(steps, [], threshold=0.3, penalty=1.5)
+    report = risk_report(steps, [], threshold=0.3, penalty=1.5, actions=ACTIONS)
     assert report.risky_steps == 2 and report.total_penalty == 3.0
     assert report.by_action == {
         "CANCEL_ORDER": {"risky": 1, "steps": 1, "rate": 1.0},
@@ -240,7 +240,8 @@ def test_risk_report_counts_by_action_and_family() -> None:
 def test_coverage_table_marks_long_tail_and_unseen_tokens() -> None:
     steps = [step(f"v{i}", {"LOGGED_IN", "CART_FILLED"}, 4, network="normal") for i in range(250)]
     steps.append(step("v0", {"LOGGED_IN", "PAYMENT_FAILED"}, 8, network="packet_loss_5%", done=True))
-    table = coverage_table(steps, "network", reachable=["LOGGED_IN", "CART_FILLED", "PAYMENT_FAILED", "SERVER_ERROR"])
+    reachable = ["LOGGED_IN", "CART_FILLED", "PAYMENT_FAILED", "SERVER_ERROR"]
+    table = coverage_table(steps, "network", reachable, long_tail=0.01, tokens=TOKENS)
     assert table.rows == ["web_checkout · normal", "web_checkout · packet_loss_5%"]
     assert table.states.tolist() == [250, 2]  # the terminal step also counts its final state
     assert table.long_tail == ["PAYMENT_FAILED"] and table.unseen == ["SERVER_ERROR"]

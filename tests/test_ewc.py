@@ -11,6 +11,7 @@ from agentflow_core.config import TrainConfig
 from agentflow_core.rl.ewc import EWCPenalty, champion_penalty, fisher_diagonal
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from tests.test_ppo import KeyChainPool, small_cfg
 
 
@@ -95,7 +96,7 @@ def test_ppo_with_a_strong_penalty_stays_near_the_champion() -> None:
 def _actor_movement(cfg: TrainConfig, with_ewc: bool) -> float:
     """Squared distance the actor's weights travel in two PPO updates from the same start, with or without EWC."""
     torch.manual_seed(0)
-    policy = ActorCritic(hidden_sizes=cfg.hidden_sizes)
+    policy = ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=cfg.hidden_sizes)
     start = {k: v.detach().clone() for k, v in policy.named_parameters()}
     obs = np.random.default_rng(0).random((64, policy.obs_dim)).astype(np.float32)
     masks = np.ones((64, policy.n_actions), bool)

@@ -273,7 +273,7 @@ def test_behaviour_policy_is_the_expert_or_the_network_ppo_starts_from(behaviour
         assert digest.startswith("expert-")
     else:
         torch.manual_seed(3)  # run_train's initialisation for the same seed
-        assert digest == policy_hash(ActorCritic(hidden_sizes=cfg.train.hidden_sizes))
+        assert digest == policy_hash(ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=cfg.train.hidden_sizes))
 
 
 @pytest.mark.parametrize(("gate", "expected_steps"), [(0.1, 400), (1.0, 400 + 240)])

@@ -82,7 +82,12 @@ def test_mlflow_run_tree_and_champion_alias(cycle: tuple[Path, dict], mlflow_ser
     train = runs["train"][0]
     history = client.get_metric_history(train.info.run_id, "train/losses/approx_kl")
     assert len(history) == len({m.step for m in history}) == results["train"]["updates"]  # one batch per update
-    assert [a.path for a in client.list_artifacts(parent.info.run_id, "config")] == ["config/params.yaml"]
+    config = {a.path for a in client.list_artifacts(parent.info.run_id, "config")}
+    assert config == {"config/params.yaml", "config/process", "config/mappings", "config/env_configs"}
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "config/process")] == [
+        "config/process/checkout.yaml"
+    ]
+    assert len(client.list_artifacts(parent.info.run_id, "config/mappings")) == 3
     assert {a.path for a in client.list_artifacts(train.info.run_id)} >= {"plots", "curves"}
     compared = client.search_runs([parent.info.experiment_id], "tags.`agentflow.kind` = 'cycle'")
     assert [r.info.run_id for r in compared] == [parent.info.run_id]
@@ -109,6 +114,19 @@ def test_parent_run_names_its_code_data_params_and_prefect_run(cycle: tuple[Path
         assert tags[f"agentflow.data.{name}.md5"] == dvc_md5(root / "data" / name), name
     assert tags["agentflow.policy_hash"] == results["train"]["policy_hash"]
     assert tags["prefect.flow_run_id"] and tags["prefect.flow_run_url"].endswith(tags["prefect.flow_run_id"])
+    # the process it trained on: its file's hash, and per channel the class, its code version and mapping hash
+    assert tags["agentflow.process"] == "checkout" and len(tags["agentflow.process.sha256"]) == 16
+    for env_id in ("web_checkout_v2", "order_db_v1", "payment_api_v1"):
+        assert tags[f"agentflow.channel.{env_id}.version"].startswith("sha256:"), env_id
+        assert len(tags[f"agentflow.channel.{env_id}.mapping_sha256"]) == 16
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect_client:
+        flow_run = prefect_client.read_flow_run(UUID(tags["prefect.flow_run_id"]))
+    assert flow_run.name == f"checkout-{results['run_name']}"
+    assert {"process:checkout", f"run:{results['run_name']}"} <= set(flow_run.tags)
     link = Artifact.get("mlflow-run")
     assert link is not None and results["mlflow_run_id"] in link.data
     card = json.loads((root / "data" / "trajectories" / "_meta.json").read_text())

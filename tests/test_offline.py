@@ -12,7 +12,7 @@ import torch
 
 from agentflow_core.rl.offline_data import load_transitions
 from agentflow_core.rl.trajectories import TrajectoryWriter
-from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import CHECKOUT, GOAL_TOKEN, N_ACTIONS, OBS_DIM
 from tasks.context import PhaseContext
 from tasks.dataset import append_cycle
 
@@ -70,7 +70,7 @@ def test_transitions_pair_steps_drop_unbootstrappable_ends_and_age_by_cycle(tmp_
     append_cycle(
         dataset, _write(tmp_path / "c2", [_row("c", 0, seed=2, ts=5.0), _row("c", 1, seed=2, ts=6.0)]), "two", 2
     )
-    data = load_transitions(dataset)
+    data = load_transitions(dataset, CHECKOUT)
     # a: 3 transitions (the last terminated); b: its truncated last row dropped; c: its cut-off last row dropped
     assert len(data) == 5
     steps = data.obs.argmax(1).tolist()
@@ -82,7 +82,7 @@ def test_transitions_pair_steps_drop_unbootstrappable_ends_and_age_by_cycle(tmp_
     # oldest; timestamps play no part: they differ from run to run); "two" is the newest
     assert data.age[:4] == pytest.approx([1 + 0.75, 1 + 1.0, 1 + 0.5, 1 + 0.25], abs=1e-6)
     assert data.age[4] == pytest.approx(1.0, abs=1e-6)  # the older row of cycle two (written first)
-    assert load_transitions(dataset, variants={"other"}).obs.shape == (0, OBS_DIM)
+    assert load_transitions(dataset, CHECKOUT, variants={"other"}).obs.shape == (0, OBS_DIM)
 
 
 @pytest.mark.slow
@@ -131,7 +131,7 @@ def test_minari_export_reads_back_with_minari_and_h5py(tmp_path: Path) -> None:
     rows = [_row("a", 0, seed=1, ts=0.0), _row("a", 1, seed=1, ts=1.0), _row("a", 2, seed=1, ts=2.0, terminated=True)]
     rows += [_row("b", 0, seed=1, ts=0.0), _row("b", 1, seed=1, ts=1.0)]  # cut off by the end of the run
     traj = _write(tmp_path / "trajectories", rows)
-    summary = export_minari(traj, tmp_path / "minari")
+    summary = export_minari(traj, tmp_path / "minari", CHECKOUT)
     assert (summary["episodes"], summary["steps"]) == (2, 5)
     dataset = minari.MinariDataset(tmp_path / "minari" / DATASET_ID / "data")
     assert dataset.total_episodes == 2 and dataset.total_steps == 5

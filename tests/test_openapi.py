@@ -45,7 +45,7 @@ def _expert_success(env: SemanticEnv, episodes: int) -> float:
 
 def test_config_has_the_registry_shape(generated: tuple[dict[str, Any], dict[str, Any]]) -> None:
     config, mapping = generated
-    assert set(config) == {"env_id", "description", "class_path", "adapter", "mapping", "params"}
+    assert set(config) == {"env_id", "process", "description", "class_path", "adapter", "mapping", "params"}
     assert config["env_id"] == "shop_api_v1" and config["adapter"] == "api" and config["mapping"] == "shop_api_v1.json"
     assert config["class_path"] == "agentflow_core.envs.payment_api:PaymentAPIEnv"
     assert Scenario.from_dict(config["params"]) == Scenario()

@@ -195,7 +195,13 @@ def small_cfg(**overrides: Any) -> TrainConfig:
 def make_learner(seed: int = 0, sink: MemorySink | None = None, **cfg_overrides: Any) -> PPO:
     cfg = small_cfg(**cfg_overrides)
     torch.manual_seed(seed)
-    return PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), KeyChainPool(cfg.num_envs), cfg, seed=seed, sink=sink)
+    return PPO(
+        ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=cfg.hidden_sizes),
+        KeyChainPool(cfg.num_envs),
+        cfg,
+        seed=seed,
+        sink=sink,
+    )
 
 
 # ------------------------------------------------------------------ GAE
@@ -257,7 +263,7 @@ def test_value_loss_kl_clipfrac_entropy_hand_computed() -> None:
     torch.testing.assert_close(adv, torch.tensor([-1.0, 0.0, 1.0]), atol=1e-6, rtol=0)
     assert explained_variance(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])) == pytest.approx(1.0)
     # entropy of a masked policy with zero actor output = log(#legal)
-    policy = ActorCritic()
+    policy = ActorCritic(OBS_DIM, N_ACTIONS)
     torch.nn.init.zeros_(policy.actor[-1].weight)
     mask = torch.zeros(1, N_ACTIONS, dtype=torch.bool)
     mask[0, [1, 4, 9]] = True
@@ -268,7 +274,7 @@ def test_value_loss_kl_clipfrac_entropy_hand_computed() -> None:
 
 def test_masking_never_samples_an_invalid_action() -> None:
     torch.manual_seed(0)
-    policy = ActorCritic()
+    policy = ActorCritic(OBS_DIM, N_ACTIONS)
     gen = torch.Generator().manual_seed(1)
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -288,9 +294,9 @@ def test_masking_never_samples_an_invalid_action() -> None:
 
 def test_policy_hash_changes_with_weights() -> None:
     torch.manual_seed(0)
-    a = ActorCritic()
+    a = ActorCritic(OBS_DIM, N_ACTIONS)
     torch.manual_seed(0)
-    b = ActorCritic()
+    b = ActorCritic(OBS_DIM, N_ACTIONS)
     assert policy_hash(a) == policy_hash(b) and len(policy_hash(a)) == 12
     with torch.no_grad():
         b.critic[0].weight[0, 0] += 1e-3
@@ -487,7 +493,7 @@ def test_behaviour_cloning_imitates_demonstrations() -> None:
 
     obs, actions, masks = _key_chain_demonstrations()
     torch.manual_seed(0)
-    policy = ActorCritic(hidden_sizes=[32, 32])
+    policy = ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=[32, 32])
     critic_before = [p.clone() for p in policy.critic.parameters()]
     before = evaluate_policy(KeyChainPool(8), greedy_policy(policy), 32, seed=1).success_rate
     result = behaviour_cloning(policy, obs, actions, masks, epochs=20, batch_size=128, learning_rate=3e-3, seed=0)
@@ -527,7 +533,7 @@ def _random_minibatch(seed: int, batch: int = 96, masked: bool = True) -> tuple[
     """A random policy and minibatch whose ratios land on both sides of the clip range."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    policy = ActorCritic(hidden_sizes=[32, 24])
+    policy = ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=[32, 24])
     for p in policy.parameters():  # move off the near-uniform init so logits and values are not trivial
         torch.nn.init.normal_(p, std=0.3, generator=gen)
     obs = torch.rand((batch, OBS_DIM), generator=gen) * 2 - 1
@@ -554,8 +560,8 @@ def test_sample_matches_get_action_and_value() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_policy_matches_cpu_up_to_float_tolerance() -> None:
     torch.manual_seed(0)
-    cpu = ActorCritic()
-    gpu = ActorCritic().to("cuda")
+    cpu = ActorCritic(OBS_DIM, N_ACTIONS)
+    gpu = ActorCritic(OBS_DIM, N_ACTIONS).to("cuda")
     gpu.load_state_dict(cpu.state_dict())
     rng = np.random.default_rng(0)
     obs = torch.as_tensor(rng.uniform(-1, 1, (256, OBS_DIM)), dtype=torch.float32)

@@ -9,11 +9,13 @@ with one line naming the file and the key.
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from agentflow_core import semantics
 from agentflow_core.envs.experts import DEFAULT_RULES, ScriptedExpert, expert_for
@@ -139,6 +141,42 @@ def test_a_channel_mapping_outside_the_vocabulary_is_refused(document: dict[str,
         check_channels(process, REPO / "configs" / "envs")
 
 
+def test_checkout_declares_the_fields_of_its_scenario_type() -> None:
+    import dataclasses
+
+    from agentflow_core.envs.base import Scenario
+
+    declared = load_process(name="checkout").vocabulary.scenario
+    assert declared.names == tuple(f.name for f in dataclasses.fields(Scenario))
+    assert declared.defaults() == Scenario().to_dict()
+    assert declared.with_role("dimension") == ("network", "user_tier", "start_stage")
+    built = declared.build({"user_tier": "vip", "price_factor": 1})
+    assert built["price_factor"] == 1.0 and isinstance(built["price_factor"], float)
+    assert Scenario.from_dict(built) == Scenario(user_tier="vip")
+    with pytest.raises(ValueError, match=r"scenario.user_tier: got 'gold', expected one of"):
+        declared.build({"user_tier": "gold"})
+    with pytest.raises(ValueError, match="unknown key"):
+        declared.build({"plan": "annual"})
+
+
+def test_scenario_declarations_are_checked(document: dict[str, Any]) -> None:
+    def changed(field: str, **entry: Any) -> dict[str, Any]:
+        doc = copy.deepcopy(document)
+        doc["scenario"][field] = {**doc["scenario"].get(field, {}), **entry}
+        return doc
+
+    _fails(changed("user_tier", default="gold"), "scenario.user_tier.default")
+    _fails(changed("price_factor", range=[2, 1]), "scenario.price_factor.range")
+    _fails(changed("plan", type="date", default="x"), "scenario.plan.type")
+    _fails(changed("plan", type="str", default="a", role="axis"), "scenario.plan.role")
+    doc = copy.deepcopy(document)
+    del doc["scenario"]["max_episode_steps"]
+    _fails(doc, "scenario.max_episode_steps")
+    doc = copy.deepcopy(document)
+    doc["handled_outcomes"][0]["dimension"] = "plan"
+    _fails(doc, "handled_outcomes.0.dimension")
+
+
 def test_commands_check_the_config_against_the_selected_process(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
@@ -151,13 +189,6 @@ def test_commands_check_the_config_against_the_selected_process(tmp_path: Path) 
     text = (REPO / "params.yaml").read_text().replace("process: checkout", "process: refund", 1)
     text = text.replace("env_config_dir: configs/envs", "env_config_dir: configs/refund/envs", 1)
     params.write_text(text)
-    # the phases built on checkout's vocabulary (offline on in params.yaml) are refused for refund, by key
-    checkout_only = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
-    assert checkout_only.exit_code == 2
-    assert f"{params}: offline.enabled: got True" in " ".join(checkout_only.output.split())
-    params.write_text(
-        text.replace("  enabled: true ", "  enabled: false ").replace("enabled: true\n", "enabled: false\n")
-    )
     refused = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
     assert refused.exit_code == 2
     assert f"{params}: train.reward.token_rewards: got {{'PAYMENT_SUCCESS': 10.0}}" in " ".join(refused.output.split())
@@ -165,3 +196,48 @@ def test_commands_check_the_config_against_the_selected_process(tmp_path: Path) 
     params.write_text((REPO / "params.yaml").read_text().replace("process: checkout", "process: nosuch", 1))
     missing = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
     assert missing.exit_code == 2 and "nosuch.yaml: <file>" in missing.output
+
+
+def test_validate_refuses_what_later_phases_would(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli.app import app
+
+    def validate(params: dict[str, Any]) -> str:
+        path = tmp_path / "params.yaml"
+        path.write_text(yaml.safe_dump(params))
+        result = CliRunner().invoke(app, ["validate", "--params", str(path)], env={"COLUMNS": "300"})
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    base = yaml.safe_load((REPO / "params-refund.yaml").read_text())
+    base["base"]["env_config_dir"] = str(REPO / "configs" / "refund" / "envs")
+    # a dimension the process does not declare (checkout's, or none at all)
+    plan = copy.deepcopy(base)
+    plan["variants"]["dimensions"] = {"plan": ["monthly", "annual"]}
+    assert "variants.dimensions.plan: got 'plan', expected a scenario field of the process" in validate(plan)
+    tier = copy.deepcopy(base)
+    tier["variants"]["dimensions"]["user_tier"] = ["standard", "blocked"]
+    assert "variants.dimensions.user_tier" in validate(tier)
+    # a declared field in the wrong role, and a value outside the declared ones
+    steps = copy.deepcopy(base)
+    steps["variants"]["dimensions"]["max_episode_steps"] = [10, 20]
+    assert "a field the process declares as a dimension" in validate(steps)
+    value = copy.deepcopy(base)
+    value["variants"]["dimensions"]["account"] = ["ok", "vip"]
+    assert "variants.dimensions.account: got 'vip', expected one of ['ok', 'flagged']" in validate(value)
+    # sim-to-real on a family without a real channel; a coverage group that is no dimension
+    real = copy.deepcopy(base)
+    real["stress"]["sim_to_real"] = {"enabled": True, "families": ["refund_db"]}
+    assert "stress.sim_to_real.families.0: got 'refund_db'" in validate(real)
+    group = copy.deepcopy(base)
+    group["stress"]["coverage_group"] = "user_tier"
+    assert "stress.coverage_group: got 'user_tier'" in validate(group)
+    # an env config that names no process is an error, not silently checkout
+    envs = tmp_path / "envs"
+    shutil.copytree(REPO / "configs" / "refund" / "envs", envs)
+    text = (envs / "refund_db_v1.yaml").read_text().replace("process: refund\n", "")
+    (envs / "refund_db_v1.yaml").write_text(text)
+    orphan = copy.deepcopy(base)
+    orphan["base"]["env_config_dir"] = str(envs)
+    assert "refund_db_v1.yaml: process: missing" in validate(orphan)

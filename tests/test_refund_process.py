@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from agentflow_core.adapters.audit import audit_entry, errors_only
 from agentflow_core.errors import MappingError, RegistryError
 from agentflow_core.registry import EnvRegistry
+from agentflow_refund.case import SCENARIO as REFUND_SCENARIO
 from agentflow_refund.service import MAX_BODY_BYTES, RefundService
 from flows.cli.envs import envs_app
 from tasks.config_io import parse_config
@@ -34,7 +35,7 @@ REFUND_ENVS = REPO / "configs" / "refund" / "envs"
 SPEC = REPO / "agentflow_refund" / "openapi.yaml"
 GRID = list(
     itertools.product(
-        ("normal", "packet_loss_5%"), ("standard", "vip", "blocked"), ("login", "checkout", "payment"), (0.9, 1.3)
+        ("normal", "packet_loss_5%"), ("ok", "flagged"), ("signed_out", "request_draft", "under_review"), (90.0, 130.0)
     )
 )
 
@@ -56,7 +57,10 @@ def test_the_refund_process_is_its_own_vocabulary(cfg) -> None:  # type: ignore[
     vocab = process.vocabulary
     assert (vocab.n_tokens, vocab.n_actions, vocab.n_features) == (13, 9, 5)
     assert vocab.goal == "REFUND_ISSUED" and vocab.action_risk[vocab.action_id("WITHDRAW")] == 0.5
-    assert vocab.accepted_outcomes({"user_tier": "blocked"}) == {"REFUND_ISSUED", "ESCALATED"}
+    assert vocab.accepted_outcomes({"account": "flagged"}) == {"REFUND_ISSUED", "ESCALATED"}
+    # refund's own scenario fields, the ones the refund system itself declares
+    assert vocab.scenario == REFUND_SCENARIO
+    assert vocab.scenario.with_role("dimension") == ("network", "account", "entry_stage")
     assert process.base_envs == ("refund_db_v1", "refund_api_v1")
     entries = load_registry(cfg).entries()
     assert [(e.env_id, e.process) for e in entries] == [("refund_api_v1", "refund"), ("refund_db_v1", "refund")]
@@ -72,17 +76,17 @@ def test_each_channel_passes_check_env_the_audit_and_the_expert_finishes(cfg, en
     check_env(env, skip_render_check=True)
     assert errors_only(audit_entry(entry)) == []
     expert, outcomes, lengths = process.expert(entry.family), [], []
-    for network, tier, stage, price in GRID:
-        env = entry.make({"network": network, "user_tier": tier, "start_stage": stage, "price_factor": price}, env_id)
+    for network, account, stage, value in GRID:
+        env = entry.make({"network": network, "account": account, "entry_stage": stage, "order_value": value}, env_id)
         obs, info = env.reset(seed=7)
         step = 0
         terminated = truncated = False
         while not (terminated or truncated):
             step += 1
             obs, _, terminated, truncated, info = env.step(expert.act(obs, info["action_mask"]))
-        outcomes.append(process.vocabulary.process_success({"user_tier": tier}, info["tokens"], terminated))
+        outcomes.append(process.vocabulary.process_success({"account": account}, info["tokens"], terminated))
         lengths.append(step)
-        if tier == "blocked":
+        if account == "flagged":
             assert "ESCALATED" in info["tokens"]
         env.close()
     assert np.mean(outcomes) == 1.0
@@ -92,7 +96,12 @@ def test_each_channel_passes_check_env_the_audit_and_the_expert_finishes(cfg, en
 def test_both_channels_tell_the_same_story(cfg) -> None:  # type: ignore[no-untyped-def]
     """The same seed and actions give the same token sequence on SQL and HTTP (one case rule book)."""
     registry, process = load_registry(cfg), load_process(cfg)
-    params = {"network": "packet_loss_5%", "start_stage": "login", "price_factor": 1.3, "card_decline_rate": 0.6}
+    params = {
+        "network": "packet_loss_5%",
+        "entry_stage": "signed_out",
+        "order_value": 130.0,
+        "review_pending_rate": 0.6,
+    }
     paths = []
     for env_id in ("refund_db_v1", "refund_api_v1"):
         env = registry.get(env_id).make(params, env_id)
@@ -116,6 +125,11 @@ def test_a_refund_mapping_is_refused_by_the_checkout_vocabulary(tmp_path: Path) 
     assert isinstance(config, dict)
     config.pop("process")
     (tmp_path / "refund_db_v1.yaml").write_text(json.dumps(config))
+    with pytest.raises(RegistryError, match="process: missing"):  # never silently checkout
+        EnvRegistry(tmp_path, yaml_load)
+    config["process"] = "checkout"
+    config.pop("params")
+    (tmp_path / "refund_db_v1.yaml").write_text(json.dumps(config))
     with pytest.raises(MappingError, match=r"refund_db_v1.json: at \$.actions: .SIGN_IN. is not one of \[.LOGIN"):
         EnvRegistry(tmp_path, yaml_load)
     config["process"] = "nosuch"
@@ -126,7 +140,7 @@ def test_a_refund_mapping_is_refused_by_the_checkout_vocabulary(tmp_path: Path) 
 
 def test_the_service_refuses_malformed_foreign_and_expired_requests(service: RefundService) -> None:
     with httpx.Client(base_url=service.url, timeout=5) as http:
-        opened = http.post("/episodes", json={"scenario": {"start_stage": "login"}, "seed": 1})
+        opened = http.post("/episodes", json={"scenario": {"entry_stage": "signed_out"}, "seed": 1})
         assert opened.status_code == 201
         body = opened.json()
         mine = {"X-Episode-Id": body["episode_id"], "X-Client-Token": body["client_token"]}
@@ -139,7 +153,7 @@ def test_the_service_refuses_malformed_foreign_and_expired_requests(service: Ref
         assert http.post("/episodes", content=b"{not json").status_code == 400
         assert http.post("/episodes", content=b"[1, 2]").status_code == 400
         assert http.post("/episodes", json={"seed": -1}).status_code == 400
-        assert http.post("/episodes", json={"scenario": {"user_tier": "gold"}}).status_code == 422
+        assert http.post("/episodes", json={"scenario": {"account": "gold"}}).status_code == 422
         assert http.post("/episodes", json={"scenario": {}, "admin": True}).status_code == 400
         assert http.post("/episodes", content=b"x" * (MAX_BODY_BYTES + 1)).status_code == 413
         assert http.get("/admin").status_code == 404

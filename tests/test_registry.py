@@ -100,6 +100,7 @@ TOY_MAPPING: dict[str, Any] = {
 def toy_config(**changes: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "env_id": "toy_v1",
+        "process": "checkout",
         "class_path": f"{__name__}:ToyEnv",
         "adapter": f"{__name__}:ToyAdapter",
         "mapping": "toy_v1.json",
@@ -192,7 +193,7 @@ def test_mapping_falls_back_to_the_packaged_directory(tmp_path: Path) -> None:
     packaged = sorted(PACKAGED_MAPPINGS_DIR.glob("*.json"))
     assert packaged, "the three family mappings ship in agentflow_core/mappings/"
     shipped = load_entry(next(p for p in sorted((REPO / "configs/envs").glob("*.yaml"))), yaml.safe_load)
-    config = {k: getattr(shipped, k) for k in ("env_id", "class_path", "adapter")}
+    config = {k: getattr(shipped, k) for k in ("env_id", "process", "class_path", "adapter")}
     config["mapping"] = Path(shipped.mapping_path).name
     (tmp_path / "env.yaml").write_text(yaml.safe_dump(config))
     entry = load_entry(tmp_path / "env.yaml", yaml.safe_load)

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from agentflow_core.rl.trajectories import read_card, read_steps
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from tasks.context import PhaseContext
 from tasks.prefect_tasks import GateFailed
 from tests.tiny import write_tiny_params
@@ -165,7 +166,7 @@ def test_paired_comparison_plays_identical_episodes_and_rejects_an_untrained_pol
     untrained = save_checkpoint(
         tmp_path,
         "update_00000000",
-        ActorCritic().state_dict(),
+        ActorCritic(OBS_DIM, N_ACTIONS).state_dict(),
         {},
         {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
     )

@@ -17,7 +17,7 @@ from agentflow_core.pool.base import PoolBatch
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.reward import RewardFunction, token_reward_vector
 from agentflow_core.rl.reward_model import MLPRewardModel, RewardModelClient, RewardModelServer
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM, TOKEN_INDEX, encode
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM, TOKEN_INDEX, encode
 
 
 def enc(tokens: Sequence[str], **features: float) -> np.ndarray:
@@ -305,7 +305,7 @@ def test_client_server_down_falls_back_and_counts() -> None:
 
 
 def test_model_mode_scores_next_state_and_falls_back_to_token_table() -> None:
-    model = MLPRewardModel.from_token_rewards({"PAYMENT_PAGE": 0.5, "PAYMENT_SUCCESS": 5.0})
+    model = MLPRewardModel.from_token_rewards({"PAYMENT_PAGE": 0.5, "PAYMENT_SUCCESS": 5.0}, CHECKOUT)
     cfg = RewardConfig(mode="model", model_url="http://127.0.0.1:1", token_rewards={"PAYMENT_SUCCESS": 10.0})
     with RewardModelServer(model) as server:
         client = RewardModelClient(server.url, timeout_s=2.0)

@@ -30,6 +30,7 @@ from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.rollout import CentralRollouts, collect_slice, rollout_source, slice_seeds
+from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from benchmarks.ppo_bench import _packaged_factory, demo_catalogue
 from tasks.compose import recovery_summary
 
@@ -54,7 +55,7 @@ def _reward(variants: list[Any], num_envs: int) -> TrainingReward:
 
 def _policy() -> ActorCritic:
     torch.manual_seed(3)
-    return ActorCritic(hidden_sizes=(32, 32))
+    return ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=(32, 32))
 
 
 def _inprocess(variants: list[Any]) -> SlicedRollouts:
@@ -180,7 +181,7 @@ def _learner(variants: list[Any]) -> PPO:
     rollouts = _inprocess(variants)
     torch.manual_seed(0)
     return PPO(
-        ActorCritic(hidden_sizes=cfg.hidden_sizes),
+        ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=cfg.hidden_sizes),
         rollouts,
         cfg,
         seed=0,
@@ -216,7 +217,9 @@ def test_a_rollout_sent_ahead_is_the_rollout_collect_sends(variants: list[Any], 
 
     def learner(rollouts: SlicedRollouts) -> PPO:
         torch.manual_seed(0)
-        return PPO(ActorCritic(hidden_sizes=cfg.hidden_sizes), rollouts, cfg, seed=0, sink=MemorySink())
+        return PPO(
+            ActorCritic(OBS_DIM, N_ACTIONS, hidden_sizes=cfg.hidden_sizes), rollouts, cfg, seed=0, sink=MemorySink()
+        )
 
     plain, local = learner(_inprocess(variants)), learner(_inprocess(variants))
     ahead = learner(ray_rollouts)

@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agentflow_core.config import RewardConfig
-from agentflow_core.rl.reward import CONDITION_NAMES
 from agentflow_core.safe_expr import ExpressionEvalError, UnsafeExpressionError, compile_condition
-from agentflow_core.semantics import FEATURES, TOKENS
+from agentflow_core.semantics import CHECKOUT, FEATURES, TOKENS
 
-NAMES = CONDITION_NAMES
+NAMES = (*CHECKOUT.tokens, *CHECKOUT.features)
 
 
 def balanced(leaf: str, op: str, n: int) -> str:

@@ -98,3 +98,52 @@ def test_dvc_md5_of_a_folder_is_the_hash_of_its_sorted_listing(tmp_path: Path) -
 def test_git_tags_name_the_commit_of_this_checkout() -> None:
     tags = git_tags()
     assert len(tags["mlflow.source.git.commit"]) == 40 and tags["agentflow.git.dirty"] in {"true", "false"}
+
+
+def test_an_untracked_file_under_configs_counts_as_dirty(tmp_path: Path) -> None:
+    import subprocess
+
+    from tasks.provenance import git_state
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "root")
+    (tmp_path / "notes.txt").write_text("scratch")  # untracked outside configs/: clean
+    state = git_state(tmp_path)
+    assert state is not None and not state.dirty
+    (tmp_path / "configs" / "processes").mkdir(parents=True)
+    (tmp_path / "configs" / "processes" / "cancel.yaml").write_text("name: cancel\n")  # a new process
+    state = git_state(tmp_path)
+    assert state is not None and state.dirty
+
+
+@pytest.mark.parametrize("params", ["params.yaml", "params-refund.yaml"])
+def test_process_provenance_names_the_process_files_and_channel_code(params: str) -> None:
+    from tasks.config_io import load_config
+    from tasks.provenance import file_sha256, process_provenance
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = load_config(repo / params)
+    cfg = cfg.model_copy(
+        update={"base": cfg.base.model_copy(update={"env_config_dir": str(repo / cfg.base.env_config_dir)})}
+    )
+    provenance = process_provenance(cfg)
+    folders = sorted(folder for _, folder in provenance.artifacts())
+    n = len(cfg.variants.base_envs)
+    assert folders == sorted(["process"] + ["env_configs"] * n + ["mappings"] * n)
+    process_file = next(path for path, folder in provenance.artifacts() if folder == "process")
+    assert process_file.name == f"{cfg.process}.yaml"
+    assert provenance.tags["agentflow.process"] == cfg.process
+    assert provenance.tags["agentflow.process.sha256"] == file_sha256(process_file)[:16]
+    for env_id in cfg.variants.base_envs:
+        assert provenance.tags[f"agentflow.channel.{env_id}.version"].startswith("sha256:")  # the repo's own code
+        assert ":" in provenance.tags[f"agentflow.channel.{env_id}.class_path"]
+
+
+def test_code_version_names_an_installed_distribution() -> None:
+    from tasks.provenance import code_version
+
+    assert code_version("numpy.random:Generator").startswith("numpy==")
+    assert code_version("agentflow_refund.db:RefundDBEnv").startswith("sha256:")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.semantics import CHECKOUT
 from agentflow_core.tuning import (
     Cores,
     ImpedanceMeter,
@@ -109,7 +110,7 @@ def test_choice_applies_round_trips_and_train_reads_it_only_when_it_fits(tmp_pat
     assert [d.knob for d in choice.decisions][:2] == ["pool.num_workers", "envs_per_worker"]
     assert TuneChoice.from_json(json.loads(json.dumps(choice.to_json()))) == choice
     wide = TuneChoice(**{**choice.__dict__, "num_envs": 256, "n_steps": 128, "minibatch_size": 1024})
-    tuned = apply_choice(cfg, wide)
+    tuned = apply_choice(cfg, wide, CHECKOUT)
     assert (tuned.train.num_envs, tuned.train.n_steps, tuned.train.minibatch_size) == (256, 128, 1024)
     assert tuned.train.learning_rate == cfg.train.learning_rate  # nothing else changes
 

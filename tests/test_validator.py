@@ -21,7 +21,7 @@ from agentflow_core.evaluation.validator import (
     save_discriminator,
     validate_episodes,
 )
-from agentflow_core.semantics import N_ACTIONS, N_TOKENS, OBS_DIM, TOKENS
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, N_TOKENS, OBS_DIM, TOKENS
 from tasks.context import PhaseContext
 
 # a toy expert: in the state with token k active it takes action k % N_ACTIONS; every action is legal
@@ -42,7 +42,7 @@ def model() -> Discriminator:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the product runs it (tasks.determinism); many threads only contend here
     try:
-        fitted, fit = fit_discriminator(obs, masks, actions, hidden=32, epochs=1, seed=0)
+        fitted, fit = fit_discriminator(obs, masks, actions, n_tokens=N_TOKENS, hidden=32, epochs=1, seed=0)
     finally:
         torch.set_num_threads(threads)
     assert fit.heldout_accuracy > 0.95 and fit.expert_samples == 600
@@ -64,7 +64,7 @@ def test_policy_negatives_are_other_legal_actions() -> None:
     masks = np.array([[True, True, False] + [False] * (N_ACTIONS - 3), [True] + [False] * (N_ACTIONS - 1)])
     neg = policy_negatives(masks, np.array([0, 0]), np.random.default_rng(0))
     assert neg.tolist() == [1, 0]  # the only other legal action; a lone legal action stays
-    x = features(np.eye(2, N_TOKENS, dtype=np.float32), np.array([3, 4]))
+    x = features(np.eye(2, N_TOKENS, dtype=np.float32), np.array([3, 4]), N_TOKENS, N_ACTIONS)
     assert x.shape == (2, N_TOKENS + N_ACTIONS) and x[0, N_TOKENS + 3] == 1.0 and x[1, 1] == 1.0
 
 
@@ -74,10 +74,10 @@ def test_expert_episodes_pass_and_loops_are_flagged(model: Discriminator, tmp_pa
     honest, honest_steps = _episode("honest", [0, 1, 2, 3], [0, 1, 2, 3])
     # a loop alternating two states with actions the expert never takes there
     loop, loop_steps = _episode("loop", [1, 2] * 5, [3, 4] * 5)
-    report = validate_episodes(model, [honest, loop], honest_steps + loop_steps, threshold=0.5)
+    report = validate_episodes(model, [honest, loop], honest_steps + loop_steps, threshold=0.5, vocabulary=CHECKOUT)
     assert report.flagged == 1 and report.rate == 0.5
     assert [e["episode_id"] for e in report.examples] == ["loop"]
-    score = episode_authenticity(model, honest_steps + loop_steps)
+    score = episode_authenticity(model, honest_steps + loop_steps, CHECKOUT)
     assert score["honest"] > 0.8 and score["loop"] < 0.5
 
 
@@ -133,7 +133,9 @@ def test_report_tree_lists_the_suspicious_episodes(model: Discriminator) -> None
 
     honest, honest_steps = _episode("honest", [0, 1, 2], [0, 1, 2])
     loop, loop_steps = _episode("loop", [1, 2] * 3, [7, 8] * 3)
-    verdict = validate_episodes(model, [honest, loop], honest_steps + loop_steps, threshold=0.5).to_dict()
+    verdict = validate_episodes(
+        model, [honest, loop], honest_steps + loop_steps, threshold=0.5, vocabulary=CHECKOUT
+    ).to_dict()
     (node,) = _validator_nodes(verdict)
     assert node.label.startswith("Reward Validator: 1 suspicious episode(s) (50.0%)")
     assert [c.label.split(":")[0] for c in node.children] == ["web-1"]

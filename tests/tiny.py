@@ -113,21 +113,23 @@ def tiny_refund_params(root: Path, **section_overrides: dict[str, Any]) -> dict[
     params = tiny_params(root)
     params["process"] = "refund"
     params["base"]["env_config_dir"] = str(REPO / "configs" / "refund" / "envs")
-    params["calibrate"]["handled_outcomes"] = ["escalated"]
     params["variants"] = {
         "base_envs": ["refund_db_v1", "refund_api_v1"],
-        "dimensions": {
-            "start_stage": ["login", "checkout"],
-            "user_tier": ["standard", "blocked"],
+        "dimensions": {  # refund's own scenario fields (configs/processes/refund.yaml)
+            "entry_stage": ["signed_out", "request_draft"],
+            "account": ["ok", "flagged"],
             "network": ["normal", "packet_loss_5%"],
         },
-        "perturbations": {"price_factor": {"kind": "uniform", "low": 0.5, "high": 1.5}},
+        "perturbations": {"order_value": {"kind": "uniform", "low": 50, "high": 150}},
         "samples_per_combination": 2,
         "split": {"validation": 0.2, "test": 0.2},
     }
     params["train"]["reward"] = {"token_rewards": {"REFUND_ISSUED": 10.0}, "env_reward_weight": 1.0}
-    params["offline"] = {"enabled": False}  # checkout-only phases (AgentFlowConfig refuses them for refund)
-    params["validator"] = {"enabled": False}
+    # every phase runs, offline, validator and the auto-tuner included (a small probe)
+    # (its choice capped at the tiny rollout batch, so training stays as short as checkout's tiny cycle)
+    params["tune"] = {"enabled": True, "envs_per_worker": [8], "probe_steps": 4, "max_num_envs": 8, "max_n_steps": 64}
+    # the refund probes (configs/processes/refund.yaml) on a few updates' policy: recorded, not gated
+    params["stress"] = {**params["stress"], "consistency_target": 0.0}
     for section, values in section_overrides.items():
         params.setdefault(section, {}).update(values)
     return params

@@ -7,7 +7,8 @@ the token that state should carry. Running the adapter over them finds, before a
 * ``wrong_token``         -- the intended token is not produced;
 * ``collapsed_meaning``   -- two states that mean different things read the same to the policy
   (e.g. ORDER_CANCELLED and ORDER_EXPIRED mapped to one token), or one reading asserts two
-  meanings that exclude each other (:data:`EXCLUSIVE_TOKENS`), naming the rules responsible;
+  meanings that exclude each other (the process's ``exclusive_tokens`` groups,
+  :attr:`~agentflow_core.semantics.Vocabulary.exclusive`), naming the rules responsible;
 * ``unproducible_token``  -- a vocabulary token no rule can emit (severity ``info``: a channel
   need not have every state);
 * ``feature_disagrees``   -- a process feature no rule reads and the mapping does not declare
@@ -40,21 +41,10 @@ FindingKind = Literal[
 Severity = Literal["error", "info"]
 NO_RULE = "-"
 
-# Meanings that cannot hold at once (one session, one cart, one order, one payment outcome). Two
-# states may legitimately read the same when their tokens are compatible (logged in with an
-# empty cart); when a reading holds two of these at once, the policy cannot know which is true.
-EXCLUSIVE_TOKENS: tuple[frozenset[str], ...] = (
-    frozenset({"LOGGED_OUT", "LOGGED_IN"}),
-    frozenset({"CART_EMPTY", "CART_FILLED"}),
-    frozenset({"ORDER_PENDING", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
-    frozenset({"PAYMENT_SUCCESS", "ORDER_CANCELLED", "ORDER_EXPIRED"}),
-    frozenset({"PAYMENT_SUCCESS", "PAYMENT_FAILED", "INVALID_CARD", "INSUFFICIENT_FUNDS"}),
-)
 
-
-def exclusive(a: str, b: str) -> bool:
-    """True when tokens ``a`` and ``b`` can never both describe one state."""
-    return a != b and any(a in group and b in group for group in EXCLUSIVE_TOKENS)
+def exclusive(a: str, b: str, groups: Iterable[frozenset[str]]) -> bool:
+    """True when tokens ``a`` and ``b`` can never both describe one state (they share one of ``groups``)."""
+    return a != b and any(a in group and b in group for group in groups)
 
 
 @dataclass(frozen=True)
@@ -132,7 +122,7 @@ def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, 
                     f"RAW_STATES[{r.index}] should carry {r.intended}, got {sorted(r.tokens)}: {_short(r.raw)}",
                 )
             )
-    findings.extend(_collapses(readings, file))
+    findings.extend(_collapses(readings, file, adapter.vocabulary.exclusive))
     findings.extend(_feature_findings(adapter, file))
     findings.extend(_mask_findings(adapter, [raw for raw, _ in raw_states], file))
     findings.extend(
@@ -143,13 +133,13 @@ def audit_mapping(adapter: BaseSemanticAdapter, raw_states: Sequence[tuple[Any, 
     return findings
 
 
-def _collapses(readings: list[_Reading], file: str) -> list[AuditFinding]:
+def _collapses(readings: list[_Reading], file: str, groups: Sequence[frozenset[str]]) -> list[AuditFinding]:
     """States whose distinct meanings the policy cannot tell apart, once per pair of meanings."""
     found: dict[frozenset[str], AuditFinding] = {}
     mapped = [r for r in readings if r.fired]
     for r in mapped:
         # one reading asserting two meanings that exclude each other: the rules emitting them clash
-        for t1, t2 in sorted((t1, t2) for t1 in r.tokens for t2 in r.tokens if t1 < t2 and exclusive(t1, t2)):
+        for t1, t2 in sorted((t1, t2) for t1 in r.tokens for t2 in r.tokens if t1 < t2 and exclusive(t1, t2, groups)):
             if frozenset((t1, t2)) not in found:
                 found[frozenset((t1, t2))] = AuditFinding(
                     "collapsed_meaning",
@@ -162,7 +152,9 @@ def _collapses(readings: list[_Reading], file: str) -> list[AuditFinding]:
             pair = frozenset((a.intended, b.intended))
             if a.index >= b.index or len(pair) < 2 or pair in found:
                 continue
-            both_shown = a.intended in a.tokens and b.intended in a.tokens and not exclusive(a.intended, b.intended)
+            both_shown = (
+                a.intended in a.tokens and b.intended in a.tokens and not exclusive(a.intended, b.intended, groups)
+            )
             if a.tokens == b.tokens and not both_shown and not _same_raw(a.raw, b.raw):
                 # Identical readings of different raw states: every rule firing on either is to blame.
                 found[pair] = AuditFinding(

@@ -39,9 +39,8 @@ from agentflow_core.adapters.openapi_spec import (
     words_of,
 )
 from agentflow_core.adapters.schema import validate_mapping
-from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import ACTIONS, CHECKOUT, FEATURES, Vocabulary
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 DEFAULT_CLASS_PATH = "agentflow_core.envs.payment_api:PaymentAPIEnv"
 
@@ -151,7 +150,7 @@ def _rule_id(*parts: str) -> str:
 def _action_of(path: str, method: str, operation: Mapping[str, Any]) -> str | None:
     explicit = operation.get("x-agentflow-action")
     if explicit:
-        return str(explicit) if explicit in ACTIONS else None
+        return str(explicit) if explicit in CHECKOUT.actions else None
     if "{" in path:  # parameterised reads (order by id) are not a semantic action
         return None
     words = words_of(str(operation.get("operationId", ""))) | words_of(path)
@@ -175,7 +174,7 @@ def _actions(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             native["body"] = {}
         actions[action] = native
     actions["RETRY"] = {"type": "retry"}
-    return {name: actions[name] for name in ACTIONS if name in actions}
+    return {name: actions[name] for name in CHECKOUT.actions if name in actions}
 
 
 def _status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -239,7 +238,7 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
         feature = prop.get("x-agentflow-feature") or next(
             (f for f, names in FEATURE_NAMES.items() if path[-1] in names), None
         )
-        if feature not in FEATURES or feature in rules:
+        if feature not in CHECKOUT.features or feature in rules:
             continue
         rules[feature] = _feature_rule(feature, path, prop)
     rules["retries_used"] = {
@@ -248,7 +247,7 @@ def _feature_rules(properties: Mapping[tuple[str, ...], dict[str, Any]]) -> list
         "source": "@.client.retries",
         "scale": 0.2,
     }
-    return [rules[f] for f in FEATURES if f in rules]
+    return [rules[f] for f in CHECKOUT.features if f in rules]
 
 
 def _declared_status_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -398,14 +397,13 @@ def generate_from_openapi(
     info: Mapping[str, Any] = spec["info"] if isinstance(spec.get("info"), Mapping) else {}
     config: dict[str, Any] = {
         "env_id": f"{family}_v{version}",
+        "process": process,
         "description": str(info.get("description") or info.get("title") or family).strip().splitlines()[0],
         "class_path": class_path,
         "adapter": "api",
         "mapping": f"{family}_v{version}.json",
-        "params": Scenario().to_dict(),
+        "params": vocabulary.scenario.defaults(),
     }
-    if process != "checkout":
-        config["process"] = process
     if base_url is not None:
         config["kwargs"] = {"server_url" if class_path == DEFAULT_CLASS_PATH else "base_url": base_url}
     return config, mapping

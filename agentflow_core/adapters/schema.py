@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import ACTIONS, CHECKOUT, FEATURES, TOKENS, Vocabulary
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 # The comparison operators mapping rules may use ("op" in web and db conditions).
 COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
@@ -23,6 +23,7 @@ COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
 }
+# The process-independent shape; :func:`mapping_schema` fills in one process's token, feature and action names.
 MAPPING_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -43,7 +44,7 @@ MAPPING_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "id": {"type": "string", "minLength": 1},
                     "when": {"type": "object"},
-                    "emit": {"type": "array", "minItems": 1, "items": {"enum": list(TOKENS)}},
+                    "emit": {"type": "array", "minItems": 1, "items": {"type": "string"}},
                     "note": {"type": "string"},
                 },
             },
@@ -56,7 +57,7 @@ MAPPING_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
                 "properties": {
                     "id": {"type": "string", "minLength": 1},
-                    "feature": {"enum": list(FEATURES)},
+                    "feature": {"type": "string"},
                     "source": {"type": "string", "minLength": 1},
                     "scale": {"type": "number"},
                     "default": {"type": "number"},
@@ -64,10 +65,10 @@ MAPPING_SCHEMA: dict[str, Any] = {
                 },
             },
         },
-        "unobservable_features": {"type": "array", "items": {"enum": list(FEATURES)}, "uniqueItems": True},
+        "unobservable_features": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
         "actions": {
             "type": "object",
-            "propertyNames": {"enum": list(ACTIONS)},
+            "propertyNames": {"type": "string"},
             "additionalProperties": {"type": "object", "required": ["type"]},
         },
         "reward": {
@@ -88,9 +89,7 @@ def _json_path(path: Sequence[Any]) -> str:
 
 @functools.cache
 def mapping_schema(vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]:
-    """:data:`MAPPING_SCHEMA` with a process's own tokens, features and actions in place of checkout's."""
-    if vocabulary == CHECKOUT:
-        return MAPPING_SCHEMA
+    """:data:`MAPPING_SCHEMA` with a process's own tokens, features and actions as the allowed names."""
     schema = copy.deepcopy(MAPPING_SCHEMA)
     props = schema["properties"]
     props["token_rules"]["items"]["properties"]["emit"]["items"] = {"enum": list(vocabulary.tokens)}

@@ -11,9 +11,7 @@ stress, report, validator); every name is importable from ``agentflow_core.confi
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from agentflow_core.config.base import (
     MAX_BUDGET_S,
@@ -127,23 +125,6 @@ class AgentFlowConfig(_Section):
     report: ReportConfig = ReportConfig()
     validator: ValidatorConfig = ValidatorConfig()
     tune: TuneConfig = TuneConfig()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _checkout_only_phases_default_off(cls, data: Any) -> Any:
-        # the offline stage, the reward validator, the auto-tuner and sim-to-real read the checkout
-        # vocabulary's widths (agentflow_core/rl/cql.py, evaluation/validator.py, tasks/steps/tune.py):
-        # for another process they default to off (switching one on is refused by _checkout_only)
-        if not isinstance(data, dict) or data.get("process", "checkout") == "checkout":
-            return data
-        data = dict(data)
-        if isinstance(data.get("stress"), dict):
-            data["stress"] = dict(data["stress"])
-        for owner, key in ((data, "offline"), (data, "validator"), (data, "tune"), (data.get("stress"), "sim_to_real")):
-            section = owner.get(key) if isinstance(owner, dict) else None
-            if isinstance(owner, dict) and (section is None or isinstance(section, dict)):
-                owner[key] = {"enabled": False, **(section or {})}
-        return data
 
     @property
     def phases(self) -> tuple[str, ...]:

@@ -45,17 +45,6 @@ def _vocabulary(info: ValidationInfo) -> Any:
     return (info.context or {}).get("vocabulary", CHECKOUT)
 
 
-def _checkout_only(enabled: bool, info: ValidationInfo) -> bool:
-    """Refuse switching on a phase built on the checkout vocabulary under another process.
-
-    The validation context carries the selected process's vocabulary only when it is not checkout
-    (``tasks.config_io``).
-    """
-    if enabled and isinstance(info.context, dict) and info.context.get("vocabulary") is not None:
-        raise ValueError("supported for process 'checkout' only (set it to false)")
-    return enabled
-
-
 class RayConfig(_Section):
     """`base.ray`: where Ray runs and how much of the machine it may take."""
 

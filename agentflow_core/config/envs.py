@@ -26,7 +26,13 @@ class CalibrateConfig(_Section):
     max_reward_variance: Annotated[float, Field(gt=0.0)] = 0.05
     max_failed_fraction: Fraction = 0.2
     min_expert_success: Fraction = 0.9
-    handled_outcomes: list[str] = ["user_blocked"]
+    handled_outcomes: list[str] | None = Field(
+        None,
+        description=(
+            "null: the expert succeeds on the process's goal or a handled outcome it declares for the variant; "
+            "a list of failure reasons: those instead of the declared handled outcomes"
+        ),
+    )
     budget_s: BudgetS = 600.0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field
 
 from agentflow_core.config.base import (
     MAX_WIDTH,
@@ -12,7 +12,6 @@ from agentflow_core.config.base import (
     Count,
     EnvCount,
     Fraction,
-    _checkout_only,
     _Section,
 )
 
@@ -31,7 +30,10 @@ class SimToRealConfig(_Section):
     max_gap: Fraction = Field(
         0.02, description="Gate: sim minus real process success, per family, at most this (when enabled)."
     )
-    families: list[Literal["web_checkout", "order_db", "payment_api"]] = ["web_checkout", "order_db", "payment_api"]
+    families: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] = Field(
+        ["web_checkout", "order_db", "payment_api"],
+        description="Families to pair with their real channel (each needs one: see tasks/real_channels.py).",
+    )
     env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
     oscar_env_config_dir: str = Field("configs/oscar", description="Registry of the django-oscar store's env.")
     oscar_episodes: Annotated[int, Field(ge=0, le=1000)] = Field(
@@ -41,11 +43,6 @@ class SimToRealConfig(_Section):
         ["network", "inventory", "start_stage"],
         description="Dimensions that apply on Oscar: the sample is stratified over their values; others take defaults.",
     )
-
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)
 
 
 class StressConfig(_Section):
@@ -102,8 +99,3 @@ class ValidatorConfig(_Section):
         0.8, description="Gate: expert-vs-policy accuracy of the discriminator on 10% held-out states."
     )
     budget_s: BudgetS = 60.0
-
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)

@@ -19,7 +19,6 @@ from agentflow_core.config.base import (
     PositiveInt,
     StepCount,
     TimeoutS,
-    _checkout_only,
     _Section,
     _vocabulary,
 )
@@ -260,11 +259,6 @@ class OfflineConfig(_Section):
     gate: OfflineGate = OfflineGate()
     budget_s: BudgetS = 120.0
 
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)
-
 
 class TuneConfig(_Section):
     """`tune`: the impedance-matching auto-tuner before train (docs/design.md §7.1; agentflow_core.tuning)."""
@@ -288,8 +282,3 @@ class TuneConfig(_Section):
     max_n_steps: Annotated[int, Field(gt=0, le=100_000)] = 256
     min_epochs: Annotated[int, Field(gt=0, le=1000)] = 4
     budget_s: BudgetS = 20.0
-
-    @field_validator("enabled")
-    @classmethod
-    def _enabled_checkout_only(cls, enabled: bool, info: ValidationInfo) -> bool:
-        return _checkout_only(enabled, info)

@@ -13,29 +13,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentflow_core.semantics import CHECKOUT, SemanticAction, Vocabulary
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
-A = SemanticAction
-
-# (token that must be present, action) in priority order: recoveries first, then the funnel.
-DEFAULT_RULES: tuple[tuple[str, SemanticAction], ...] = (
-    ("USER_BLOCKED", A.ESCALATE),
-    ("NETWORK_TIMEOUT", A.RETRY),
-    ("SERVER_ERROR", A.RETRY),
-    ("PAGE_NOT_FOUND", A.RETRY),
-    ("SESSION_EXPIRED", A.LOGIN),
-    ("LOGGED_OUT", A.LOGIN),
-    ("INSUFFICIENT_FUNDS", A.TOP_UP_FUNDS),
-    ("INVALID_CARD", A.USE_BACKUP_CARD),
-    ("PAYMENT_FAILED", A.USE_BACKUP_CARD),
-    ("FUNDS_TOPPED_UP", A.SUBMIT_PAYMENT),
-    ("PAYMENT_PAGE", A.SUBMIT_PAYMENT),
-    ("ORDER_EXPIRED", A.CHECKOUT),
-    ("ORDER_PENDING", A.ENTER_PAYMENT),
-    ("CART_FILLED", A.CHECKOUT),
-    ("OUT_OF_STOCK", A.VIEW_PRODUCT),
-    ("PRODUCT_VIEWED", A.ADD_TO_CART),
+# The checkout expert (configs/processes/checkout.yaml declares the same rules): (token that must be
+# present, action) in priority order, recoveries first, then the funnel.
+_CHECKOUT_RULES: tuple[tuple[str, str], ...] = (
+    ("USER_BLOCKED", "ESCALATE"),
+    ("NETWORK_TIMEOUT", "RETRY"),
+    ("SERVER_ERROR", "RETRY"),
+    ("PAGE_NOT_FOUND", "RETRY"),
+    ("SESSION_EXPIRED", "LOGIN"),
+    ("LOGGED_OUT", "LOGIN"),
+    ("INSUFFICIENT_FUNDS", "TOP_UP_FUNDS"),
+    ("INVALID_CARD", "USE_BACKUP_CARD"),
+    ("PAYMENT_FAILED", "USE_BACKUP_CARD"),
+    ("FUNDS_TOPPED_UP", "SUBMIT_PAYMENT"),
+    ("PAYMENT_PAGE", "SUBMIT_PAYMENT"),
+    ("ORDER_EXPIRED", "CHECKOUT"),
+    ("ORDER_PENDING", "ENTER_PAYMENT"),
+    ("CART_FILLED", "CHECKOUT"),
+    ("OUT_OF_STOCK", "VIEW_PRODUCT"),
+    ("PRODUCT_VIEWED", "ADD_TO_CART"),
 )
+DEFAULT_RULES: tuple[tuple[str, int], ...] = tuple((t, CHECKOUT.action_id(a)) for t, a in _CHECKOUT_RULES)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ScriptedExpert:
 
     family: str = "any"
     rules: Sequence[tuple[str, int]] = field(default=DEFAULT_RULES)
-    fallback: int = int(A.VIEW_PRODUCT)
+    fallback: int = CHECKOUT.action_id("VIEW_PRODUCT")
     vocabulary: Vocabulary = field(default=CHECKOUT, repr=False)
 
     def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> int:

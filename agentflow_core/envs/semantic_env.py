@@ -1,8 +1,9 @@
 """The Gymnasium face of a physical env: physical env + semantic adapter -> one shared space.
 
-Observation: ``Box(0, 1, (OBS_DIM,), float32)`` (multi-hot tokens + features); action:
-``Discrete(N_ACTIONS)`` over :class:`~agentflow_core.semantics.SemanticAction`. Every family
-therefore presents the same spaces, and one policy network serves them all. ``info`` carries
+Observation: ``Box(0, 1, (obs_dim,), float32)`` (multi-hot tokens + features); action:
+``Discrete(n_actions)`` over the process's semantic actions -- both widths from the
+:class:`~agentflow_core.semantics.Vocabulary` the adapter's mapping speaks. Every family of a
+process therefore presents the same spaces, and one policy network serves them all. ``info`` carries
 ``env_id``, ``step_id``, ``failure_reason``, ``tokens``, ``action_mask`` and ``risk``;
 ``action_masks()`` follows the sb3-contrib MaskablePPO convention.
 
@@ -24,14 +25,11 @@ import numpy as np
 from agentflow_core.adapters.base import AdaptedStep, BaseSemanticAdapter
 from agentflow_core.envs.base import PhysicalEnv, StepResult
 from agentflow_core.errors import EnvCrashError, EnvError, EnvInvalidError
-from agentflow_core.semantics import ACTION_RISK, CHECKOUT, N_ACTIONS, OBS_DIM, SemanticAction, SemanticObs
-
-# Declared risk by action index (an IntEnum lookup per step is measurable at pool scale).
-_ACTION_RISK: tuple[float, ...] = tuple(ACTION_RISK.get(a, 0.0) for a in SemanticAction)
+from agentflow_core.semantics import CHECKOUT, SemanticObs, Vocabulary
 
 
 @functools.cache
-def _space_prototypes(obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
+def _space_prototypes(obs_dim: int, n_actions: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
     """The shared spaces (of one process's vocabulary), validated once; a pool re-creates SemanticEnvs at every re-use."""
     return gym.spaces.Box(-1.0, 1.0, shape=(obs_dim,), dtype=np.float32), gym.spaces.Discrete(n_actions)
 
@@ -50,9 +48,10 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         self.max_episode_steps = max_episode_steps or int(
             getattr(getattr(physical, "scenario", None), "max_episode_steps", 200)
         )
-        vocabulary = getattr(adapter, "vocabulary", CHECKOUT)  # the process the adapter's mapping speaks
+        vocabulary: Vocabulary = getattr(adapter, "vocabulary", CHECKOUT)  # the process the adapter's mapping speaks
+        self.vocabulary = vocabulary
         observation_space, action_space = _space_prototypes(vocabulary.obs_dim, vocabulary.n_actions)
-        self._action_risk = _ACTION_RISK if vocabulary == CHECKOUT else vocabulary.action_risk
+        self._action_risk = vocabulary.action_risk  # declared risk by action index (a tuple: cheap per step)
         self.observation_space = copy.copy(observation_space)  # own instances (own sampling RNG), no re-validation
         self.action_space = copy.copy(action_space)
         self._raw: Any = None
@@ -116,7 +115,7 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
             return float(channel_info["risk"])
         if channel_info.get("applied"):
             risks = self._action_risk
-            return risks[action] if 0 <= action < len(risks) else ACTION_RISK.get(SemanticAction(action), 0.0)
+            return risks[action] if 0 <= action < len(risks) else 0.0
         return 0.0
 
     def _info(self, channel_info: dict[str, Any], step: AdaptedStep, risk: float) -> dict[str, Any]:

@@ -36,13 +36,13 @@ import numpy as np
 
 from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord, dimension_value
 from agentflow_core.process import CanonicalState
-from agentflow_core.semantics import FEATURES, N_ACTIONS, encode
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
-# Features a canonical state fixes, and features nothing in a state fixes (drawn per probe);
-# every other feature describes the variant and is kept from its first observation.
+# Checkout's stage features (a canonical state's logged_in / cart_items / payment_page flags set them), and
+# the features nothing in a state fixes (drawn per probe, where the process declares them); every other
+# feature describes the variant and is kept from its first observation.
 STAGE_FEATURES: tuple[str, ...] = ("user_logged_in", "cart_items", "payment_page_loaded")
 FREE_FEATURES: tuple[str, ...] = ("retries_used", "step_fraction")
-VARIANT_FEATURES: tuple[str, ...] = tuple(f for f in FEATURES if f not in STAGE_FEATURES + FREE_FEATURES)
 FREE_FEATURE_HIGH = 0.5  # free features are drawn from [0, 0.5): early in the episode, before the retry budget ends
 DEFAULT_DRAWS = 3
 DEFAULT_CART_SCALE = 0.2  # one cart item, when the family's mapping does not say how cart_items is scaled
@@ -106,24 +106,38 @@ class MatchedConsistency:
         }
 
 
+def variant_feature_names(vocabulary: Vocabulary, states: Sequence[CanonicalState] = ()) -> tuple[str, ...]:
+    """The features a probe keeps from the variant: neither fixed by a state nor free."""
+    fixed = set(STAGE_FEATURES) | set(FREE_FEATURES) | {name for state in states for name, _ in state.features}
+    return tuple(f for f in vocabulary.features if f not in fixed)
+
+
+VARIANT_FEATURES: tuple[str, ...] = variant_feature_names(CHECKOUT)
+
+
 def probe_observation(
     state: CanonicalState,
     variant_features: Mapping[str, float],
     cart_scale: float = DEFAULT_CART_SCALE,
     free_features: Mapping[str, float] | None = None,
+    vocabulary: Vocabulary = CHECKOUT,
 ) -> np.ndarray:
     """The encoded observation of ``state`` in a variant with ``variant_features``; every feature is set."""
-    features = {name: float(variant_features.get(name, 0.0)) for name in VARIANT_FEATURES}
-    features.update(
-        user_logged_in=float(state.logged_in),
-        cart_items=state.cart_items * cart_scale,
-        payment_page_loaded=float(state.payment_page),
-    )
-    features.update({name: float((free_features or {}).get(name, 0.0)) for name in FREE_FEATURES})
+    names = set(vocabulary.features)
+    features = {name: float(variant_features.get(name, 0.0)) for name in variant_feature_names(vocabulary)}
+    stage = {
+        "user_logged_in": float(state.logged_in),
+        "cart_items": state.cart_items * cart_scale,
+        "payment_page_loaded": float(state.payment_page),
+    }
+    features.update({name: value for name, value in stage.items() if name in names})
+    features.update(dict(state.features))
+    features.update({name: float((free_features or {}).get(name, 0.0)) for name in FREE_FEATURES if name in names})
     tokens = set(state.tokens)
-    if state.logged_in and features["is_vip"] >= 0.5:
+    # checkout: a VIP variant shows VIP_USER once logged in (its is_vip feature says so)
+    if state.logged_in and features.get("is_vip", 0.0) >= 0.5 and "VIP_USER" in vocabulary.tokens:
         tokens.add("VIP_USER")
-    return encode(tokens, features)
+    return vocabulary.encode(tokens, features)
 
 
 def random_policy(seed: int) -> PolicyFn:
@@ -183,6 +197,7 @@ def canonical_consistency(
     states: Sequence[CanonicalState] = CANONICAL_STATES,
     draws: int = DEFAULT_DRAWS,
     seed: int = 0,
+    vocabulary: Vocabulary = CHECKOUT,
 ) -> ConsistencyResult:
     """Ask ``policy_fn`` for its greedy action in every probe state of every variant (one batch).
 
@@ -200,7 +215,7 @@ def canonical_consistency(
     obs = (
         np.stack(
             [
-                probe_observation(state, feats, scale, dict(zip(FREE_FEATURES, free[i, d], strict=True)))
+                probe_observation(state, feats, scale, dict(zip(FREE_FEATURES, free[i, d], strict=True)), vocabulary)
                 for i, (feats, scale) in enumerate(zip(variant_features, scales, strict=True))
                 for state in states
                 for d in range(draws)
@@ -209,7 +224,7 @@ def canonical_consistency(
         if k
         else np.zeros((0, 1), np.float32)
     )
-    masks = np.ones((len(obs), N_ACTIONS), dtype=bool)
+    masks = np.ones((len(obs), vocabulary.n_actions), dtype=bool)
     n = len(names)
     actions = np.asarray(policy_fn(obs, masks), dtype=np.int64).reshape(k, n) if k else np.zeros((0, n), np.int64)
     matrix = agreement_matrix(actions) if k else np.zeros((0, 0))

@@ -1,7 +1,7 @@
 """Reward-hacking check (docs/design-003.md §3.2): high shaped reward without the business outcome.
 
 An episode is flagged when its *shaped* return (the training reward: base + shaping) reaches
-``threshold`` while its token path never contains PAYMENT_SUCCESS: the policy collected reward
+``threshold`` while its token path never contains the process's goal token: the policy collected reward
 the business would not pay for (shaping farmed, a token-table entry exploited, a reward model
 fooled). Genuine successes and episodes below the threshold are never flagged.
 """
@@ -38,7 +38,7 @@ class HackingReport:
 
 
 def is_hacking(episode: EpisodeRecord, threshold: float) -> bool:
-    """Shaped return >= ``threshold`` but PAYMENT_SUCCESS never reached."""
+    """Shaped return >= ``threshold`` but the goal token never reached."""
     return episode.shaped_return >= threshold and not episode.reached_goal
 
 

@@ -5,8 +5,8 @@ per family, spread over every dimension value, and :func:`evaluate_policy` count
 ``ceil(n_episodes / len(variants))`` finished episodes *of every variant* (a round-robin pool
 hands variants out in order), so each family gets the same number of episodes and short
 episodes (often the successful ones) are not over-represented. Two outcomes are measured per
-episode: payment success (PAYMENT_SUCCESS reached) and process success (the goal or the handled
-outcome accepted for its variant, ``agentflow_core.semantics.HANDLED_OUTCOMES``), each overall,
+episode: goal success (the process's goal token reached; metric keys ``payment_success``) and process
+success (the goal or a handled outcome the process accepts for the variant), each overall,
 per family and per dimension value with Wilson intervals. The reference policies the trained one
 is judged against live here too: the exploration policy (epsilon-greedy around the untrained
 policy) and the scripted experts.
@@ -33,7 +33,7 @@ V = TypeVar("V", bound=VariantRow)
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Outcome of an evaluation: ``success_rate`` is payment success, ``process_success_rate`` process success."""
+    """Outcome of an evaluation: ``success_rate`` is goal success, ``process_success_rate`` process success."""
 
     episodes: int
     success_rate: float

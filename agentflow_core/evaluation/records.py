@@ -40,9 +40,9 @@ class StepRecord:
 class EpisodeRecord:
     """One finished episode.
 
-    ``success`` is process success: PAYMENT_SUCCESS reached, or the handled ending accepted for
-    the variant (``agentflow_core.semantics.HANDLED_OUTCOMES``: escalating a blocked user, for
-    whom paying is impossible); ``reached_goal`` is payment success. ``evaluated_return`` is the env return minus the risk penalty.
+    ``success`` is process success: the process's goal token reached, or a handled ending the process
+    accepts for the variant (``handled_outcomes`` in its YAML; checkout: escalating a blocked user, for
+    whom paying is impossible); ``reached_goal`` is goal success (the goal token reached). ``evaluated_return`` is the env return minus the risk penalty.
     """
 
     episode_id: str

@@ -17,6 +17,8 @@ SCHEMA_VERSION = 1
 REPORT_KEYS: tuple[str, ...] = (
     "schema_version",
     "policy",
+    "process",
+    "goal",
     "checkpoint",
     "created_at",
     "passed",
@@ -66,6 +68,8 @@ def build_report(
     return {
         "schema_version": SCHEMA_VERSION,
         "policy": policy,
+        "process": analysis.get("process"),
+        "goal": analysis.get("goal"),
         "checkpoint": checkpoint,
         "created_at": created_at,
         "passed": bool(analysis["passed"]),
@@ -140,7 +144,8 @@ def headline_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], lis
                 _pct(train["test_payment_success_exploration"]),
             ],
         ]
-        out.append(("Test split: trained vs scripted expert", ["policy", "process success", "payment success"], rows))
+        headers = ["policy", "process success", _goal_success(report)]
+        out.append(("Test split: trained vs scripted expert", headers, rows))
     if train and train.get("tuning"):
         out += _tuning_tables(train)
     champ = report.get("champion")
@@ -202,6 +207,12 @@ def opening_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _goal_success(report: Mapping[str, Any]) -> str:
+    """The goal-success column's name: it names the process's goal token (metrics keep the key payment_success)."""
+    goal = report.get("goal")
+    return f"goal success ({goal})" if goal else "goal success"
+
+
 def _mark(ok: bool) -> str:
     return "✓" if ok else "✗"
 
@@ -222,7 +233,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
         ),
         TreeNode(
             f"Episodes: {m['episodes']} on {m['variants']} test-split variants; process success "
-            f"{_with_ci(report.get('process_success'), m['success_rate'])}, payment success "
+            f"{_with_ci(report.get('process_success'), m['success_rate'])}, {_goal_success(report)} "
             f"{_with_ci(report.get('payment_success'), m['payment_success_rate'])}, "
             f"mean evaluated return {m['mean_evaluated_return']:.2f}, crash episodes {m['crash_episodes']}"
         ),
@@ -235,7 +246,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
         TreeNode(f"Failure Root Causes ({causes['failures']} failed of {m['episodes']}):", cause_nodes),
         TreeNode(
             f"Reward Hacking: {report['reward_hacking']['flagged']} episode(s) with shaped return ≥ "
-            f"{report['reward_hacking']['threshold']:g} and no PAYMENT_SUCCESS"
+            f"{report['reward_hacking']['threshold']:g} and no {report.get('goal') or 'goal token'}"
         ),
         *_validator_nodes(report.get("reward_validator")),
         TreeNode(
@@ -298,7 +309,7 @@ def _with_ci(breakdown: Mapping[str, Any] | None, rate: float) -> str:
 
 
 def _strata_rows(report: Mapping[str, Any]) -> list[list[Any]]:
-    """Per family and per dimension value: episodes, process and payment success with 95% Wilson intervals."""
+    """Per family and per dimension value: episodes, process and goal success with 95% Wilson intervals."""
     process, payment = report.get("process_success"), report.get("payment_success")
     if not process or not payment:
         return []
@@ -371,7 +382,7 @@ def section_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),
         (
             "Success by family and dimension value (95% Wilson interval)",
-            ["stratum", "episodes", "process success", "payment success"],
+            ["stratum", "episodes", "process success", _goal_success(report)],
             _strata_rows(report),
         ),
         ("Failure root causes", ["cause", "episodes", "share", "summary", "recommendation"], causes),

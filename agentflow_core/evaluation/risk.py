@@ -1,6 +1,6 @@
 """Risk term (docs/design-003.md §2.2): risky actions are counted and penalised in the evaluated return.
 
-Each semantic action declares a risk (``semantics.ACTION_RISK``: CANCEL_ORDER 0.5, SUBMIT_PAYMENT
+Each semantic action declares a risk (the process YAML's ``actions[].risk``; checkout: CANCEL_ORDER 0.5, SUBMIT_PAYMENT
 0.1) and a channel may raise it in context (``info["risk"]``, e.g. cancelling a paid order or
 submitting a payment twice). A step with ``risk > threshold`` is *risky*; each costs
 ``penalty`` in ``EpisodeRecord.evaluated_return = env_return - penalty * risky_steps``, the
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
-from agentflow_core.semantics import ACTIONS
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ def _table(risky: Counter[str], total: Counter[str]) -> dict[str, dict[str, floa
     }
 
 
-def action_name(action: int, actions: Sequence[str] = ACTIONS) -> str:
+def action_name(action: int, actions: Sequence[str]) -> str:
     """The semantic action's name (in the process's ``actions``) for a report, or the raw number when out of range."""
     return actions[action] if 0 <= action < len(actions) else str(action)
 
@@ -71,7 +70,7 @@ def risk_report(
     episodes: Sequence[EpisodeRecord],
     threshold: float,
     penalty: float,
-    actions: Sequence[str] = ACTIONS,
+    actions: Sequence[str],
 ) -> RiskReport:
     """Count steps with ``risk > threshold``; rates are per action taken and per family's steps."""
     by_action: Counter[str] = Counter()

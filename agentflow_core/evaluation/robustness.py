@@ -2,8 +2,8 @@
 
 ``robustness_score = success_rate × consistency × (1 − crash_rate)``
 
-* ``success_rate`` -- share of episodes with the business outcome (PAYMENT_SUCCESS, or a handled
-  ending such as escalating a blocked user);
+* ``success_rate`` -- share of episodes with the business outcome (the process's goal token, or a
+  handled ending it declares, such as checkout's escalation of a blocked user);
 * ``consistency`` -- mean off-diagonal agreement of greedy actions on the canonical probes of K
   variants, every feature and dimension varied (:mod:`agentflow_core.evaluation.consistency`);
   ``consistency_random`` is a uniformly random policy's score on the same probe states, its floor;
@@ -42,7 +42,7 @@ from agentflow_core.evaluation.root_causes import RECOMMENDATIONS, RootCause, ro
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.evaluation.token_frequency import CoverageTable, coverage_table
 from agentflow_core.gates import stress_checks
-from agentflow_core.semantics import CHECKOUT, TOKENS, Vocabulary
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 
 def robustness_score(success_rate: float, consistency: float, crash_rate: float) -> float:
@@ -137,7 +137,7 @@ def _recommendations(
     out.extend(c.recommendation for c in causes)
     if hacking.flagged:
         out.append(
-            f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without PAYMENT_SUCCESS: "
+            f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without the goal token: "
             "cap or remove the shaping terms they farm."
         )
     if coverage.long_tail or coverage.unseen:
@@ -152,7 +152,7 @@ def analyze_stress(
     cfg: StressConfig,
     dimensions: Sequence[str],
     sample_order: Sequence[str],
-    reachable: Sequence[str] = TOKENS,
+    reachable: Sequence[str] | None = None,
     cart_scales: Mapping[str, float] | None = None,
     probes: Sequence[CanonicalState] = CANONICAL_STATES,
     vocabulary: Vocabulary = CHECKOUT,
@@ -168,11 +168,12 @@ def analyze_stress(
     n = max(len(episodes), 1)
     ids, features, families = consistency_variants(rollout, sample_order, cfg.consistency_variants, dimensions)
     scales = [(cart_scales or {}).get(f, DEFAULT_CART_SCALE) for f in families]
-    consistency = canonical_consistency(policy_fn, ids, features, scales, probes)
-    random_floor = canonical_consistency(random_policy(0), ids, features, scales, probes)
+    consistency = canonical_consistency(policy_fn, ids, features, scales, probes, vocabulary=vocabulary)
+    random_floor = canonical_consistency(random_policy(0), ids, features, scales, probes, vocabulary=vocabulary)
     matched = matched_state_consistency(steps)
     consistency_score = consistency.score if probes else matched.score
     per_variant = per_variant_rows(consistency, episodes, cfg.consistency_target)
+    reachable = vocabulary.tokens if reachable is None else reachable
     coverage = coverage_table(steps, cfg.coverage_group, reachable, cfg.long_tail_frequency, vocabulary.tokens)
     causes, failures = root_causes(episodes, dimensions, cfg.failure_reward_threshold)
     hacking = reward_hacking(episodes, cfg.hacking_reward_threshold)

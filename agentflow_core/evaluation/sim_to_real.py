@@ -2,8 +2,8 @@
 
 For every family, each selected variant runs one episode on the simulated env and one on the real
 env (the browser, PostgreSQL, an HTTP server in another process) with the same seed. The measure is
-the *gap* in process success (:func:`~agentflow_core.semantics.process_success`, the stress phase's
-definition): ``sim - real`` per family, so a positive gap is what the real channel loses. Paired
+the *gap* in process success (:meth:`~agentflow_core.semantics.Vocabulary.process_success` of the env's
+process, the stress phase's definition): ``sim - real`` per family, so a positive gap is what the real channel loses. Paired
 runs also say how many episodes took exactly the same path (actions and token sets) on both sides --
 where the real channel is a faithful carrier of the simulated process, the gap is zero *because* the
 paths are equal, and where it is not, the first differing step is what to look at.
@@ -29,7 +29,6 @@ import numpy as np
 
 from agentflow_core.contracts import ChannelHealth
 from agentflow_core.envs.semantic_env import SemanticEnv
-from agentflow_core.semantics import GOAL_TOKEN, process_success
 from agentflow_core.variants import VariantSpec
 
 PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -65,8 +64,9 @@ def run_episode(
         seconds.append(clock() - started)
         actions.append(action)
         tokens.append(tuple(info["tokens"]))
-    reached = any(GOAL_TOKEN in t for t in tokens)
-    success = (reached and terminated) or process_success(params, tokens[-1], terminated)
+    vocabulary = env.vocabulary
+    reached = any(vocabulary.goal in t for t in tokens)
+    success = (reached and terminated) or vocabulary.process_success(params, tokens[-1], terminated)
     return EpisodeTrace(tuple(actions), tuple(tokens), terminated, success, reached, tuple(seconds))
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.evaluation.records import StepRecord
-from agentflow_core.semantics import TOKENS
 
 
 @dataclass(frozen=True)
@@ -57,10 +56,10 @@ def _visited(steps: Iterable[StepRecord]) -> Iterable[tuple[StepRecord, frozense
 
 def coverage_table(
     steps: Iterable[StepRecord],
-    group_dimension: str = "network",
-    reachable: Sequence[str] = TOKENS,
-    long_tail: float = 0.01,
-    tokens: Sequence[str] = TOKENS,
+    group_dimension: str,
+    reachable: Sequence[str],
+    long_tail: float,
+    tokens: Sequence[str],
 ) -> CoverageTable:
     """Token frequencies per ``family · <group value>`` row, with long-tail and unseen tokens (of ``tokens``)."""
     names, index = tuple(tokens), {t: i for i, t in enumerate(tokens)}

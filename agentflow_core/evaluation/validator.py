@@ -35,20 +35,19 @@ from torch import nn
 
 from agentflow_core.atomic import atomic_file
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
-from agentflow_core.semantics import N_ACTIONS, N_TOKENS, TOKEN_INDEX
+from agentflow_core.semantics import Vocabulary
 
 VALIDATOR_FILE = "discriminator.safetensors"
-IN_DIM = N_TOKENS + N_ACTIONS
 MINIBATCH = 512
 D_FLOOR = 1e-6  # log D of a step the discriminator is sure about stays finite
 MIN_UPDATES = 600
 
 
-def features(state_tokens: np.ndarray, actions: np.ndarray) -> np.ndarray:
-    """``[B, N_TOKENS + N_ACTIONS]``: the multi-hot state (an obs' first ``N_TOKENS`` entries) + one-hot action."""
-    x = np.zeros((len(actions), IN_DIM), dtype=np.float32)
-    x[:, :N_TOKENS] = np.asarray(state_tokens, dtype=np.float32)[:, :N_TOKENS] > 0.5
-    x[np.arange(len(actions)), N_TOKENS + np.asarray(actions, dtype=np.int64)] = 1.0
+def features(state_tokens: np.ndarray, actions: np.ndarray, n_tokens: int, n_actions: int) -> np.ndarray:
+    """``[B, n_tokens + n_actions]``: the multi-hot state (an obs' first ``n_tokens`` entries) + one-hot action."""
+    x = np.zeros((len(actions), n_tokens + n_actions), dtype=np.float32)
+    x[:, :n_tokens] = np.asarray(state_tokens, dtype=np.float32)[:, :n_tokens] > 0.5
+    x[np.arange(len(actions)), n_tokens + np.asarray(actions, dtype=np.int64)] = 1.0
     return x
 
 
@@ -62,12 +61,16 @@ def policy_negatives(masks: np.ndarray, actions: np.ndarray, rng: np.random.Gene
 
 
 class Discriminator(nn.Module):
-    """``D(s, a)`` logits: one hidden layer over the token/action features."""
+    """``D(s, a)`` logits: one hidden layer over the token/action features of one process's vocabulary."""
 
-    def __init__(self, hidden: int = 64) -> None:
+    def __init__(self, n_tokens: int, n_actions: int, hidden: int = 64) -> None:
         super().__init__()
-        self.hidden = hidden
-        self.net = nn.Sequential(nn.Linear(IN_DIM, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        self.n_tokens, self.n_actions, self.hidden = n_tokens, n_actions, hidden
+        self.net = nn.Sequential(nn.Linear(n_tokens + n_actions, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+    def features(self, state_tokens: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """:func:`features` at this discriminator's widths."""
+        return features(state_tokens, actions, self.n_tokens, self.n_actions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logit of "expert step", shape [B]."""
@@ -103,23 +106,26 @@ class FitResult:
 
 
 def fit_discriminator(
-    obs: np.ndarray, masks: np.ndarray, actions: np.ndarray, *, hidden: int, epochs: int, seed: int
+    obs: np.ndarray, masks: np.ndarray, actions: np.ndarray, *, n_tokens: int, hidden: int, epochs: int, seed: int
 ) -> tuple[Discriminator, FitResult]:
-    """Train ``D`` on expert (state, action) rows vs a uniform-other-legal action at the same states (BCE, Adam)."""
+    """Train ``D`` on expert (state, action) rows vs a uniform-other-legal action at the same states (BCE, Adam).
+
+    ``n_tokens`` is the width of the process's token block (the start of each obs); the action width is the masks'.
+    """
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     n = len(actions)
     order = rng.permutation(n)
     n_val = max(1, n // 10) if n >= 10 else 0
     val, train = order[:n_val], order[n_val:]
+    model = Discriminator(n_tokens, int(np.shape(masks)[1]), hidden)
 
     def pairs(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         neg = policy_negatives(masks[idx], actions[idx], rng)
-        x = np.concatenate([features(obs[idx], actions[idx]), features(obs[idx], neg)])
+        x = np.concatenate([model.features(obs[idx], actions[idx]), model.features(obs[idx], neg)])
         y = np.concatenate([np.ones(len(idx), np.float32), np.zeros(len(idx), np.float32)])
         return torch.as_tensor(x), torch.as_tensor(y)
 
-    model = Discriminator(hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     loss_fn = nn.BCEWithLogitsLoss()
     loss = torch.zeros(())
@@ -144,26 +150,21 @@ def fit_discriminator(
 
 
 def save_discriminator(model: Discriminator, path: Path) -> None:
-    """Weights (and the hidden width, as a tensor) in one safetensors file."""
+    """Weights (and the widths, as tensors) in one safetensors file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    widths = torch.tensor([model.n_tokens, model.n_actions])
     with atomic_file(path) as tmp:
-        save_file(tensors | {"hidden": torch.tensor([model.hidden])}, str(tmp))
+        save_file(tensors | {"hidden": torch.tensor([model.hidden]), "widths": widths}, str(tmp))
 
 
 def load_discriminator(path: Path) -> Discriminator:
     """Inverse of :func:`save_discriminator`."""
     tensors = load_file(str(path))
-    model = Discriminator(int(tensors.pop("hidden")[0]))
+    n_tokens, n_actions = (int(w) for w in tensors.pop("widths"))
+    model = Discriminator(n_tokens, n_actions, int(tensors.pop("hidden")[0]))
     model.load_state_dict(tensors)
     return model
-
-
-def _token_vector(tokens: frozenset[str]) -> np.ndarray:
-    vec = np.zeros(N_TOKENS, dtype=np.float32)
-    for token in tokens:
-        vec[TOKEN_INDEX[token]] = 1.0
-    return vec
 
 
 def authenticity_score(d: np.ndarray) -> float:
@@ -171,12 +172,12 @@ def authenticity_score(d: np.ndarray) -> float:
     return float(np.exp(np.log(np.clip(d, D_FLOOR, 1.0)).mean()))
 
 
-def episode_authenticity(model: Discriminator, steps: Sequence[StepRecord]) -> dict[str, float]:
-    """Each episode's :func:`authenticity_score`, keyed by episode id."""
+def episode_authenticity(model: Discriminator, steps: Sequence[StepRecord], vocabulary: Vocabulary) -> dict[str, float]:
+    """Each episode's :func:`authenticity_score`, keyed by episode id (states encoded in ``vocabulary``)."""
     if not steps:
         return {}
-    states = np.stack([_token_vector(s.state_tokens) for s in steps])
-    d = np.log(np.clip(model.authenticity(features(states, np.array([s.action for s in steps]))), D_FLOOR, 1.0))
+    states = np.stack([vocabulary.encode(s.state_tokens, {}) for s in steps])
+    d = np.log(np.clip(model.authenticity(model.features(states, np.array([s.action for s in steps]))), D_FLOOR, 1.0))
     sums: dict[str, float] = defaultdict(float)
     counts: Counter[str] = Counter()
     for s, value in zip(steps, d.tolist(), strict=True):
@@ -213,10 +214,11 @@ def validate_episodes(
     episodes: Sequence[EpisodeRecord],
     steps: Sequence[StepRecord],
     threshold: float,
+    vocabulary: Vocabulary,
     max_examples: int = 5,
 ) -> ValidatorReport:
     """Flag the episodes whose mean authenticity is below ``threshold``."""
-    score = episode_authenticity(model, steps)
+    score = episode_authenticity(model, steps, vocabulary)
     scored = [(e, score.get(e.episode_id, 1.0)) for e in episodes]
     flagged = sorted(((e, a) for e, a in scored if a < threshold), key=lambda ea: ea[1])
     examples = [
@@ -257,7 +259,7 @@ class RolloutValidator:
     def reweight(self, obs: np.ndarray, actions: np.ndarray, done: np.ndarray, rewards: np.ndarray) -> np.ndarray:
         """Rewards with the positive ones of suspicious episodes times ``weight``."""
         n_steps, num_envs = actions.shape
-        d = self.model.authenticity(features(obs.reshape(n_steps * num_envs, -1), actions.reshape(-1)))
+        d = self.model.authenticity(self.model.features(obs.reshape(n_steps * num_envs, -1), actions.reshape(-1)))
         d = d.reshape(n_steps, num_envs)
         out = np.array(rewards, dtype=np.float32, copy=True)
         for i in range(num_envs):

@@ -65,9 +65,9 @@ class EpisodeRecord:
     episode: int
     episode_return: float
     length: int
-    paid: bool  # PAYMENT_SUCCESS reached (the pool's ``success``)
+    paid: bool  # the goal token reached (the pool's ``success``)
     terminated: bool
-    final_obs: np.ndarray  # [OBS_DIM]: what process success is judged on
+    final_obs: np.ndarray  # [obs_dim]: what process success is judged on
     failure_reason: str | None = None
 
 

@@ -4,7 +4,7 @@ Definition (version 1; docs/learning.md "Exploration and coverage" copies it):
 
 * A *state* is the token set ``T(s)`` of an encoded observation.
 * **Reachable vocabulary** ``R``: the tokens the env catalogue can produce. It is declared by
-  the caller -- by default every token of ``semantics.TOKENS``; ``run_explore`` passes the
+  the caller -- by default every token of the process's vocabulary; ``run_explore`` passes the
   union of the intended tokens in the ``RAW_STATES`` of the catalogue's env families, i.e. the
   tokens some channel in the catalogue can actually emit.
 * **Token coverage** = ``|seen ∩ R| / |R|``, where ``seen`` are the tokens present in any
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.config import ExploreConfig
-from agentflow_core.semantics import CHECKOUT, TOKENS, Vocabulary
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 DEFINITION_VERSION = 1
 
@@ -65,11 +65,12 @@ class CoverageTracker:
 
     def __init__(
         self,
-        reachable_tokens: Collection[str] = TOKENS,
+        reachable_tokens: Collection[str] | None = None,
         reference_edges: Iterable[tuple[str, str]] = (),
         vocabulary: Vocabulary = CHECKOUT,
     ) -> None:
         self.vocabulary = vocabulary
+        reachable_tokens = vocabulary.tokens if reachable_tokens is None else reachable_tokens
         unknown = sorted(set(reachable_tokens) - set(vocabulary.tokens))
         if unknown or not reachable_tokens:
             raise ValueError(f"reachable tokens must be a non-empty subset of the process's tokens; unknown {unknown}")

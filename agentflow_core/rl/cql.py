@@ -35,7 +35,6 @@ from agentflow_core.errors import NonFiniteError
 from agentflow_core.rl.offline_data import Transitions
 from agentflow_core.rl.policy import MASKED_LOGIT, ActorCritic, layer_init, require_finite_parameters
 from agentflow_core.rl.replay import PrioritizedReplay
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 
 CQL_STAGE, IMPROVE_STAGE = "CQL gradient step", "actor-improvement step"
 
@@ -43,7 +42,7 @@ CQL_STAGE, IMPROVE_STAGE = "CQL gradient step", "actor-improvement step"
 class QNetwork(nn.Module):
     """``Q(s, .)`` over every action: a Tanh MLP like the actor's (CleanRL initialisation)."""
 
-    def __init__(self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS, hidden_sizes: Sequence[int] = (64, 64)):
+    def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: Sequence[int] = (64, 64)):
         super().__init__()
         layers: list[nn.Module] = []
         prev = obs_dim
@@ -138,7 +137,7 @@ def train_cql(data: Transitions, settings: CQLSettings, seed: int, device: torch
     device = torch.device(device)
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    q = QNetwork(hidden_sizes=settings.hidden_sizes).to(device)
+    q = QNetwork(data.obs.shape[1], data.mask.shape[1], settings.hidden_sizes).to(device)
     torch.random.set_rng_state(generator_state)  # leave the caller's global generator where it was
     target = copy.deepcopy(q).requires_grad_(False)
     optimizer = torch.optim.Adam(q.parameters(), lr=settings.learning_rate)

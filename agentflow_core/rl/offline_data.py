@@ -23,19 +23,19 @@ from pathlib import Path
 import numpy as np
 
 from agentflow_core.rl.trajectories import read_card, read_steps
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import Vocabulary
 
 
 @dataclass(frozen=True)
 class Transitions:
     """Columns of ``n`` transitions (NumPy arrays, first axis ``n``)."""
 
-    obs: np.ndarray  # [n, OBS_DIM] float32
-    mask: np.ndarray  # [n, N_ACTIONS] bool, the legal actions in s
+    obs: np.ndarray  # [n, obs_dim] float32
+    mask: np.ndarray  # [n, n_actions] bool, the legal actions in s
     action: np.ndarray  # [n] int64
     reward: np.ndarray  # [n] float32, the training reward the explore phase recorded
-    next_obs: np.ndarray  # [n, OBS_DIM] float32 (zeros where terminated)
-    next_mask: np.ndarray  # [n, N_ACTIONS] bool (all legal where terminated: never read)
+    next_obs: np.ndarray  # [n, obs_dim] float32 (zeros where terminated)
+    next_mask: np.ndarray  # [n, n_actions] bool (all legal where terminated: never read)
     terminated: np.ndarray  # [n] bool
     age: np.ndarray  # [n] float64, in cycles (0 = newest)
     episode: np.ndarray  # [n] int64, an episode index (held-out splits keep episodes whole)
@@ -78,12 +78,13 @@ def _row_ages(path: Path, n_rows: int) -> np.ndarray:
     return age
 
 
-def load_transitions(path: Path, variants: Collection[str] | None = None) -> Transitions:
-    """Every usable transition of the dataset at ``path``, optionally only those of the variant hashes ``variants``."""
-    table = read_steps(Path(path))
+def load_transitions(path: Path, vocabulary: Vocabulary, variants: Collection[str] | None = None) -> Transitions:
+    """Every usable transition of the dataset at ``path`` (recorded in ``vocabulary``), optionally of ``variants``."""
+    table = read_steps(Path(path), vocabulary=vocabulary)
     n = table.num_rows
+    obs_dim, n_actions = vocabulary.obs_dim, vocabulary.n_actions
     if n == 0:
-        return _empty()
+        return _empty(obs_dim, n_actions)
     age = _row_ages(Path(path), n)
     ids = np.asarray(table.column("episode_id").to_pylist(), dtype=object)
     keep = np.ones(n, dtype=bool)
@@ -93,12 +94,12 @@ def load_transitions(path: Path, variants: Collection[str] | None = None) -> Tra
     order = np.lexsort((table.column("step_id").to_numpy(), ids))
     order = order[keep[order]]
     if order.size == 0:
-        return _empty()
+        return _empty(obs_dim, n_actions)
     ids = ids[order]
-    obs = np.asarray(table.column("obs").combine_chunks().flatten(), dtype=np.float32).reshape(-1, OBS_DIM)[order]
+    obs = np.asarray(table.column("obs").combine_chunks().flatten(), dtype=np.float32).reshape(-1, obs_dim)[order]
     masks = np.asarray(
         table.column("action_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool
-    ).reshape(-1, N_ACTIONS)[order]
+    ).reshape(-1, n_actions)[order]
     actions = table.column("action").to_numpy().astype(np.int64)[order]
     rewards = table.column("reward").to_numpy().astype(np.float32)[order]
     terminated = table.column("terminated").to_numpy(zero_copy_only=False).astype(bool)[order]
@@ -112,7 +113,7 @@ def load_transitions(path: Path, variants: Collection[str] | None = None) -> Tra
     idx = np.flatnonzero(usable)
     return Transitions(
         obs=obs[idx],
-        mask=masks[idx] | (np.arange(N_ACTIONS) == actions[idx, None]),  # a taken action was legal by definition
+        mask=masks[idx] | (np.arange(n_actions) == actions[idx, None]),  # a taken action was legal by definition
         action=actions[idx],
         reward=rewards[idx],
         next_obs=next_obs[idx],
@@ -123,14 +124,14 @@ def load_transitions(path: Path, variants: Collection[str] | None = None) -> Tra
     )
 
 
-def _empty() -> Transitions:
+def _empty(obs_dim: int, n_actions: int) -> Transitions:
     return Transitions(
-        obs=np.zeros((0, OBS_DIM), np.float32),
-        mask=np.zeros((0, N_ACTIONS), bool),
+        obs=np.zeros((0, obs_dim), np.float32),
+        mask=np.zeros((0, n_actions), bool),
         action=np.zeros(0, np.int64),
         reward=np.zeros(0, np.float32),
-        next_obs=np.zeros((0, OBS_DIM), np.float32),
-        next_mask=np.zeros((0, N_ACTIONS), bool),
+        next_obs=np.zeros((0, obs_dim), np.float32),
+        next_mask=np.zeros((0, n_actions), bool),
         terminated=np.zeros(0, bool),
         age=np.zeros(0, np.float64),
         episode=np.zeros(0, np.int64),

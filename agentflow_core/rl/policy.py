@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from agentflow_core.errors import NonFiniteError
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 
 MASKED_LOGIT = -1e9
 
@@ -53,11 +52,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 class ActorCritic(nn.Module):
-    """Masked categorical actor + state-value critic over ``OBS_DIM`` -> ``N_ACTIONS``."""
+    """Masked categorical actor + state-value critic over ``obs_dim`` -> ``n_actions`` (the process's widths)."""
 
-    def __init__(
-        self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS, hidden_sizes: Sequence[int] = (64, 64)
-    ) -> None:
+    def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: Sequence[int] = (64, 64)) -> None:
         super().__init__()
         self.obs_dim, self.n_actions, self.hidden_sizes = obs_dim, n_actions, tuple(hidden_sizes)
         self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)

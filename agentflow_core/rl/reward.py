@@ -26,7 +26,7 @@ Shaping: ``shaped = base + Σ_i weight_i · reward_i · [condition_i(s_{t+1}) fi
 episode]`` -- **once per episode per term**. A condition that holds on many steps pays only on
 the first, so the shaping total of an episode is bounded by ``Σ_i |weight_i · reward_i|`` and
 cannot be farmed by oscillating around the condition. Conditions are compiled by
-:mod:`agentflow_core.safe_expr` over ``CONDITION_NAMES`` (tokens read 1.0/0.0, features as
+:mod:`agentflow_core.safe_expr` over the process's token and feature names (tokens read 1.0/0.0, features as
 floats); an undefined condition (e.g. division by zero) does not hold.
 
 Every step returns :class:`RewardComponents` -- env (business) reward, base, the weighted env term,
@@ -44,9 +44,7 @@ import numpy as np
 from agentflow_core.config import RewardConfig
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.safe_expr import Condition, compile_condition
-from agentflow_core.semantics import CHECKOUT, FEATURES, TOKENS, Vocabulary
-
-CONDITION_NAMES: tuple[str, ...] = (*TOKENS, *FEATURES)
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 
 class StepBatch(Protocol):
@@ -113,7 +111,7 @@ class RewardFunction:
         self._fired = np.zeros((num_envs, len(self.conditions)), dtype=bool)
 
     def reset(self, obs: np.ndarray) -> None:
-        """Start every env's episode from ``obs`` ([N, OBS_DIM])."""
+        """Start every env's episode from ``obs`` ([N, obs_dim])."""
         self._prev_tokens = np.asarray(obs)[:, : self._n_tokens] > 0.5
         self._paid_tokens[:] = False
         self._fired[:] = False

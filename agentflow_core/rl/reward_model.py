@@ -1,8 +1,9 @@
 """An external reward model: a small deterministic scorer, its loopback HTTP service, and the client.
 
-The service speaks one endpoint, ``POST /score`` with ``{"obs": [[...OBS_DIM floats...], ...]}``
+The service speaks one endpoint, ``POST /score`` with ``{"obs": [[...obs_dim floats...], ...]}``
 answering ``{"scores": [...]}`` (plus ``GET /health``). The model is a fixed-weight MLP over the
-encoded semantic vector (ReLU between layers; one layer = linear), loaded from a JSON or
+encoded semantic vector of one process (its input width is the process's ``obs_dim``; ReLU between
+layers; one layer = linear), loaded from a JSON or
 safetensors weights file, so scores are reproducible across runs and machines.
 
 The client sends ONE request per pool step (the whole batch), never one per env. Any failure --
@@ -28,7 +29,7 @@ import httpx
 import numpy as np
 
 from agentflow_core.atomic import atomic_file, write_text
-from agentflow_core.semantics import OBS_DIM, TOKEN_INDEX
+from agentflow_core.semantics import Vocabulary
 
 MAX_BATCH = 65_536
 
@@ -43,7 +44,9 @@ class MLPRewardModel:
     def __post_init__(self) -> None:
         if not self.weights or len(self.weights) != len(self.biases):
             raise ValueError("reward model needs one bias per weight matrix and at least one layer")
-        width = OBS_DIM
+        if self.weights[0].ndim != 2:
+            raise ValueError(f"layer 0: weight {self.weights[0].shape} is not a matrix")
+        width = self.obs_dim
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
                 raise ValueError(f"layer {i}: weight {w.shape} / bias {b.shape} do not chain from width {width}")
@@ -53,8 +56,13 @@ class MLPRewardModel:
         if width != 1:
             raise ValueError(f"the last layer must have one output, got {width}")
 
+    @property
+    def obs_dim(self) -> int:
+        """The width of an observation the model scores (its first layer's input)."""
+        return int(self.weights[0].shape[0])
+
     def score(self, obs: np.ndarray) -> np.ndarray:
-        """Scores of a batch ``[N, OBS_DIM]`` as float32 ``[N]``."""
+        """Scores of a batch ``[N, obs_dim]`` as float32 ``[N]``."""
         x = np.asarray(obs, dtype=np.float64)
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             x = x @ w + b
@@ -63,11 +71,12 @@ class MLPRewardModel:
         return x[:, 0].astype(np.float32)
 
     @classmethod
-    def from_token_rewards(cls, token_rewards: Mapping[str, float]) -> MLPRewardModel:
-        """A linear model paying ``token_rewards[t]`` for each active token (a simple reference model)."""
-        w = np.zeros((OBS_DIM, 1))
+    def from_token_rewards(cls, token_rewards: Mapping[str, float], vocabulary: Vocabulary) -> MLPRewardModel:
+        """A linear model paying ``token_rewards[t]`` for each active token of ``vocabulary`` (a reference model)."""
+        w = np.zeros((vocabulary.obs_dim, 1))
+        index = vocabulary.token_index()
         for token, value in token_rewards.items():
-            w[TOKEN_INDEX[token], 0] = value
+            w[index[token], 0] = value
         return cls((w,), (np.zeros(1),))
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,13 +126,13 @@ class MLPRewardModel:
         )
 
 
-def _parse_obs(body: bytes) -> np.ndarray:
+def _parse_obs(body: bytes, obs_dim: int) -> np.ndarray:
     payload = json.loads(body)
     if not isinstance(payload, dict) or "obs" not in payload:
         raise ValueError('expected a JSON object {"obs": [[...], ...]}')
     obs = np.asarray(payload["obs"], dtype=np.float64)
-    if obs.ndim != 2 or obs.shape[1] != OBS_DIM:
-        raise ValueError(f"obs must have shape [N, {OBS_DIM}], got {list(obs.shape)}")
+    if obs.ndim != 2 or obs.shape[1] != obs_dim:
+        raise ValueError(f"obs must have shape [N, {obs_dim}], got {list(obs.shape)}")
     if obs.shape[0] > MAX_BATCH:
         raise ValueError(f"batch of {obs.shape[0]} exceeds {MAX_BATCH}")
     if not np.isfinite(obs).all():
@@ -157,7 +166,7 @@ class RewardModelServer:
 
             def do_GET(self) -> None:
                 if self.path == "/health":
-                    self._reply(200, {"status": "ok", "obs_dim": OBS_DIM})
+                    self._reply(200, {"status": "ok", "obs_dim": server.model.obs_dim})
                 else:
                     self._reply(404, {"error": f"no route {self.path}"})
 
@@ -168,7 +177,7 @@ class RewardModelServer:
                 server.requests += 1
                 try:
                     length = int(self.headers.get("Content-Length", "0"))
-                    obs = _parse_obs(self.rfile.read(length))
+                    obs = _parse_obs(self.rfile.read(length), server.model.obs_dim)
                 except (ValueError, TypeError) as exc:
                     self._reply(400, {"error": str(exc)})
                     return
@@ -222,7 +231,7 @@ class RewardModelClient:
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s))
 
     def score(self, obs: np.ndarray, fallback: Sequence[float] | np.ndarray) -> np.ndarray:
-        """Scores for ``obs [N, OBS_DIM]`` in one request, or ``fallback`` ([N]) if the service fails."""
+        """Scores for ``obs [N, obs_dim]`` in one request, or ``fallback`` ([N]) if the service fails."""
         obs = np.asarray(obs, dtype=np.float32)
         self.requests += 1
         reason = None

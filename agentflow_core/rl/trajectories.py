@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from agentflow_core.atomic import atomic_file, write_text
 from agentflow_core.errors import DATA_ERRORS, DataFileError
-from agentflow_core.semantics import CHECKOUT, GOAL_TOKEN, Vocabulary
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 SCHEMA_VERSION = 1
 META_FILE = "_meta.json"
@@ -212,8 +212,8 @@ class Episode:
     episode_id: str
     env_id: str
     variant_hash: str
-    obs: np.ndarray  # [T, OBS_DIM] float32
-    action_mask: np.ndarray  # [T, N_ACTIONS] bool
+    obs: np.ndarray  # [T, obs_dim] float32
+    action_mask: np.ndarray  # [T, n_actions] bool
     actions: np.ndarray  # [T] int64
     rewards: np.ndarray  # [T] float32
     env_rewards: np.ndarray  # [T] float32
@@ -221,7 +221,7 @@ class Episode:
     terminated: bool
     truncated: bool
     failure_reason: str | None
-    goal: str = GOAL_TOKEN  # the process's goal token
+    goal: str  # the process's goal token
 
     @property
     def complete(self) -> bool:
@@ -278,9 +278,9 @@ def iter_episodes(path: Path, verify: bool = True, vocabulary: Vocabulary = CHEC
         )
 
 
-def goal_episodes(path: Path, verify: bool = True) -> Iterator[Episode]:
+def goal_episodes(path: Path, verify: bool = True, vocabulary: Vocabulary = CHECKOUT) -> Iterator[Episode]:
     """Episodes that reached the goal token."""
-    return (ep for ep in iter_episodes(path, verify=verify) if ep.success)
+    return (ep for ep in iter_episodes(path, verify=verify, vocabulary=vocabulary) if ep.success)
 
 
 def process_successful_episodes(

@@ -162,14 +162,21 @@ def print_report_tree(cfg: AgentFlowConfig) -> None:
 
 
 def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
-    """The end-of-run pointer list: report, Prefect UI, MLflow UI."""
+    """The end-of-run pointer list: report, Prefect UI (of this run's state dir or server), MLflow UI."""
+    import os
+
     from tasks.paths import DataPaths
-    from tasks.runtime import mlflow_uri
+    from tasks.runtime import mlflow_uri, state_dir
 
     tree = Tree("[bold green]cycle finished[/]")
     tree.add(escape(f"report: {DataPaths.of(cfg).reports}/report.md (also .html, .json)"))
     tree.add(escape(f"MLflow run {results.get('mlflow_run_id')}: mlflow ui --backend-store-uri {mlflow_uri(cfg)}"))
-    tree.add("Prefect runs: PREFECT_HOME=.agentflow/prefect prefect server start  -> http://127.0.0.1:4200")
+    server = os.environ.get("PREFECT_API_URL")
+    prefect_home = os.environ.get("PREFECT_HOME") or str(state_dir(cfg) / "prefect")
+    where = (
+        f"server {server}" if server else f"PREFECT_HOME={prefect_home} prefect server start  -> http://127.0.0.1:4200"
+    )
+    tree.add(escape(f"Prefect runs ({cfg.process}-{results.get('run_name') or cfg.base.run_name}): {where}"))
     report = results.get("report", {})
     if "verdict" in report:
         tree.add(escape(f"verdict: {report['verdict']} — {report['verdict_reason']}"))

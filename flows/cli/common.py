@@ -11,12 +11,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentflow_core.config import AgentFlowConfig
-from agentflow_core.errors import ConfigError, MappingError
+from agentflow_core.errors import ConfigError, MappingError, RegistryError
 from tasks.config_io import load_config
 from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
 from tasks.preflight import Check, preflight
-from tasks.process_io import load_process
+from tasks.process_io import check_config, load_process
 
 err_console = Console(stderr=True, soft_wrap=True)
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
@@ -39,8 +39,9 @@ def config_or_exit(params: Path) -> AgentFlowConfig:
     try:
         cfg = load_config(params)
         load_process(cfg)  # the selected process and its channels' mappings, checked before anything runs
+        check_config(cfg, str(params))  # and what later phases would refuse: dimensions, env configs, channels
         return cfg
-    except (ConfigError, MappingError) as exc:
+    except (ConfigError, MappingError, RegistryError) as exc:
         err_console.print(f"[bold red]configuration error[/]: {one_line(exc)}")
         raise typer.Exit(code=2) from None
 

@@ -65,11 +65,13 @@ def export_minari_command(
     """
     from tasks.minari_export import export_minari
     from tasks.paths import DataPaths
+    from tasks.process_io import load_process
 
     cfg = phase_config_or_exit(params)
     paths = DataPaths.of(cfg)
     try:
-        summary = export_minari(trajectories or paths.trajectories, out or paths.root / "minari")
+        vocabulary = load_process(cfg).vocabulary
+        summary = export_minari(trajectories or paths.trajectories, out or paths.root / "minari", vocabulary)
     except (AgentFlowError, ValueError) as exc:
         err_console.print(f"[bold red]export failed[/]: {one_line(exc)}")
         raise typer.Exit(code=1) from None

@@ -21,6 +21,7 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, generate_variants
 from tasks.config_io import DEFAULT_PARAMS, load_config
+from tasks.process_io import load_process
 from tasks.registry_io import load_registry
 
 console = Console()
@@ -42,6 +43,7 @@ def catalogue_and_factory(cfg: AgentFlowConfig) -> tuple[list[VariantSpec], Regi
         cfg.variants.perturbations,
         cfg.variants.samples_per_combination,
         seed=cfg.base.seed,
+        scenario=load_process(cfg).vocabulary.scenario,
     )
     return variants, RegistryEnvFactory({e.env_id: e for e in entries})
 

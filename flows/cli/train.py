@@ -92,7 +92,7 @@ def train_command(
             raise typer.Exit(code=1) from None
     console.print(
         f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): test process success "
-        f"[bold]{summary['test_process_success']:.3f}[/] (payment {summary['test_payment_success']:.3f}) vs "
+        f"[bold]{summary['test_process_success']:.3f}[/] (goal {summary['test_payment_success']:.3f}) vs "
         f"exploration {summary['test_process_success_exploration']:.3f} "
         f"(x{summary['test_process_success_vs_exploration']:.1f}) and expert "
         f"{summary['test_process_success_expert']:.3f} ({summary['test_process_success_vs_expert']:.0%}); "

@@ -11,6 +11,7 @@ metric ``env_stability_score`` also goes to ``data/metrics/calibrate.json``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import numpy as np
 
 from agentflow_core.adapters.audit import audit_entry
 from agentflow_core.atomic import atomic_dir, check_output, write_json
-from agentflow_core.calibration import CalibrationReport, VariantCalibration, calibrate
+from agentflow_core.calibration import CalibrationReport, Target, VariantCalibration, calibrate
 from agentflow_core.evaluation.stress import stratified_sample
 from agentflow_core.gates import calibrate_gate, evaluate_gate
 from agentflow_core.variants import VariantSpec, generate_variants
@@ -43,7 +44,9 @@ def sample_variants(ctx: PhaseContext, per_family: int, rng: np.random.Generator
     cfg = ctx.cfg
     v = cfg.variants
     bases = base_env_infos(ctx)
-    catalogue = generate_variants(bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed)
+    catalogue = generate_variants(
+        bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, scenario=ctx.vocabulary.scenario
+    )
     dimensions = sorted(v.dimensions)
     size = max(per_family, *(len(values) for values in v.dimensions.values()))
     picked: list[VariantSpec] = []
@@ -53,15 +56,24 @@ def sample_variants(ctx: PhaseContext, per_family: int, rng: np.random.Generator
     return picked
 
 
-def calibration_envs(ctx: PhaseContext, variants: list[VariantSpec]) -> list[tuple[Callable[..., Any], Any]]:
-    """(factory, expert policy) pairs for the sampled variants."""
-    registry = ctx.registry
-    pairs = []
+def calibration_envs(ctx: PhaseContext, variants: list[VariantSpec]) -> list[Target]:
+    """(factory, expert policy, accepted outcome tokens) for the sampled variants.
+
+    The accepted tokens are the process's goal and the handled outcomes it declares for the variant;
+    a ``calibrate.handled_outcomes`` list of failure reasons replaces the declared handled outcomes.
+    """
+    registry, process = ctx.registry, ctx.process
+    targets: list[Target] = []
     for spec in variants:
         entry = registry.get(spec.base_env_id)
-        expert = ctx.process.expert(entry.family)
-        pairs.append(((lambda e=entry, s=spec: e.make(s.params, s.env_id)), expert.act))
-    return pairs
+        expert = process.expert(entry.family)
+        accepted = (
+            process.vocabulary.accepted_outcomes(spec.params)
+            if ctx.cfg.calibrate.handled_outcomes is None
+            else frozenset({process.vocabulary.goal})
+        )
+        targets.append((functools.partial(entry.make, spec.params, spec.env_id), expert.act, accepted))
+    return targets
 
 
 def run_calibrate(
@@ -77,12 +89,11 @@ def run_calibrate(
     rng = np.random.default_rng(cfg.base.seed)
     variants = sample_variants(ctx, cfg.calibrate.variants_per_family, rng)
     c = cfg.calibrate
-    goal = ctx.vocabulary.goal
 
-    def calibrate_chunk(pairs: list[tuple[Callable[..., Any], Any]]) -> list[VariantCalibration]:
+    def calibrate_chunk(targets: list[Target]) -> list[VariantCalibration]:
         thresholds = (c.max_reward_variance, c.max_failed_fraction, c.min_expert_success)
-        outcomes = frozenset(c.handled_outcomes)
-        return calibrate(pairs, c.resets, cfg.base.seed, *thresholds, outcomes, goal=goal).variants
+        outcomes = frozenset(c.handled_outcomes or ())
+        return calibrate(targets, c.resets, cfg.base.seed, *thresholds, outcomes).variants
 
     # one chunk of variants per env worker: Ray tasks on the Ray backend, in this process otherwise
     results = map_chunks(ctx, calibrate_chunk, calibration_envs(ctx, variants), progress)

@@ -45,7 +45,6 @@ from agentflow_core.rl.cql import (
 from agentflow_core.rl.offline_data import load_transitions
 from agentflow_core.rl.policy import ActorCritic, resolve_device
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
-from agentflow_core.semantics import accepted_outcomes
 from agentflow_core.splits import read_splits
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool
@@ -95,20 +94,24 @@ def cql_settings(cfg: AgentFlowConfig) -> CQLSettings:
     )
 
 
-def bc_actor(cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path, seed: int) -> tuple[ActorCritic, int]:
+def bc_actor(ctx: PhaseContext, catalogue_path: Path, trajectories_dir: Path, seed: int) -> tuple[ActorCritic, int]:
     """The actor ``agentflow train`` clones: ``manual_seed(seed)``, a fresh network, BC on the train split."""
+    cfg = ctx.cfg
     train_variants = read_splits(catalogue_path)["train"]
+    vocabulary = ctx.vocabulary
     torch.manual_seed(seed)
-    policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
-    accepted = {v.content_hash: accepted_outcomes(v.params) for v in train_variants}
-    result = behaviour_cloning(policy, *behaviour_cloning_arrays(Path(trajectories_dir), accepted), seed=seed)
+    policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
+    accepted = {v.content_hash: vocabulary.accepted_outcomes(v.params) for v in train_variants}
+    arrays = behaviour_cloning_arrays(Path(trajectories_dir), accepted, vocabulary)
+    result = behaviour_cloning(policy, *arrays, seed=seed)
     return policy, result.samples
 
 
 def offline_actor(
-    cfg: AgentFlowConfig, catalogue_path: Path, trajectories_dir: Path, seed: int
+    ctx: PhaseContext, catalogue_path: Path, trajectories_dir: Path, seed: int
 ) -> tuple[ActorCritic, ActorCritic, QNetwork, dict[str, Any]]:
     """``(bc actor, bc+cql actor, Q, figures)``: BC, then CQL on the train split's transitions, then the actor step."""
+    cfg = ctx.cfg
     o, device = cfg.offline, resolve_device(cfg.base.device)
     clock = [time.perf_counter()]
 
@@ -116,17 +119,18 @@ def offline_actor(
         clock.append(time.perf_counter())
         return clock[-1] - clock[-2]
 
-    bc, bc_samples = bc_actor(cfg, catalogue_path, trajectories_dir, seed)
+    bc, bc_samples = bc_actor(ctx, catalogue_path, trajectories_dir, seed)
     bc_s = lap()
     train_hashes = {v.content_hash for v in read_splits(catalogue_path)["train"]}
-    data = load_transitions(Path(trajectories_dir), train_hashes)
+    vocabulary = ctx.vocabulary
+    data = load_transitions(Path(trajectories_dir), vocabulary, train_hashes)
     fit, heldout = data.split(o.heldout_share, np.random.default_rng(seed))
     settings = cql_settings(cfg)
     data_s = lap()
     result = train_cql(fit, settings, seed=seed, device=device)
     cql_s = lap()
     diagnostics = td_error_on(result.q, heldout, settings.gamma, settings.alpha) if len(heldout) else {}
-    actor = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    actor = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
     actor.load_state_dict(bc.state_dict())
     improved = improve_actor(
         actor, result.q, data.obs, data.mask, temperature=o.temperature, steps=o.improve_steps, seed=seed
@@ -179,7 +183,7 @@ def run_offline(
         if metrics_path is not None:
             write_json(metrics_path, {"enabled": 0.0})
         return summary
-    bc, actor, q, figures = offline_actor(cfg, catalogue_path, trajectories_dir, seed)
+    bc, actor, q, figures = offline_actor(ctx, catalogue_path, trajectories_dir, seed)
     splits = read_splits(catalogue_path)
     dimensions = sorted(cfg.variants.dimensions)
     validation = stratified_eval_variants(splits["validation"], o.eval_episodes, dimensions, cfg.base.seed)
@@ -263,7 +267,7 @@ def offline_start(ctx: PhaseContext, offline_dir: Path | None, warm_start: Path 
     path = Path(offline_dir or ctx.paths.offline) / ACTOR_FILE
     if not cfg.offline.enabled or warm_start is not None or not path.is_file():
         return None
-    reference = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+    reference = ActorCritic(ctx.vocabulary.obs_dim, ctx.vocabulary.n_actions, cfg.train.hidden_sizes)
     try:
         actor = load_file(str(path))
         load_actor(reference, actor)

@@ -260,13 +260,14 @@ def run_champion_challenger(
     ids, features, families = consistency_variants(
         ch_rollout, [v.env_id for v in sliced], cfg.stress.consistency_variants
     )
+    vocabulary = ctx.vocabulary
     probes = [
-        probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE))
+        probe_observation(state, feats, scales.get(fam, DEFAULT_CART_SCALE), vocabulary=vocabulary)
         for feats, fam in zip(features, families, strict=True)
         for state in ctx.process.probes
     ]
     states = np.concatenate([ch_obs, cp_obs, *([np.stack(probes)] if probes else [])])
-    masks = np.ones((len(states), ctx.vocabulary.n_actions), dtype=bool)
+    masks = np.ones((len(states), vocabulary.n_actions), dtype=bool)
     consistency = policy_agreement(challenger.act(states, masks), champion.act(states, masks))
     own = canonical_consistency(
         challenger.act,
@@ -274,6 +275,7 @@ def run_champion_challenger(
         features,
         [scales.get(f, DEFAULT_CART_SCALE) for f in families],
         ctx.process.probes,
+        vocabulary=vocabulary,
     ).score
     decision = decide_promotion(
         ch_stats["mean_evaluated_return"],

@@ -5,8 +5,9 @@ Called by ``agentflow stress`` (and so by the DVC stage) and by the Prefect task
 ``agentflow_core.evaluation.robustness``), ``episodes.parquet`` and ``steps.parquet`` (the
 records), ``coverage_heatmap.png`` and ``consistency_matrix.png``. The exit metrics
 (robustness_score, consistency, success_rate, crash_episodes, ...) also go to
-``data/metrics/stress.json``, with process and payment success per family and per dimension
-value (95% Wilson bounds), as in ``summary.json``'s ``process_success`` / ``payment_success``.
+``data/metrics/stress.json``, with process and goal success per family and per dimension value (95%
+Wilson bounds), as in ``summary.json``'s ``process_success`` / ``payment_success`` (the goal token reached;
+the key is kept for the committed metrics).
 
 The policy is a reference :func:`tasks.rollout.resolve_checkpoint` understands (default: the best
 checkpoint under ``data/checkpoints``).
@@ -34,7 +35,6 @@ from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
 from agentflow_core.evaluation.stress import StressRollout, stratified_sample
 from agentflow_core.gates import evaluate_gate, stress_gate
-from agentflow_core.semantics import ACTIONS
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
@@ -104,7 +104,7 @@ def _params_json(params: Mapping[str, Any]) -> str:
 
 
 def write_records(
-    out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], actions: Sequence[str] = ACTIONS
+    out_dir: Path, steps: Sequence[StepRecord], episodes: Sequence[EpisodeRecord], actions: Sequence[str]
 ) -> None:
     """``steps.parquet`` and ``episodes.parquet``: the records the analysis was computed from."""
     pq.write_table(
@@ -153,7 +153,7 @@ def write_records(
 
 
 def success_breakdowns(episodes: Sequence[EpisodeRecord], dimensions: Sequence[str]) -> dict[str, SuccessBreakdown]:
-    """Process success (``success``) and payment success (``reached_goal``) per family and dimension value."""
+    """Process success (``success``) and goal success (``reached_goal``) per family and dimension value."""
     families, params = [e.family for e in episodes], [e.params for e in episodes]
     return {
         "process_success": SuccessBreakdown.of([e.success for e in episodes], families, params, dimensions),
@@ -167,8 +167,9 @@ def stress_summary(
     sample: Sequence[VariantSpec],
     cfg: AgentFlowConfig,
     episodes: Sequence[EpisodeRecord],
+    goal: str,
 ) -> dict[str, Any]:
-    """The JSON written as ``summary.json``: the analysis plus which policy ran on what."""
+    """The JSON written as ``summary.json``: the analysis plus which policy ran on what (``goal``: the goal token)."""
     sample_ids = [v.env_id for v in sample]
     breakdowns = success_breakdowns(episodes, sorted(cfg.variants.dimensions))
     return {
@@ -176,6 +177,8 @@ def stress_summary(
         **{name: b.to_dict() for name, b in breakdowns.items()},
         "breakdown_metrics": {k: v for name, b in breakdowns.items() for k, v in b.metrics(name).items()},
         "policy": policy.name,
+        "process": cfg.process,
+        "goal": goal,
         "checkpoint": policy.checkpoint,
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "config": cfg.stress.model_dump(mode="json"),
@@ -211,7 +214,7 @@ def run_stress(
     rollout, analysis, sample = evaluate_stress(
         ctx, policy, variants, episodes=episodes, pool_factory=pool_factory, on_progress=on_progress
     )
-    summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes)
+    summary = stress_summary(analysis, policy, sample, cfg, rollout.episodes, ctx.vocabulary.goal)
     # the same policy on paired states of every channel (expert episodes, same params and seed, faults off)
     paired = cross_channel_consistency(
         ctx.process, ctx.registry, dict(cfg.variants.dimensions), policy.act, cfg.base.seed
@@ -260,4 +263,5 @@ def validator_flags(ctx: PhaseContext, rollout: StressRollout) -> dict[str, Any]
     model = load_validator(ctx)
     if model is None:
         return None
-    return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold).to_dict()
+    vocabulary = ctx.vocabulary
+    return validate_episodes(model, rollout.episodes, rollout.steps, cfg.validator.threshold, vocabulary).to_dict()

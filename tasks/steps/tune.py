@@ -34,7 +34,6 @@ from agentflow_core.config import AgentFlowConfig
 from agentflow_core.rl.losses import LossCoefficients, ppo_minibatch_loss
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.rollout import CentralRollouts
-from agentflow_core.semantics import GOAL_TOKEN, N_ACTIONS, OBS_DIM
 from agentflow_core.splits import read_splits
 from agentflow_core.tuning import (
     CHOICE_VERSION,
@@ -50,6 +49,7 @@ from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import build_pool
 from tasks.context import PhaseContext
+from tasks.process_io import load_process
 
 CHOICE_FILE = "choice.json"
 WARMUP_STEPS = 2
@@ -101,7 +101,8 @@ def time_workers(
         torch.set_num_threads(1)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            policy = TimedPolicy(hidden_sizes=cfg.train.hidden_sizes)
+            vocabulary = ctx.vocabulary
+            policy = TimedPolicy(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
         rollouts = {k: CentralRollouts(pool) for k, pool in pools.items()}
         for source in rollouts.values():
             source.collect(policy, WARMUP_STEPS, seed, 0)  # envs created and reset once before timing
@@ -119,18 +120,19 @@ def time_workers(
     return [WorkerTiming(envs=k, steps=steps, env_s=best[k][0], inference_s=best[k][1]) for k in ks]
 
 
-def time_update_step(cfg: AgentFlowConfig, seed: int, repeats: int = 8) -> UpdateTiming:
+def time_update_step(ctx: PhaseContext, seed: int, repeats: int = 8) -> UpdateTiming:
     """Fastest time of one PPO gradient step at the shipped minibatch size, on random data of the real shapes."""
+    cfg, vocabulary = ctx.cfg, ctx.vocabulary
     mb = cfg.train.minibatch_size
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        policy = ActorCritic(hidden_sizes=cfg.train.hidden_sizes)
+        policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.train.learning_rate, eps=1e-5)
-    obs = torch.rand((mb, OBS_DIM), generator=gen)
-    masks = torch.ones((mb, N_ACTIONS), dtype=torch.bool)
-    actions = torch.randint(0, N_ACTIONS, (mb,), generator=gen)
-    logprobs = torch.full((mb,), -float(np.log(N_ACTIONS)))
+    obs = torch.rand((mb, vocabulary.obs_dim), generator=gen)
+    masks = torch.ones((mb, vocabulary.n_actions), dtype=torch.bool)
+    actions = torch.randint(0, vocabulary.n_actions, (mb,), generator=gen)
+    logprobs = torch.full((mb,), -float(np.log(vocabulary.n_actions)))
     advantages, returns = torch.randn(mb, generator=gen), torch.randn(mb, generator=gen)
     coef = LossCoefficients(cfg.train.clip_range, cfg.train.ent_coef, cfg.train.vf_coef, 0.0)
     times = []
@@ -148,12 +150,13 @@ def time_update_step(cfg: AgentFlowConfig, seed: int, repeats: int = 8) -> Updat
 def measure_sparsity(ctx: PhaseContext, trajectories: Path, variants: Sequence[VariantSpec]) -> Sparsity:
     """Steps, rewarded steps and goal events in the exploration shards; the longest episode the variants allow."""
     steps = rewarded = goals = 0
+    goal = ctx.vocabulary.goal
     for shard in sorted(Path(trajectories).rglob("*.parquet")):
         table = pq.read_table(shard, columns=["env_reward", "tokens"])
         reward = table.column("env_reward").to_numpy(zero_copy_only=False)
         steps += len(reward)
         rewarded += int(np.count_nonzero(reward))
-        goals += sum(GOAL_TOKEN in (tokens or ()) for tokens in table.column("tokens").to_pylist())
+        goals += sum(goal in (tokens or ()) for tokens in table.column("tokens").to_pylist())
     registry = ctx.registry
     longest = max(registry.get(v.base_env_id).scenario(v.params).max_episode_steps for v in variants[:200])
     return Sparsity(steps=steps, rewarded_steps=rewarded, goals=goals, max_episode_steps=int(longest))
@@ -203,7 +206,7 @@ def probe_and_choose(ctx: PhaseContext, catalogue: Path, trajectories: Path) -> 
     train_variants = read_splits(catalogue)["train"]
     cores = ctx.backend.cores()
     timings = time_workers(ctx, train_variants, sorted(set(tc.envs_per_worker)), tc.probe_steps, cfg.base.seed)
-    update = time_update_step(cfg, cfg.base.seed)
+    update = time_update_step(ctx, cfg.base.seed)
     sparsity = measure_sparsity(ctx, trajectories, train_variants)
     return choose(cfg, cores, timings, sparsity, update)
 
@@ -239,5 +242,5 @@ def tuned_config(cfg: AgentFlowConfig, tuning_dir: Path) -> tuple[AgentFlowConfi
         return cfg, {"applied": False, "reason": f"no usable {path} ({type(exc).__name__}): the static settings"}
     if choice.shipped != shipped_settings(cfg):
         return cfg, {"applied": False, "reason": f"{path} was chosen for other static settings: the static settings"}
-    tuned = apply_choice(cfg, choice)
+    tuned = apply_choice(cfg, choice, load_process(cfg).vocabulary)
     return tuned, {"applied": True, "reason": f"{path}", "settings": choice.settings, "shipped": choice.shipped}

@@ -27,7 +27,7 @@ from agentflow_core.evaluation.validator import (
     save_discriminator,
 )
 from agentflow_core.rl.trajectories import read_steps
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import Vocabulary
 from tasks.budgets import budget_metrics
 from tasks.context import PhaseContext
 
@@ -37,14 +37,17 @@ def validator_dir(ctx: PhaseContext) -> Path:
     return ctx.paths.root / "validator"
 
 
-def expert_rows(trajectories: Path, max_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def expert_rows(
+    trajectories: Path, max_samples: int, seed: int, vocabulary: Vocabulary
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(obs, action_mask, action)`` of the behaviour's own steps, at most ``max_samples`` (a seeded subsample)."""
-    table = read_steps(trajectories)
+    table = read_steps(trajectories, vocabulary=vocabulary)
     keep = ~np.asarray(table.column("explored").to_numpy(zero_copy_only=False), dtype=bool)
-    obs = np.asarray(table.column("obs").combine_chunks().flatten(), dtype=np.float32).reshape(-1, OBS_DIM)[keep]
+    obs = np.asarray(table.column("obs").combine_chunks().flatten(), dtype=np.float32)
+    obs = obs.reshape(-1, vocabulary.obs_dim)[keep]
     masks = np.asarray(
         table.column("action_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=bool
-    ).reshape(-1, N_ACTIONS)[keep]
+    ).reshape(-1, vocabulary.n_actions)[keep]
     actions = table.column("action").to_numpy().astype(np.int64)[keep]
     if len(actions) > max_samples:
         idx = np.sort(np.random.default_rng(seed).choice(len(actions), max_samples, replace=False))
@@ -69,8 +72,17 @@ def run_validator(
     summary: dict[str, Any] = {"enabled": vc.enabled, "threshold": vc.threshold, "weight": vc.suspicious_weight}
     with atomic_dir(out_dir) as tmp:
         if vc.enabled:
-            obs, masks, actions = expert_rows(trajectories, vc.max_samples, cfg.base.seed)
-            model, fit = fit_discriminator(obs, masks, actions, hidden=vc.hidden, epochs=vc.epochs, seed=cfg.base.seed)
+            vocabulary = ctx.vocabulary
+            obs, masks, actions = expert_rows(trajectories, vc.max_samples, cfg.base.seed, vocabulary)
+            model, fit = fit_discriminator(
+                obs,
+                masks,
+                actions,
+                n_tokens=vocabulary.n_tokens,
+                hidden=vc.hidden,
+                epochs=vc.epochs,
+                seed=cfg.base.seed,
+            )
             save_discriminator(model, Path(tmp) / VALIDATOR_FILE)
             summary.update(fit.to_dict())
         accuracy = summary.get("validator/heldout_accuracy", 1.0)

@@ -32,7 +32,13 @@ def run_variants(
     v = cfg.variants
     bases = base_env_infos(ctx)
     generated = generate_variants(
-        bases, v.dimensions, v.perturbations, v.samples_per_combination, cfg.base.seed, source=source
+        bases,
+        v.dimensions,
+        v.perturbations,
+        v.samples_per_combination,
+        cfg.base.seed,
+        source=source,
+        scenario=ctx.vocabulary.scenario,
     )
     quarantine = read_quarantine(ctx.paths.calibration)
     excluded = {q["content_hash"] for q in quarantine}

@@ -28,7 +28,7 @@ def _demonstrations(n: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_behaviour_cloning_refuses_a_non_finite_observation_before_any_step() -> None:
     obs, actions, masks = _demonstrations()
     obs[17, 3] = np.nan
-    policy = ActorCritic()
+    policy = ActorCritic(OBS_DIM, N_ACTIONS)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     with pytest.raises(
         NonFiniteError, match=r"behaviour-cloning epoch 1: non-finite observations \(1 rows, first row 17\)"
@@ -41,7 +41,7 @@ def test_behaviour_cloning_stops_at_the_first_non_finite_epoch_loss() -> None:
     obs, actions, masks = _demonstrations()
     # one step at this rate leaves huge weights whose next loss overflows (64 rows: one batch an epoch)
     with pytest.raises(NonFiniteError, match=r"behaviour-cloning epoch 2: non-finite loss \(mean over the epoch inf\)"):
-        behaviour_cloning(ActorCritic(), obs, actions, masks, min_steps=10, learning_rate=1e36)
+        behaviour_cloning(ActorCritic(OBS_DIM, N_ACTIONS), obs, actions, masks, min_steps=10, learning_rate=1e36)
 
 
 @pytest.mark.parametrize(
@@ -63,14 +63,16 @@ def test_cql_stops_at_the_step_whose_td_loss_overflows() -> None:
 
 def test_the_actor_step_refuses_a_q_network_that_holds_nan() -> None:
     data = _chain()
-    q = QNetwork()
+    q = QNetwork(OBS_DIM, N_ACTIONS)
     with torch.no_grad():
         q.net[-1].bias[0] = float("nan")
     with pytest.raises(NonFiniteError, match=r"actor-improvement step 5: non-finite KL to the improved policy"):
-        improve_actor(ActorCritic(), q, data.obs, data.mask, temperature=0.1, steps=5)
+        improve_actor(ActorCritic(OBS_DIM, N_ACTIONS), q, data.obs, data.mask, temperature=0.1, steps=5)
 
 
 def test_clean_inputs_pass_every_check() -> None:
     obs, actions, masks = _demonstrations()
-    assert np.isfinite(behaviour_cloning(ActorCritic(), obs, actions, masks, min_steps=10).losses).all()
+    assert np.isfinite(
+        behaviour_cloning(ActorCritic(OBS_DIM, N_ACTIONS), obs, actions, masks, min_steps=10).losses
+    ).all()
     assert np.isfinite(train_cql(_chain(), SETTINGS, seed=0).td_loss).all()
