@@ -273,8 +273,9 @@ def test_bench_train(checkout: Path, two_workers: str) -> None:
 @pytest.mark.slow
 def test_bench_tune(checkout: Path, two_workers: str) -> None:
     """Static vs tuned on the params' own two workers only (`--no-cluster`), after its prerequisites."""
-    agentflow(checkout, "variants", "--params", two_workers)
-    agentflow(checkout, "explore", "--params", two_workers)
+    if not (checkout / "data" / "trajectories").is_dir():  # test_variants_and_explore made them, unless deselected
+        agentflow(checkout, "variants", "--params", two_workers)
+        agentflow(checkout, "explore", "--params", two_workers)
     agentflow(checkout, "bench", "tune", "--no-cluster", "--total-steps", "1024", "--params", two_workers)
     result = bench_json(checkout, "tune")
     assert result["2_workers_static_env_steps_per_s"] > 0 and result["2_workers_tuned"]["choice"]
