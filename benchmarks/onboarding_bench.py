@@ -30,7 +30,7 @@ from tasks.process_io import SHIPPED_PROCESS_DIR, read_process
 from tasks.registry_io import load_registry
 from tasks.yaml_io import load_yaml_file
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "agentflow_refund" / "openapi.yaml"
 REFUND_ENVS = REPO / "configs" / "refund" / "envs"
 CLASS_PATH = "agentflow_refund.api:RefundAPIEnv"

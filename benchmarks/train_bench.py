@@ -36,6 +36,10 @@ from benchmarks.machine import MachineLoad
 
 SIDE_ORDER = ("inprocess", "ray", "ray", "inprocess")
 KILL_AFTER_UPDATE = 20
+# ``--quick`` (a smoke run of the command, not a measurement for BENCHMARKS.md): one run per backend, and
+# the kill after update 2, the earliest with an update before it that is past the actors' start-up
+QUICK_SIDE_ORDER = ("inprocess", "ray")
+QUICK_KILL_AFTER_UPDATE = 2
 TARGETS = {"train_sps_ratio_ray_vs_inprocess": 1.5, "kill_recovery_s": 2.0, "post_kill_worker_speed_ratio": 0.9}
 HIGHER_IS_BETTER = {
     "train_sps_ratio_ray_vs_inprocess": True,
@@ -189,8 +193,28 @@ def _rollout_seconds(summary: dict[str, Any]) -> float:
     return float(sum(sum(row) for row in summary["pool"].get("worker_rollout_s", [])))
 
 
-def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any]:
-    """Prepare the catalogue and exploration dataset once, then train on each backend and once with a kill."""
+def kill_run_steps(total_steps: int, rollout_steps: int, kill_after_update: int) -> int:
+    """Steps of the kill run: half the steps, and at least ``2 * kill_after_update + 8`` updates of ``rollout_steps``.
+
+    So the per-update throughput before and after the kill is a median over some ``kill_after_update``
+    updates each (with the shipped rollout of 2048 steps and the kill after update 20: 98,304 steps).
+    """
+    return max(total_steps // 2, (2 * kill_after_update + 8) * rollout_steps)
+
+
+def run_train_bench(
+    params: Path,
+    work: Path,
+    total_steps: int,
+    rollout_steps: int = 2048,
+    side_order: tuple[str, ...] = SIDE_ORDER,
+    kill_after_update: int = KILL_AFTER_UPDATE,
+) -> dict[str, Any]:
+    """Prepare the catalogue and exploration dataset once, then train on each backend and once with a kill.
+
+    ``rollout_steps`` is the params' rollout (``train.num_envs * train.n_steps``), which sizes the kill run
+    (:func:`kill_run_steps`); ``side_order`` and ``kill_after_update`` shrink the benchmark (``--quick``).
+    """
     work.mkdir(parents=True, exist_ok=True)
     data = work / "data"
     inprocess_params = _params_with(params, work, "inprocess")
@@ -214,16 +238,17 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     machine = MachineLoad()
     ordered = [
         (name, _train(params_of[name], data, work / f"{name}-{i}", total_steps, None))
-        for i, name in enumerate(SIDE_ORDER)
+        for i, name in enumerate(side_order)
     ]
     runs = {backend: [run for name, run in ordered if name == backend] for backend in params_of}
-    # the kill run: half the steps, the kill after the checkpoint of update KILL_AFTER_UPDATE, so that
-    # the per-update throughput before and after it is a median over some 20 updates each
+    # the kill run: the kill after the checkpoint of update kill_after_update (see kill_run_steps)
     # no convergence stop: the run must reach the kill and the updates after it (a small config converges early)
     kill_params = _params_with(params, work, "ray", "ray-kill", stop_on_convergence=False)
-    kill = _train(kill_params, data, work / "ray-kill", max(total_steps // 2, 48 * 2048), KILL_AFTER_UPDATE)
+    kill_steps = kill_run_steps(total_steps, rollout_steps, kill_after_update)
+    kill = _train(kill_params, data, work / "ray-kill", kill_steps, kill_after_update)
     out: dict[str, Any] = {"total_steps": total_steps, "machine_cpus": os.cpu_count(), "machine_load": machine.result()}
-    out["side_order"] = list(SIDE_ORDER)
+    out["side_order"] = list(side_order)
+    out["kill_after_update"], out["kill_run_steps"] = kill_after_update, kill_steps
     for name, sides in runs.items():
         steps, wall = sum(r["summary"]["global_step"] for r in sides), sum(r["wall_s"] for r in sides)
         out[f"{name}_env_steps_per_s"] = steps / wall  # over both runs of the backend
@@ -270,10 +295,10 @@ def run_train_bench(params: Path, work: Path, total_steps: int) -> dict[str, Any
     out["notes"] = [
         "train_sps_ratio_ray_vs_inprocess: end-to-end `agentflow train` (shipped params.yaml, pool.backend the only "
         "difference, train.total_steps unless --total-steps says otherwise) env-steps/s over the command's wall time, "
-        "Ray start-up included; two runs per backend in the order in-process, ray, ray, in-process (a drift of the "
+        f"Ray start-up included; runs in the order {', '.join(side_order)} (with two per backend, a drift of the "
         "machine's speed over the minutes weighs on both backends alike), each backend's steps over its runs' time.",
-        f"kill_*: one active env worker SIGKILLed after the checkpoint of update {KILL_AFTER_UPDATE} of a ray run "
-        "(half the steps); kill_recovery_s is the pool's loss detection to replacement answering; "
+        f"kill_*: one active env worker SIGKILLed after the checkpoint of update {kill_after_update} of a ray run "
+        f"({kill_steps} steps); kill_recovery_s is the pool's loss detection to replacement answering; "
         "post_kill_sps_ratio_raw compares the median per-update throughput (steps over the time since the previous "
         "update ended) after the kill's update with the one before it, from the second update on (the first holds "
         "the actors' start-up); uninterrupted_sps_ratio_same_updates is the same ratio over the same updates of the "

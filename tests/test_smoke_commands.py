@@ -23,13 +23,9 @@ still contains the invocation, so the set of commands run in CI is checked again
 - ``deploy``: tests/test_deploy.py, against a real ``prefect server start`` and worker.
 - ``bench learning`` and ``bench forgetting``: tests/test_bench_learning.py and
   tests/test_bench_forgetting.py invoke the command on the tiny config.
-- ``NOT_IN_CI``: ``bench train`` (four ``agentflow train`` runs plus a kill run of at least 98,304
-  steps by design: 4-7 minutes at the tiny config, over the suite's budget), ``bench tune``
-  (``agentflow train`` static vs tuned on two setups: 150 s at the tiny config; its missing-input
-  error runs here) and ``bench all`` (every benchmark, no size options: 442 s with the tiny
-  params). ``make bench`` runs ``bench all`` (``bench train`` included) on the reference machine;
-  the other parts of ``bench all`` (``pool``, ``ppo``, ``sql``, ``browser``, ``onboarding``,
-  ``scheduler``) run here.
+- ``bench train``, ``bench tune`` and ``bench all`` run here at their smallest documented sizes
+  (``--quick``, ``--no-cluster``), on the tiny config with two env workers (the Ray side needs one):
+  ``bench all --quick`` runs every part once more, so its own test checks only what it adds.
 
 Make targets (:func:`test_make_targets`): ``clean`` and ``install`` run for real in a temporary
 copy (``install`` with its stamp up to date, so nothing is reinstalled); ``test``, ``test-fast``,
@@ -69,12 +65,6 @@ ELSEWHERE: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "forgetting"): ("tests/test_bench_forgetting.py", 'bench_app, ["forgetting", "--params"'),
     ("bench", "transfer"): ("tests/test_bench_transfer.py", 'bench_app, ["transfer", "--params"'),
 }
-# command -> why no CI test runs it (each is run by `make bench` on the reference machine)
-NOT_IN_CI: dict[tuple[str, ...], str] = {
-    ("bench", "train"): "four `agentflow train` runs and a kill run of >= 98,304 steps: ~4-7 min at the tiny config",
-    ("bench", "tune"): "`agentflow train` static vs tuned on two setups: 150 s at the tiny config",
-    ("bench", "all"): "every benchmark, no size options: 442 s with the tiny params; its parts run here",
-}
 # command -> the test of this module that runs it
 HERE: dict[tuple[str, ...], str] = {
     ("validate",): "test_validate",
@@ -95,6 +85,10 @@ HERE: dict[tuple[str, ...], str] = {
     ("bench", "onboarding"): "test_bench_onboarding",
     ("bench", "soak"): "test_bench_soak",
     ("bench", "validator"): "test_bench_validator",
+    ("bench", "train"): "test_bench_train",
+    ("bench", "tune"): "test_bench_tune",
+    ("bench", "all"): "test_bench_all",
+    ("bench", "transfer"): "test_bench_transfer",
 }
 
 
@@ -130,9 +124,16 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def two_workers(checkout: Path) -> str:
+    """A params file in the checkout like its params.yaml, with two env workers (the Ray backend needs one)."""
+    (checkout / "params-workers.yaml").write_text(yaml.safe_dump(tiny_params(checkout, pool={"num_workers": 2})))
+    return "params-workers.yaml"
+
+
 def test_every_command_is_run_here_or_by_a_named_test() -> None:
-    assert set(HERE) | set(ELSEWHERE) | set(NOT_IN_CI) == cli_commands()
-    assert not set(HERE) & set(ELSEWHERE) and not (set(HERE) | set(ELSEWHERE)) & set(NOT_IN_CI)
+    assert set(HERE) | set(ELSEWHERE) == cli_commands()
+    assert not set(HERE) & set(ELSEWHERE)
     for command, test_name in HERE.items():
         assert callable(globals().get(test_name)), f"{command}: no test {test_name} in this module"
     for command, (path, invocation) in ELSEWHERE.items():
@@ -257,6 +258,51 @@ def test_bench_tune_names_its_prerequisites(tmp_path: Path) -> None:
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path, pool={"num_workers": 2})))
     output = agentflow(tmp_path, "bench", "tune", "--total-steps", "1024", expect=1)
     assert "run `agentflow variants` and `agentflow explore` first" in output
+
+
+@pytest.mark.slow
+def test_bench_train(checkout: Path, two_workers: str) -> None:
+    """One `agentflow train` per backend and the kill run, the kill after update 2 (`--quick`)."""
+    agentflow(checkout, "bench", "train", "--quick", "--params", two_workers)
+    result = bench_json(checkout, "train")
+    assert result["side_order"] == ["inprocess", "ray"] and result["kill_after_update"] == 2
+    assert result["kill_worker_restarts"] >= 1 and result["same_policy_on_both_backends"] is True
+    assert set(result["targets_met"]) == set(result["targets"])
+    assert "`agentflow bench train --total-steps 1024 --quick`" in (checkout / "BENCHMARKS.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_tune(checkout: Path, two_workers: str) -> None:
+    """Static vs tuned on the params' own two workers only (`--no-cluster`), after its prerequisites."""
+    if not (checkout / "data" / "trajectories").is_dir():  # test_variants_and_explore made them, unless deselected
+        agentflow(checkout, "variants", "--params", two_workers)
+        agentflow(checkout, "explore", "--params", two_workers)
+    agentflow(checkout, "bench", "tune", "--no-cluster", "--total-steps", "1024", "--params", two_workers)
+    result = bench_json(checkout, "tune")
+    assert result["2_workers_static_env_steps_per_s"] > 0 and result["2_workers_tuned"]["choice"]
+    assert "cluster_static" not in result and set(result["targets"]) == {"sps_ratio_2_workers"}
+    assert "--no-cluster" in (checkout / "BENCHMARKS.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_all(checkout: Path, two_workers: str) -> None:
+    """Every benchmark at its smallest size (`--quick`); their own tests above check each part's figures."""
+    output = agentflow(checkout, "bench", "all", "--quick", "--params", two_workers)
+    names = ("scheduler", "learning", "train", "ppo", "pool", "sql", "browser", "onboarding")
+    for name in names:
+        assert bench_json(checkout, name)
+    assert bench_json(checkout, "pool")["all_live_7200_extrapolated"] is True  # --quick extrapolates
+    assert bench_json(checkout, "train")["side_order"] == ["inprocess", "ray"]
+    assert "Scheduler strategies" in output
+
+
+@pytest.mark.slow
+def test_bench_transfer(checkout: Path) -> None:
+    """Leave one channel out at the smallest step count: a training on all channels and one without each."""
+    agentflow(checkout, "bench", "transfer", "--steps", "1024")
+    result = bench_json(checkout, "transfer")
+    assert result["total_steps_cap"] == 1024 and set(result["held_out"]) == set(result["channels"])
+    assert set(result["targets_met"]) == set(result["targets"])
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ logger = logging.getLogger("agentflow.pool")
 MAX_RESET_ROUNDS = 16
 # How often a pool step whose every slot is pending asks again whether one of them returned.
 PENDING_POLL_S = 0.005
+TOKEN_CACHE_LIMIT = 4096  # distinct hot-token rows kept by _row_tokens (a business state each, a few hundred)
 
 
 def _all_pending(results: dict[int, WorkerBatch | None]) -> bool:
@@ -70,6 +71,7 @@ class PoolDriver(ABC):
         self._n_tokens = vocabulary.n_tokens
         self._goal = vocabulary.token_index()[vocabulary.goal]
         self._token_names = np.array(vocabulary.tokens, dtype=object)
+        self._tokens_of_row: dict[bytes, list[str]] = {}  # a row's hot-token bytes -> its token names
         self.env_ids = [v.env_id for v in self.variants]
         self.variant_hashes = [v.content_hash for v in self.variants]
         self.worker_of = np.fromiter(
@@ -327,6 +329,16 @@ class PoolDriver(ABC):
     def _tokens(self, obs_row: np.ndarray) -> list[str]:
         return self._token_names[obs_row[: self._n_tokens] > 0.5].tolist()
 
+    def _row_tokens(self, hot_row: np.ndarray) -> list[str]:
+        """The token names of one row's hot-token flags, a fresh list (a business state's set is looked up once)."""
+        key = hot_row.tobytes()
+        names = self._tokens_of_row.get(key)
+        if names is None:
+            if len(self._tokens_of_row) >= TOKEN_CACHE_LIMIT:
+                self._tokens_of_row.clear()
+            names = self._tokens_of_row[key] = self._token_names[hot_row].tolist()
+        return list(names)
+
     def _infos(self, rows: WorkerBatch) -> list[dict[str, Any]]:
         v = self._slot_variant.tolist()
         step_id, risk = rows.step_id.tolist(), rows.risk.tolist()
@@ -338,7 +350,7 @@ class PoolDriver(ABC):
                 "variant_hash": self.variant_hashes[v[i]],
                 "step_id": step_id[i],
                 "failure_reason": rows.failure_reason[i],
-                "tokens": self._token_names[hot[i]].tolist(),
+                "tokens": self._row_tokens(hot[i]),
                 "risk": risk[i],
             }
             for i in range(self.num_envs)

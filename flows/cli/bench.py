@@ -156,16 +156,25 @@ def train(
         None, "--total-steps", min=1024, help="PPO steps per side [default: the params' train.total_steps]."
     ),
     repeat: int = REPEAT_OPTION,
+    quick: bool = typer.Option(
+        False, "--quick", help="One run per backend and the kill after update 2 (a smoke run, not for BENCHMARKS.md)."
+    ),
 ) -> None:
     """`agentflow train` end to end with pool.backend ray vs inprocess (shipped params), plus a worker SIGKILL."""
     import tempfile
 
     from benchmarks.runs import run_repeated
-    from benchmarks.train_bench import TARGETS, run_train_bench
+    from benchmarks.train_bench import QUICK_KILL_AFTER_UPDATE, QUICK_SIDE_ORDER, TARGETS, run_train_bench
 
-    steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
+    cfg = config_or_exit(params)
+    steps = total_steps if total_steps is not None else cfg.train.total_steps
+    sizes: dict[str, Any] = {"rollout_steps": cfg.train.num_envs * cfg.train.n_steps}
+    if quick:
+        sizes.update(side_order=QUICK_SIDE_ORDER, kill_after_update=QUICK_KILL_AFTER_UPDATE)
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-train-") as tmp:
-        result = run_repeated(lambda i: run_train_bench(params, Path(tmp) / f"run{i}", steps), repeat, TARGETS)
+        result = run_repeated(lambda i: run_train_bench(params, Path(tmp) / f"run{i}", steps, **sizes), repeat, TARGETS)
+    if quick:
+        result["command_options"] = " --quick"
     publish("train", result)
 
 
@@ -306,11 +315,27 @@ def _trained_or_expert(params: Path) -> str | None:
 
 
 @bench_app.command("all")
-def run_all(params: Path = PARAMS_OPTION, repeat: int = REPEAT_OPTION) -> None:
+def run_all(
+    params: Path = PARAMS_OPTION,
+    repeat: int = REPEAT_OPTION,
+    quick: bool = typer.Option(
+        False, "--quick", help="Every benchmark at its smallest size (a smoke run, not for BENCHMARKS.md)."
+    ),
+) -> None:
     """Every benchmark, then BENCHMARKS.md."""
+    if quick:  # the sizes the smoke suite runs each benchmark at (tests/test_smoke_commands.py)
+        scheduler(n_variants=50, draws=2000, seed=0)
+        learning(params, steps=1024, eval_every_updates=1, test_episodes=8)
+        train(params, total_steps=1024, repeat=repeat, quick=True)
+        ppo(quick=True, repeat=repeat)
+        pool(params, num_envs=8, steps=5, all_live=False, repeat=repeat)
+        sql(params, episodes=10)
+        browser(params, episodes=1, live_envs=1, gap_episodes=1, checkpoint="expert")
+        onboarding(repeats=1, seeds=1)
+        return
     scheduler(n_variants=1000, draws=100_000, seed=0)
     learning(params, steps=None, eval_every_updates=4, test_episodes=None)
-    train(params, total_steps=None, repeat=repeat)
+    train(params, total_steps=None, repeat=repeat, quick=False)
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
@@ -333,6 +358,9 @@ def tune(
     rounds: int = typer.Option(
         1, "--rounds", min=1, help="Run every side this many times, static and tuned alternating."
     ),
+    cluster: bool = typer.Option(
+        True, "--cluster/--no-cluster", help="Also the simulated larger cluster (--no-cluster: half the commands)."
+    ),
 ) -> None:
     """`agentflow train` with the auto-tuner's choice vs the static settings: here, and on a simulated larger cluster."""
     import tempfile
@@ -341,7 +369,11 @@ def tune(
 
     steps = total_steps if total_steps is not None else config_or_exit(params).train.total_steps
     with tempfile.TemporaryDirectory(prefix="agentflow-bench-tune-") as work:
-        result = run_tune_bench(params, Path(work), steps, cluster_cpus, cluster_workers, rounds, log=console.print)
+        result = run_tune_bench(
+            params, Path(work), steps, cluster_cpus, cluster_workers, rounds, log=console.print, cluster=cluster
+        )
+    if not cluster:
+        result["command_options"] = " --no-cluster"
     publish("tune", result, show=False)
     keys = [k for k in result if k.startswith("sps_ratio") or k.endswith(("env_steps_per_s", "_passed", "_success"))]
     console.print(json.dumps({k: result[k] for k in keys}, indent=1, default=str))
