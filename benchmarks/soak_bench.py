@@ -197,9 +197,9 @@ def _soak_side(
     }
     pool.close()
     if app.pool.backend == "ray":
-        import ray
+        from tasks.ray_runtime import stop_ray
 
-        ray.shutdown()
+        stop_ray()  # and its session folder
     return out
 
 
