@@ -156,6 +156,7 @@ def _soak_options(result: dict[str, Any]) -> str:
     return (
         f" --seconds {result['seconds']:g} --isolation {result['step_isolation']}"
         f" --step-patience-s {result['step_patience_s'] or 0:g}"
+        + (f" --patience-engages {result['step_patience_engages']}" if "step_patience_engages" in result else "")
     )
 
 

@@ -197,9 +197,9 @@ def _soak_side(
     }
     pool.close()
     if app.pool.backend == "ray":
-        import ray
+        from tasks.ray_runtime import stop_ray
 
-        ray.shutdown()
+        stop_ray()  # and its session folder
     return out
 
 
@@ -268,6 +268,7 @@ def run_soak_bench(
         "step_isolation": config.step_isolation,
         "step_timeout_s": config.step_timeout_s,
         "step_patience_s": config.step_patience_s,
+        "step_patience_engages": config.step_patience_engages,
         "quarantine_after": config.quarantine_after,
         "num_workers": max(config.num_workers, 1),
         "num_envs": num_envs,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
 import sys
@@ -157,6 +158,32 @@ def _start_local(cfg: AgentFlowConfig) -> None:
         )
 
 
+def _session_dir() -> Path | None:
+    """The session folder of the Ray node this process started or joined (``<temp dir>/session_<time>_<pid>``)."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    path = None if node is None else node.get_session_dir_path()
+    return Path(path) if path else None
+
+
+def remove_session_dir(session: Path) -> None:
+    """Remove a stopped private Ray's session folder (logs, sockets, runtime envs), and its ``session_latest`` link.
+
+    Ray leaves it behind on every start (tens of MB of logs per command); the processes that
+    wrote there are gone once ``ray.shutdown`` returns. The link is removed only while it still
+    names this session (another Ray on the machine may have started since). A file that cannot be
+    removed is left, with a debug line: a leftover folder is not worth failing a command's exit.
+    """
+    shutil.rmtree(session, ignore_errors=True)
+    if session.exists():  # a late write into a folder being removed: once more
+        shutil.rmtree(session, onerror=lambda _fn, path, _exc: logger.debug("could not remove %s", path))
+    latest = session.parent / "session_latest"
+    with suppress(OSError):
+        if latest.is_symlink() and Path(os.readlink(latest)) == session:
+            latest.unlink()
+
+
 class _NotMainThread(logging.Filter):
     """Drops ``ray.init``'s warning that a helper thread cannot set its SIGTERM handler (:class:`LocalRayStart` does)."""
 
@@ -181,6 +208,7 @@ class LocalRayStart:
         self._blank: BlankWorkers | None = None  # env workers started with Ray, for the first pool to take
         self._pending: threading.Event | None = None  # set once the start asked for has finished
         self._error: BaseException | None = None
+        self._session: Path | None = None  # the private Ray's session folder, removed when it stops
         logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
 
     def begin(self, cfg: AgentFlowConfig, blank_workers: bool = False) -> None:
@@ -209,6 +237,8 @@ class LocalRayStart:
             cfg, blank_workers, done = requests.get()
             try:
                 _start_local(cfg)
+                with self._lock:
+                    self._session = _session_dir()
                 if blank_workers:
                     self._start_blank(cfg)
             except BaseException as exc:  # handed to the thread that waits
@@ -237,6 +267,12 @@ class LocalRayStart:
         with self._lock:
             blank, self._blank = self._blank, None
         return blank
+
+    def take_session(self) -> Path | None:
+        """The session folder of the private Ray this process started, once (None when it started none)."""
+        with self._lock:
+            session, self._session = self._session, None
+        return session
 
     def wait(self) -> None:
         """Block until the start begun has finished; raise :class:`RayUnavailable` if it failed."""
@@ -296,6 +332,7 @@ def stop_ray() -> None:
     still under way is waited for first, so none of its processes is left behind. A private local
     Ray has no autoscaler monitor to stop (:func:`_lean_head`): shut down with the rest, it spent
     Ray's one-second grace reporting its end to the GCS that had just stopped (1.0 s of 1.4 s here).
+    A private local Ray's session folder is removed once it has stopped (:func:`remove_session_dir`).
     """
     ray = sys.modules.get("ray")
     if ray is None:
@@ -303,8 +340,11 @@ def stop_ray() -> None:
     with suppress(RayUnavailable):  # one that did not start leaves nothing to stop
         LOCAL_RAY.wait()
     LOCAL_RAY.claim()  # blank workers no pool took end with the Ray
+    session = LOCAL_RAY.take_session()
     if ray.is_initialized():
         ray.shutdown()
+    if session is not None:  # a joined cluster's folder is the cluster's: only a private Ray's goes
+        remove_session_dir(session)
 
 
 def _local_addresses() -> set[str]:

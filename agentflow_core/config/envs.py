@@ -118,14 +118,24 @@ class PoolConfig(_Section):
     max_live_per_worker: EnvCount = 256
     step_timeout_s: TimeoutS = 5.0
     step_patience_s: TimeoutS | None = Field(
-        None,
+        0.02,
         description=(
             "a pool step waits this long for an env step, then goes on without it: the slot is left out "
             "of the next pool steps until its step returns (or is ended at step_timeout_s). Hangs then "
-            "cost the other slots nothing, but which steps are late depends on timing, so a run is no "
-            "longer bit-reproducible. A step busy on the CPU that long (its own thread's CPU clock) is "
-            "ended as env_timeout instead. null (default): wait up to step_timeout_s (training's "
-            "worker-side rollouts always wait)."
+            "cost the other slots nothing, but which steps are late depends on timing. A step busy on the "
+            "CPU that long (its own thread's CPU clock) is ended as env_timeout instead. When it engages: "
+            "see step_patience_engages. null: always wait up to step_timeout_s (training's worker-side "
+            "rollouts always wait)."
+        ),
+    )
+    step_patience_engages: Literal["after_timeout", "always"] = Field(
+        "after_timeout",
+        description=(
+            "'after_timeout' (default): an env worker waits for every step, as with a null patience, until "
+            "one of its steps or resets has run into step_timeout_s; from then on it applies "
+            "step_patience_s. A run in which no step times out is bit-identical to one with a null patience, "
+            "and a run with a hang pays the step timeout once per worker instead of once per hang. "
+            "'always': apply the patience from the first step (never bit-reproducible)."
         ),
     )
     step_isolation: Literal["thread", "process"] = Field(

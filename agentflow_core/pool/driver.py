@@ -198,7 +198,8 @@ class PoolDriver(ABC):
             rows.obs[paused], rows.action_mask[paused] = self._obs[paused], self._mask[paused]
             rows.step_id[paused] = self._step_id[paused]
         hosts = self.worker_of[self._slot_variant[stepping]]
-        patience = () if self.detach_after_s is None else (self.detach_after_s,)
+        after_timeout = self.config.step_patience_engages == "after_timeout"
+        patience = () if self.detach_after_s is None else (self.detach_after_s, after_timeout)
         calls = {
             w: ("step", (slots, actions[slots], *patience)) for w, slots in self._by_worker(stepping, hosts).items()
         }

@@ -11,7 +11,8 @@ then (measured with Ray 2.60). A worker whose node dies cannot come back there; 
 like any lost worker, and replacements (standbys, rebuilt actors) prefer the first alive CPU node.
 
 Failures: every call is bounded by ``call_timeout_s`` (Ray never notices a hung actor); with a
-``step_patience_s`` a step call by ``stuck_after_s`` (the step timeout plus a margin: the worker's
+``step_patience_s`` engaged from the first step (``step_patience_engages: always``) a step call by
+``stuck_after_s`` (the step timeout plus a margin: the worker's
 watchdog answers without its stuck envs, so an actor that does not is stuck in a C call holding its
 GIL, which no thread can interrupt, and is killed and replaced by the standby). A dead
 actor counts as a lost worker as soon as the driver sees it: Ray's own report
@@ -116,9 +117,10 @@ class RayPool(PoolDriver):
         )
         # A batch can hold a few hung envs, each costing one step timeout inside the worker.
         self.call_timeout_s = call_timeout_s if call_timeout_s is not None else 4 * config.step_timeout_s + 10.0
-        # With a patience the worker's watchdog answers a step call without its stuck envs (detached or
-        # ended at the patience); one that has not answered after a step timeout plus a margin is stuck
-        # as a whole (a C call holding its GIL): it is killed and replaced, not waited for to the call timeout.
+        # With a patience engaged from the first step the worker's watchdog answers a step call without its
+        # stuck envs (detached or ended at the patience); one that has not answered after a step timeout plus
+        # a margin is stuck as a whole (a C call holding its GIL): it is killed and replaced, not waited for
+        # to the call timeout.
         self.stuck_after_s = min(config.step_timeout_s + max(config.step_timeout_s, 2.0), self.call_timeout_s)
         self.restart_timeout_s = restart_timeout_s
         self.standby_workers, self.standby_delay_s, self.poll_s = (
@@ -285,7 +287,13 @@ class RayPool(PoolDriver):
         self._maybe_start_standby()
         pending = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
         if timeout_s is None:
-            patient = self.detach_after_s is not None and all(m == "step" for m, _ in calls.values())
+            # A patience engaged only after a timeout (the default) leaves a worker waiting for every step
+            # until then, so its call may take as long as without one: the call timeout applies.
+            patient = (
+                self.detach_after_s is not None
+                and self.config.step_patience_engages == "always"
+                and all(m == "step" for m, _ in calls.values())
+            )
             timeout_s = self.stuck_after_s if patient else self.call_timeout_s
         return _Calls(list(calls), pending, timeout_s, time.monotonic() + timeout_s)
 

@@ -318,14 +318,25 @@ class EnvWorker:
         mask = info.get("action_mask")
         return env, obs, env.action_masks() if mask is None else mask
 
-    def step(self, slots: np.ndarray, actions: np.ndarray, detach_after_s: float | None = None) -> WorkerBatch:
+    def step(
+        self,
+        slots: np.ndarray,
+        actions: np.ndarray,
+        detach_after_s: float | None = None,
+        after_timeout: bool = False,
+    ) -> WorkerBatch:
         """Advance every given slot by one action; ended episodes park their env in the cache.
 
         With ``detach_after_s`` a step still running after that long does not hold the others: its
         row says ``STEP_PENDING`` and the slot's action is ignored until the step returns; a later
         call delivers its outcome, or ends its episode as ``env_timeout`` once it has run for the
-        step timeout. Without it, the batch waits for each step up to the step timeout.
+        step timeout. Without it, the batch waits for each step up to the step timeout. With
+        ``after_timeout`` the patience engages only once this worker has seen a step or reset run
+        into the step timeout (``pool.step_patience_engages``): until then nothing is late, so a run
+        without a timeout is the same as one that always waits.
         """
+        if after_timeout and self.watchdog.abandoned_threads == 0:  # no item of this worker has timed out yet
+            detach_after_s = None
         slots = np.asarray(slots, dtype=np.int64)
         actions = np.asarray(actions)
         out = WorkerBatch.empty(slots, self.vocabulary)

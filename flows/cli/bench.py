@@ -388,8 +388,15 @@ def soak(
     n_variants: int = typer.Option(300, min=8, help="Catalogue variants sampled for the soak."),
     share: float = typer.Option(0.01, min=0.0, max=0.2, help="Share of the variants faulty per fault kind."),
     step_timeout_s: float = typer.Option(0.25, min=0.01, help="pool.step_timeout_s for the soak."),
-    step_patience_s: float = typer.Option(
-        0.02, min=0.0, help="pool.step_patience_s for the soak (0: off, every pool step waits for its env steps)."
+    step_patience_s: float | None = typer.Option(
+        None,
+        min=0.0,
+        help="pool.step_patience_s for the soak (0: off, every pool step waits for its env steps) "
+        "[default: the params' pool.step_patience_s].",
+    ),
+    patience_engages: str | None = typer.Option(
+        None,
+        help="pool.step_patience_engages, after_timeout or always [default: the params' pool.step_patience_engages].",
     ),
     isolation: str | None = typer.Option(
         None, help="pool.step_isolation, thread or process [default: the params' pool.step_isolation]."
@@ -411,12 +418,15 @@ def soak(
         raise typer.BadParameter(f"--isolation must be thread or process, got {isolation!r}")
     if backend not in ("inprocess", "ray"):
         raise typer.BadParameter(f"--backend must be inprocess or ray, got {backend!r}")
+    if patience_engages not in (None, "after_timeout", "always"):
+        raise typer.BadParameter(f"--patience-engages must be after_timeout or always, got {patience_engages!r}")
     pool_cfg = cfg.pool.model_copy(
         update={
             "backend": backend,
             "step_isolation": isolation or cfg.pool.step_isolation,
             "step_timeout_s": step_timeout_s,
-            "step_patience_s": step_patience_s or None,
+            "step_patience_s": cfg.pool.step_patience_s if step_patience_s is None else step_patience_s or None,
+            "step_patience_engages": patience_engages or cfg.pool.step_patience_engages,
         }
     )
     variants, factory = catalogue_and_factory(cfg)

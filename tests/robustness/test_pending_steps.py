@@ -38,6 +38,7 @@ def _pool(hang_s: float, timeout_s: float = 0.5) -> tuple[InProcessPool, str]:
         scheduler="round_robin",
         step_timeout_s=timeout_s,
         step_patience_s=0.02,
+        step_patience_engages="always",
         quarantine_after=10,
     )
     pool = InProcessPool(variants, factory, 4, cfg, seed=0)
@@ -137,7 +138,12 @@ def test_a_computing_hang_is_not_detached_but_ended_at_its_patience() -> None:
     variants = tiny_variants(4)
     factory = TinyFactory(faults={variants[1].env_id: Fault("spin", at_step=2, hang_s=30.0)})
     cfg = PoolConfig(
-        num_workers=1, backend="inprocess", scheduler="round_robin", step_timeout_s=0.4, step_patience_s=0.1
+        num_workers=1,
+        backend="inprocess",
+        scheduler="round_robin",
+        step_timeout_s=0.4,
+        step_patience_s=0.1,
+        step_patience_engages="always",
     )
     pool = InProcessPool(variants, factory, 4, cfg, seed=0)
     try:
@@ -160,7 +166,12 @@ def test_a_soak_side_loses_only_the_faulty_episodes_and_counts_no_pending_step()
     faults = {variants[1].env_id: "sleep", variants[5].env_id: "spin"}
     factory = FaultInjectingFactory(TinyFactory(), faults, at_step=2, hang_s=30.0)
     pool_cfg = PoolConfig(
-        num_workers=2, backend="inprocess", step_timeout_s=0.3, step_patience_s=0.05, quarantine_after=2
+        num_workers=2,
+        backend="inprocess",
+        step_timeout_s=0.3,
+        step_patience_s=0.05,
+        step_patience_engages="always",
+        quarantine_after=2,
     )
     app = AgentFlowConfig().model_copy(update={"pool": pool_cfg})
     side = _soak_side(list(variants), factory, 8, app, 1.5, 0)

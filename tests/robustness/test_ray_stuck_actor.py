@@ -42,6 +42,7 @@ def _pool(kind: str, timeout_s: float, standby: int = 0) -> RayPool:
         scheduler="round_robin",
         step_timeout_s=timeout_s,
         step_patience_s=0.05,
+        step_patience_engages="always",
         quarantine_after=10,
     )
     pool = RayPool(variants, factory, N, cfg, seed=0, standby_workers=standby)
