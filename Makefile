@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export DVC_NO_ANALYTICS ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install run test test-fast test-timing lint docs bench lock clean clean-state system-deps
+.PHONY: install run test test-bench test-fast test-timing lint docs bench lock clean clean-state system-deps
 
 # What the cycle needs from the OS (Chromium): installed as root, else one line and exit 2, before any pip work.
 system-deps:
@@ -27,7 +27,11 @@ run: system-deps $(STAMP)
 	$(BIN)/agentflow run
 
 test: system-deps $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing and not bench"
+
+# the benchmark commands end to end at their smallest sizes (every documented bench command): CI runs it after make test
+test-bench: system-deps $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m bench
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not timing"

@@ -56,6 +56,7 @@ def test_paired_states_are_one_state_on_every_channel() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_transfer_command_on_refund_reaches_the_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``agentflow bench transfer`` as a user types it, on refund's two channels (about 4 min on 2 cores)."""
     from typer.testing import CliRunner

@@ -63,7 +63,6 @@ ELSEWHERE: dict[tuple[str, ...], tuple[str, str]] = {
     },
     ("bench", "learning"): ("tests/test_bench_learning.py", 'bench_app, ["learning", "--params"'),
     ("bench", "forgetting"): ("tests/test_bench_forgetting.py", 'bench_app, ["forgetting", "--params"'),
-    ("bench", "transfer"): ("tests/test_bench_transfer.py", 'bench_app, ["transfer", "--params"'),
 }
 # command -> the test of this module that runs it
 HERE: dict[tuple[str, ...], str] = {
@@ -179,6 +178,7 @@ def test_bench_scheduler(checkout: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_pool(checkout: Path) -> None:
     """All variants live at once (not extrapolated), every target judged; the Ray side on 2 workers."""
     agentflow(checkout, "bench", "pool", "--num-envs", "8", "--steps", "5")
@@ -261,6 +261,7 @@ def test_bench_tune_names_its_prerequisites(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_train(checkout: Path, two_workers: str) -> None:
     """One `agentflow train` per backend and the kill run, the kill after update 2 (`--quick`)."""
     agentflow(checkout, "bench", "train", "--quick", "--params", two_workers)
@@ -272,6 +273,7 @@ def test_bench_train(checkout: Path, two_workers: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_tune(checkout: Path, two_workers: str) -> None:
     """Static vs tuned on the params' own two workers only (`--no-cluster`), after its prerequisites."""
     if not (checkout / "data" / "trajectories").is_dir():  # test_variants_and_explore made them, unless deselected
@@ -285,6 +287,7 @@ def test_bench_tune(checkout: Path, two_workers: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_all(checkout: Path, two_workers: str) -> None:
     """Every benchmark at its smallest size (`--quick`); their own tests above check each part's figures."""
     output = agentflow(checkout, "bench", "all", "--quick", "--params", two_workers)
@@ -360,7 +363,8 @@ def test_make_targets(tmp_path: Path) -> None:
     (root / ".venv" / ".installed").touch()
     assert "pip" not in make(root, "install")  # the stamp is newer than pyproject.toml: nothing to do
     expected = {
-        "test": ".venv/bin/python -m pytest -q -p no:cacheprovider",
+        "test": '.venv/bin/python -m pytest -q -p no:cacheprovider -m "not timing and not bench"',
+        "test-bench": ".venv/bin/python -m pytest -q -p no:cacheprovider -m bench",
         "test-fast": '.venv/bin/python -m pytest -q -m "not slow and not timing"',
         "test-timing": ".venv/bin/python -m pytest -q -p no:cacheprovider -m timing",
         "lint": ".venv/bin/lint-imports",
@@ -374,7 +378,7 @@ def test_make_targets(tmp_path: Path) -> None:
         assert command in plan.splitlines(), f"make -n {target}:\n{plan}"
         assert "pip install" not in plan
     ci = (REPO / ".ci" / "run").read_text()
-    assert "make lint\nmake docs\nmake test" in ci  # CI runs these three for real
+    assert "make lint\nmake docs\nmake test\nmake test-bench" in ci  # CI runs these four for real
     # clean: what a rebuild recreates goes, the history stays
     for folder in (".pytest_cache", ".mypy_cache", ".agentflow/phase-cache", "tasks/__pycache__", "data/bench"):
         (root / folder).mkdir(parents=True)

@@ -215,18 +215,20 @@ class OrderDBEnv:
         """Roll back the open episode and release the connection and engine."""
         if self._conn is None:
             return
-        if self._txn is not None:
-            self._txn.rollback()
-            self._txn = None
-        if not self._private and self._seeded is not None:
-            with self._conn.begin():
-                _delete_seed_rows(self._conn, self._seeded[0], self._seeded[1], self._seeded[2])
-        self._driver.close()
-        self._conn.close()
-        self._conn = None
-        self.engine.dispose()
-        if self._embedded:
-            release_embedded()
+        try:
+            if self._txn is not None:
+                self._txn.rollback()
+                self._txn = None
+            if not self._private and self._seeded is not None:
+                with self._conn.begin():
+                    _delete_seed_rows(self._conn, self._seeded[0], self._seeded[1], self._seeded[2])
+            self._driver.close()
+            self._conn.close()
+        finally:  # a server that died under the env fails the rollback: the env's share of it is released anyway
+            self._conn = None
+            self.engine.dispose()
+            if self._embedded:
+                release_embedded()
 
     # ------------------------------------------------------------------------------- link
     def _network_fault(self) -> dict[str, Any] | None:
