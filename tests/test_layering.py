@@ -90,3 +90,15 @@ def test_the_core_layers_contract_places_every_core_module(repo_root: Path) -> N
         p.parent.name for p in core.glob("*/__init__.py")
     }
     assert sorted(placed) == sorted(modules)
+
+
+def test_no_module_is_over_500_lines(repo_root: Path) -> None:
+    """A module that passes 500 lines is split by responsibility before it grows further."""
+    packages = ("agentflow_core", "agentflow_refund", "agentflow_oscar", "tasks", "benchmarks", "flows")
+    long = {
+        str(path.relative_to(repo_root)): lines
+        for package in packages
+        for path in sorted((repo_root / package).rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 500
+    }
+    assert long == {}

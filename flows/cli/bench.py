@@ -14,56 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from agentflow_core.atomic import write_json
-from flows.cli.common import config_or_exit, phase_config_or_exit
-
-bench_app = typer.Typer(
-    help="Benchmarks (results in BENCHMARKS.md and data/bench/*.json).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+from flows.cli.bench_common import (
+    BENCH_DIR,
+    PARAMS_OPTION,
+    REPEAT_OPTION,
+    bench_app,
+    console,
+    print_targets,
+    publish,
 )
-BENCH_DIR = Path("data/bench")
-REPEAT_OPTION = typer.Option(
-    1, "--repeat", min=1, help="Run the benchmark this many times; a target is met only if every run meets it."
-)
-PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", "-p", help="The run configuration (params.yaml).")
-console = Console()
+from flows.cli.bench_policy import forgetting, learning, offline, transfer, validator
+from flows.cli.common import config_or_exit
 
-
-def publish(name: str, result: dict[str, Any] | None = None, show: bool = True) -> None:
-    """Write ``data/bench/<name>.json`` (when given a result), re-render BENCHMARKS.md, echo the section."""
-    from benchmarks.markdown import TITLES, bench_section, write_benchmarks_md
-
-    if result is not None:
-        write_json(BENCH_DIR / f"{name}.json", result)
-    write_benchmarks_md()
-    if show:
-        typer.echo(bench_section(TITLES[name]))
-
-
-def print_targets(result: dict[str, Any], title: str) -> None:
-    """A benchmark's metrics against their targets, every run's value where it was repeated."""
-    table = Table(title=title)
-    for column in ("metric", "value", "target", "met", "runs"):
-        table.add_column(column, justify="left" if column == "metric" else "right")
-    runs = result.get("runs", {})
-    for key, value in result.items():
-        if key in ("targets", "targets_met", "runs") or isinstance(value, list | dict):
-            continue
-        target = result["targets"].get(key)
-        met = result["targets_met"].get(key)
-        table.add_row(
-            key,
-            f"{value:.4g}" if isinstance(value, float) else str(value),
-            "" if target is None else str(target),
-            "" if met is None else ("yes" if met else "NO"),
-            " / ".join(f"{v:.4g}" for v in runs.get(key, [])),
-        )
-    console.print(table)
+__all__ = ["bench_app", "forgetting", "learning", "offline", "transfer", "validator"]
 
 
 @bench_app.command("pool")
@@ -178,37 +143,6 @@ def train(
     publish("train", result)
 
 
-@bench_app.command("learning")
-def learning(
-    params: Path = PARAMS_OPTION,
-    steps: int | None = typer.Option(
-        None, "--steps", min=1, help="Env steps per learner [default: the params' train.total_steps]."
-    ),
-    eval_every_updates: int = typer.Option(
-        4, "--eval-every-updates", min=1, help="Rollouts between the checkpoints both learners are evaluated at."
-    ),
-    test_episodes: int | None = typer.Option(
-        None, "--test-episodes", min=1, help="Test episodes per evaluation [default: as `agentflow train`'s final one]."
-    ),
-) -> None:
-    """AgentFlow's training vs sb3-contrib MaskablePPO: same catalogue, settings, reward, test split, one run."""
-    from benchmarks.learning_bench import run_learning_bench
-    from tasks.context import PhaseContext
-    from tasks.plots import plot_learning_bench
-
-    cfg = phase_config_or_exit(params)
-    if steps is not None:
-        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
-    result = run_learning_bench(
-        PhaseContext.of(cfg),
-        eval_every=eval_every_updates,
-        test_episodes=test_episodes,
-        progress=typer.echo,
-    )
-    result["plot"] = str(plot_learning_bench(result, BENCH_DIR / "learning.png"))
-    publish("learning", result)
-
-
 @bench_app.command("sql")
 def sql(
     params: Path = PARAMS_OPTION,
@@ -248,41 +182,6 @@ def browser(
         ctx, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes
     )
     publish("browser", result)
-
-
-@bench_app.command("offline")
-def offline(
-    params: Path = PARAMS_OPTION,
-    steps: int = typer.Option(32768, "--steps", min=1, help="PPO env steps per learner at most."),
-    settings: str = typer.Option(
-        "",
-        "--settings",
-        help="Comma-separated BEHAVIOUR:STEPS exploration settings [default: the params' explore, then policy:STEPS].",
-    ),
-    eval_every_updates: int = typer.Option(2, "--eval-every-updates", min=1, help="Updates between test checkpoints."),
-    test_episodes: int | None = typer.Option(None, "--test-episodes", min=1, help="Test episodes per checkpoint."),
-) -> None:
-    """PPO's starting test process success and env steps to the expert, after BC vs after BC + CQL."""
-    import tempfile
-
-    from benchmarks.offline_bench import HARDER_BEHAVIOUR, run_offline_bench
-    from tasks.context import PhaseContext
-
-    cfg = phase_config_or_exit(params)
-    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": steps})})
-    parsed: list[tuple[str, int]] = []
-    for item in (v.strip() for v in settings.split(",") if v.strip()):
-        behaviour, _, count = item.partition(":")
-        if behaviour not in ("expert", "policy") or not count.isdigit() or int(count) < 1:
-            raise typer.BadParameter(f"--settings takes expert:N or policy:N items, got {item!r}")
-        parsed.append((behaviour, int(count)))
-    n = cfg.explore.total_steps
-    parsed = parsed or [(cfg.explore.behaviour, n), (HARDER_BEHAVIOUR, n)]
-    with tempfile.TemporaryDirectory(prefix="agentflow-bench-offline-") as tmp:
-        result = run_offline_bench(
-            PhaseContext.of(cfg), Path(tmp), parsed, eval_every_updates, test_episodes, progress=typer.echo
-        )
-    publish("offline", result)
 
 
 @bench_app.command("onboarding")
@@ -444,94 +343,3 @@ def soak(
             f"slowest pool step {side['slowest_pool_step_s']:.2f} s"
         )
     publish("soak_ray" if backend == "ray" else "soak", show=False)
-
-
-@bench_app.command("validator")
-def validator(
-    params: Path = PARAMS_OPTION,
-    episodes: int = typer.Option(200, min=8, help="Episodes per honest policy and per planted behaviour."),
-    train_steps: int | None = typer.Option(
-        None,
-        "--train-steps",
-        min=0,
-        help="PPO steps of the honest trained policy [default: train.total_steps; 0: none].",
-    ),
-) -> None:
-    """Train the validator as the cycle does, then score honest and planted reward-hacking episodes."""
-    from benchmarks.validator_bench import run_validator_bench_fresh
-
-    cfg = phase_config_or_exit(params)
-    result = run_validator_bench_fresh(cfg, episodes, train_steps, progress=typer.echo)
-    result["episodes_per_policy"] = episodes
-    result["train_steps"] = cfg.train.total_steps if train_steps is None else train_steps
-    result["notes"] = [
-        f"threshold {result['threshold']:g}; per behaviour: "
-        + ", ".join(
-            f"{k} {v['caught_rate'] if v['caught_rate'] is None else round(v['caught_rate'], 3)} "
-            f"({v['habit_fired']}/{v['played']} fired)"
-            for k, v in result["per_behaviour"].items()
-        ),
-        "honest: "
-        + ", ".join(f"{k} FPR {v['false_positive_rate']:.3f} of {v['episodes']}" for k, v in result["honest"].items()),
-        f"measured on {platform.node() or 'this machine'} (shared machine: timings are noisy, rates are not)",
-    ]
-    publish("validator", result)
-
-
-@bench_app.command("forgetting")
-def forgetting(
-    params: Path = PARAMS_OPTION,
-    steps: int | None = typer.Option(
-        None, "--steps", min=1024, help="PPO steps of the champion and of each retrain [default: train.total_steps]."
-    ),
-    shift: str = typer.Option(
-        "catalogue",
-        "--shift",
-        help="catalogue (dimensions + balances), family (SQL only) or recovery (no failures to recover from).",
-    ),
-) -> None:
-    """Cycle A, a shifted catalogue B, retrains on B without and with EWC; forgetting on A's test variants."""
-    from benchmarks.forgetting_bench import SHIFTS, run_forgetting_bench
-    from benchmarks.machine import MachineLoad
-
-    cfg = phase_config_or_exit(params)
-    if shift not in SHIFTS:
-        raise typer.BadParameter(f"--shift must be one of {sorted(SHIFTS)}")
-    machine = MachineLoad()
-    result = run_forgetting_bench(cfg, steps, progress=typer.echo, shift=shift)
-    result["machine_load"] = machine.result()
-    result["notes"] = [
-        f"shift {result['shift_name']}: {result['shift']}",
-        f"EWC lam {result['ewc_lam']:g} over {result['ewc_samples']} states of A's trajectories "
-        f"(Fisher {result['fisher_s']:.1f} s); same retrain seed for both sides; {result['test_episodes']} test episodes",
-        machine.note(),
-    ]
-    name = "forgetting" if shift == "catalogue" else f"forgetting_{shift}"
-    publish(name, result)
-
-
-@bench_app.command("transfer")
-def transfer(
-    params: Path = PARAMS_OPTION,
-    steps: int | None = typer.Option(
-        None,
-        "--steps",
-        min=1024,
-        help="PPO steps of each training (all channels, and each leave-one-out) [default: 40960].",
-    ),
-) -> None:
-    """Leave one channel out: train on the others, play greedily on its test split, next to the rules."""
-    from benchmarks.machine import MachineLoad
-    from benchmarks.markdown import TITLES
-    from benchmarks.transfer_bench import run_transfer_bench, transfer_notes
-
-    cfg = phase_config_or_exit(params)
-    machine = MachineLoad()
-    result = run_transfer_bench(cfg, steps, progress=typer.echo)
-    result["machine_load"] = machine.result()
-    result["notes"] = [*transfer_notes(result), machine.note()]
-    result["command_options"] = f" --steps {result['total_steps_cap']}"
-    name = "transfer" if result["process"] == "checkout" else f"transfer_{result['process']}"
-    if name not in TITLES:
-        raise typer.BadParameter(f"no BENCHMARKS.md section for process {result['process']!r}")
-    publish(name, result)
