@@ -80,9 +80,7 @@ def _alive(processes: dict[int, float]) -> list[str]:
     [
         "payment",
         "postgres",
-        pytest.param(
-            "chromium", marks=pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="no Chromium")
-        ),
+        "chromium",
         "ray",
     ],
 )
