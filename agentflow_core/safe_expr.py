@@ -292,8 +292,8 @@ class _Compiler:
         return power
 
     def _Compare(self, node: ast.Compare, depth: int) -> _Fn:
-        operands = (node.left, *node.comparators)
-        if self.strings and any(_is_text(n) or (isinstance(n, ast.Name) and n.id in self.strings) for n in operands):
+        sides = (node.left, *node.comparators)
+        if self.strings and any(_is_text(n) or (isinstance(n, ast.Name) and n.id in self.strings) for n in sides):
             return self._string_compare(node)
         ops = []
         for op in node.ops:
@@ -327,7 +327,7 @@ class _Compiler:
             raise self.reject(shape)
         assert isinstance(text_node, ast.Constant)
         self.nodes += 2
-        name, text = self._checked_name(name_node.id), text_node.value
+        name, text = self._checked_name(name_node.id), str(text_node.value)
         if len(text) > MAX_TEXT:
             raise self.reject(f"string constant longer than {MAX_TEXT} characters")
         if isinstance(node.ops[0], ast.Eq):
