@@ -41,7 +41,7 @@ FAULT_TOKENS[SCAFFOLD] = frozenset({"TIMEOUT"})
 
 # Paired scenarios, faults off: checkout's user tiers and start stages, a short wallet, certain declines;
 # refund's evidence-required order value, flagged account and a review already under way.
-CLEAN = {
+CLEAN: dict[str, list[dict[str, Any]]] = {
     "checkout": [
         {"card_decline_rate": 0.0},
         {"card_decline_rate": 0.0, "user_tier": "vip"},
@@ -55,7 +55,7 @@ CLEAN = {
     "refund": [{}, {"order_value": 150.0}, {"account": "flagged"}, {"entry_stage": "under_review"}],
     SCAFFOLD: [{}, {"plan": "annual"}, {"account": "disputed"}, {"plan": "annual", "plan_price": 80.0}],
 }
-FAULTY = {
+FAULTY: dict[str, list[dict[str, Any]]] = {
     "checkout": [{"card_decline_rate": 0.0, "network": "packet_loss_5%"}],
     "refund": [{"network": "packet_loss_5%"}],
     SCAFFOLD: [{"network": "packet_loss_5%", "plan": "annual"}],

@@ -190,8 +190,8 @@ def test_statements_are_prepared_at_load(patch: dict[str, Any], key: str) -> Non
 
 
 def test_the_registry_loads_a_spec_file_beside_the_config(tmp_path: Path) -> None:
-    from tasks.process_scaffold import write_scaffold
     from tasks.process_io import read_process
+    from tasks.process_scaffold import write_scaffold
 
     write_scaffold("toy", tmp_path)
     env_dir = tmp_path / "configs/toy/envs"
