@@ -284,7 +284,7 @@ def _channel_spec(spec: Any, physical_cls: Any, source_file: Path, load: Loader 
     src, where = str(source_file), str(source_file)
     if isinstance(spec, str):
         path = resolve_mapping_path(spec, source_file.parent)
-        if path is None or path.parent == PACKAGED_MAPPINGS_DIR:
+        if path is None or path.is_relative_to(PACKAGED_MAPPINGS_DIR):
             raise RegistryError(src, f"spec: file {spec!r} not found inside the config directory")
         try:
             spec, where = _read_document(path, load), str(path)
