@@ -39,6 +39,9 @@ Every ``when``, ``p``, ``cost``, ``value``, ``set`` right-hand side and init is 
 ``set`` block is simultaneous: every right-hand side reads the state before the block. An init reads
 the scenario and the variables declared before it (later ones still read 0). A probability ``p`` is
 clipped to [0, 1]; only a ``p`` strictly between 0 and 1 draws from the episode's generator.
+An expression undefined at run time (a division by zero) raises
+:class:`~agentflow_core.safe_expr.ExpressionEvalError`: the step crashes (the env wrapper reports an
+``EnvCrashError``) rather than go on with a made-up value.
 
 The business value of an episode is the terminal ``value`` minus the sum of the applicable actions'
 costs; the step reward is ``scale * (value change of the step) + step`` for an applicable action and
@@ -438,3 +441,13 @@ def _cached(document_json: str, types: tuple[tuple[str, bool], ...], source: str
 def compiled_machine(document: Mapping[str, Any], fields: Mapping[str, Any], source: str = "<machine>") -> Machine:
     """:func:`parse_machine`, cached: envs of one machine and scenario shape share one compiled form."""
     return _cached(json.dumps(document, sort_keys=True, default=str), field_types(fields), source)
+
+
+def check_native_actions(native_type: str, declared: Any, actions: Mapping[str, Any]) -> None:
+    """Every mapped native action is ``{"type": native_type, "action": <declared>}``; a ValueError names the first not."""
+    names = sorted(declared) if isinstance(declared, Mapping) else []
+    for semantic, native in actions.items():
+        if not isinstance(native, Mapping) or native.get("type") != native_type or native.get("action") not in names:
+            raise ValueError(
+                f"{semantic}: got {native!r}, expected {{type: {native_type}, action: one of {names[:8]}}}"
+            )

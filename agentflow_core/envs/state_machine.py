@@ -29,6 +29,7 @@ from agentflow_core.envs.machine_spec import (
     Machine,
     Outcome,
     audit_samples,
+    check_native_actions,
     compiled_machine,
     parse_machine,
 )
@@ -65,6 +66,11 @@ class StateMachineEnv:
         fields = {f.name: ("" if f.type == "str" else 0.0) for f in vocabulary.scenario.fields}
         parse_machine(spec, fields, source)
         cls.raw_states(spec, source)
+
+    @classmethod
+    def check_native(cls, spec: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
+        """The mapping's native actions name this machine's actions (a ValueError names the first that does not)."""
+        check_native_actions(NATIVE_TYPE, spec.get("actions"), actions)
 
     @classmethod
     def raw_states(cls, spec: Mapping[str, Any], source: str = "<machine>") -> list[tuple[Any, str]]:
