@@ -85,6 +85,7 @@ class StateMachineEnv:
         self.family, self.version = family_and_version(env_id)
         fields = scenario_fields(scenario)
         self.machine: Machine = compiled_machine(self.spec, fields, self.source)
+        self._visible = self.machine.visible
         self._fields = fields
         self.max_steps = int(fields.get("max_episode_steps", 200))
         self.values: dict[str, Any] = {}
@@ -165,7 +166,7 @@ class StateMachineEnv:
     def _observation(self, reason: str | None, applied: bool) -> dict[str, Any]:
         values = self.values
         return {
-            "state": {name: values[name] for name in self.machine.visible},
+            "state": {name: values[name] for name in self._visible},
             "last": {"failure_reason": reason, "applied": int(applied)},
         }
 
