@@ -41,7 +41,7 @@ _ENV_ID = re.compile(r"^(?P<family>[a-z][a-z0-9_]*)_v(?P<version>\d+)")
 
 
 def scenario_fields(scenario: Any) -> dict[str, Any]:
-    """A scenario (a process's ScenarioValues or checkout's Scenario) as the values expressions read."""
+    """A scenario (a process's ScenarioValues or the Scenario dataclass) as the values expressions read."""
     values = scenario.to_dict() if hasattr(scenario, "to_dict") else dict(scenario)
     return {k: (v if isinstance(v, str) else float(v)) for k, v in values.items()}
 
