@@ -334,6 +334,10 @@ class RegisteredEnv(Protocol):
         """``module:Class`` of the env family; the module's ``RAW_STATES`` are the audit's labelled samples."""
 
     @property
+    def kwargs(self) -> Mapping[str, Any]:
+        """The env's constructor arguments (a channel configured by data declares its audit samples there)."""
+
+    @property
     def mapping_path(self) -> str:
         """The mapping file the entry loaded: findings name it."""
 

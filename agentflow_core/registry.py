@@ -10,6 +10,10 @@ Each file in the config directory (``configs/envs/*.yaml``) declares one base en
     params: {card_decline_rate: 0.1}  # scenario values of this env (fields the process declares)
     kwargs: {}                        # optional extra constructor arguments of the family
 
+A family may declare ``FILE_KWARGS`` (kwargs whose value names a file next to the config, read here
+with the injected parser and passed on as data, e.g. the HTTP channel's ``openapi`` spec) and a
+``check_kwargs(kwargs)`` classmethod (its own config checked at load: a ``ValueError`` names the key).
+
 Code never comes from data: a ``class_path`` or explicit adapter path must lie in ``agentflow_core``
 or be an entry point a user installed (groups ``agentflow.envs`` / ``agentflow.adapters``), checked
 before anything is imported; a ``mapping`` path stays inside the config directory.
@@ -165,6 +169,30 @@ def load_mapping(path: Path, load: Loader | None = None) -> dict[str, Any]:
     return document
 
 
+def _family_kwargs(
+    physical_cls: Any, kwargs: Mapping[str, Any], config_dir: Path, load: Loader | None, src: str
+) -> dict[str, Any]:
+    """``kwargs`` with the family's ``FILE_KWARGS`` read from next to the config, checked by its ``check_kwargs``."""
+    resolved = dict(kwargs)
+    for key in getattr(physical_cls, "FILE_KWARGS", ()):
+        if not isinstance(resolved.get(key), str):
+            continue
+        path = (config_dir.resolve() / resolved[key]).resolve()
+        if Path(resolved[key]).is_absolute() or not path.is_relative_to(config_dir.resolve()) or not path.is_file():
+            raise RegistryError(src, f"kwargs.{key}: file {resolved[key]!r} not found inside {config_dir}")
+        try:
+            resolved[key] = _read_document(path, load)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise RegistryError(src, f"kwargs.{key}: {path}: unreadable: {type(exc).__name__}: {exc}") from None
+    check = getattr(physical_cls, "check_kwargs", None)
+    if check is not None:
+        try:
+            check(resolved)
+        except (TypeError, ValueError) as exc:
+            raise RegistryError(src, f"kwargs: {exc}") from None
+    return resolved
+
+
 def _checked_sections(config: Any, src: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """The document's shape (known keys, required strings), before anything is imported; its params and kwargs."""
     if not isinstance(config, Mapping):
@@ -220,6 +248,7 @@ def entry_from_config(
         raise RegistryError(src, f"class_path: {exc}") from exc
     if not callable(physical_cls):
         raise RegistryError(src, f"class_path: {config['class_path']!r} is not callable")
+    kwargs = _family_kwargs(physical_cls, kwargs, source_file.parent, load, src)
     try:
         check_trusted(config["adapter"], ADAPTER_ENTRY_POINTS)
         adapter_cls = adapter_class(config["adapter"])
@@ -275,6 +304,11 @@ def is_mapping_document(document: Any) -> bool:
     return isinstance(document, Mapping) and "token_rules" in document
 
 
+def is_openapi_document(document: Any) -> bool:
+    """A service's OpenAPI spec may sit next to the env config that names it (``kwargs.openapi``)."""
+    return isinstance(document, Mapping) and "openapi" in document and "paths" in document
+
+
 def load_entry(path: Path, load: Loader | None = None) -> EnvEntry:
     """Read and validate one env config file."""
     return entry_from_config(read_config(path, load), path, load)
@@ -305,7 +339,7 @@ class EnvRegistry:
         entries: dict[str, EnvEntry] = {}
         for path in config_files(self.config_dir):
             document = read_config(path, self.load)
-            if path.suffix == ".json" and is_mapping_document(document):
+            if (path.suffix == ".json" and is_mapping_document(document)) or is_openapi_document(document):
                 continue
             entry = entry_from_config(document, path, self.load, self.vocabularies)
             if entry.env_id in entries:

@@ -217,10 +217,12 @@ def _mask_findings(adapter: BaseSemanticAdapter, raws: Sequence[Any], file: str)
 
 
 def raw_states_of(entry: RegisteredEnv) -> list[tuple[Any, str]]:
-    """The labelled raw samples of an entry's family module (``RAW_STATES``)."""
-    module_name = entry.class_path.partition(":")[0]
+    """The labelled raw samples of an entry: its env class's ``raw_states(kwargs)`` (a channel configured by
+    data declares them in its config), else its family module's ``RAW_STATES``."""
+    module_name, _, class_name = entry.class_path.partition(":")
     module = importlib.import_module(module_name)
-    states = getattr(module, "RAW_STATES", None)
+    from_config = getattr(getattr(module, class_name, None), "raw_states", None)
+    states = from_config(entry.kwargs) if callable(from_config) else getattr(module, "RAW_STATES", None)
     if not states:
         raise RegistryError(entry.source_file, f"family module {module_name!r} defines no RAW_STATES to audit against")
     return list(states)
