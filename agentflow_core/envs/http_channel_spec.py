@@ -31,7 +31,7 @@ from agentflow_core.adapters.openapi_spec import operations
 from agentflow_core.envs.http_client import BreakerConfig, ClientConfig, Outcome, RetryPolicy
 
 _PLACEHOLDER = re.compile(r"\$\{([^{}]*)\}")
-_ALLOWED = re.compile(r"scenario(\.[A-Za-z_][A-Za-z0-9_]*)?|seed|saved\.[A-Za-z_][A-Za-z0-9_]*")
+_ALLOWED = re.compile(r"scenario(\.[A-Za-z][A-Za-z0-9_]*)?|seed|saved\.[A-Za-z][A-Za-z0-9_]*")
 _PATH_PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
