@@ -175,6 +175,7 @@ def registry_catalogue(samples_per_combination: int = 1) -> tuple[list[Any], Any
         cfg.perturbations,
         cfg.samples_per_combination,
         seed=0,
+        scenario=CHECKOUT.scenario,
     )
     return entries, RegistryEnvFactory({e.env_id: e for e in entries}), variants
 

@@ -31,6 +31,7 @@ from agentflow_core.adapters.web import WebAdapter
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.registry import load_entry, load_mapping
 from agentflow_core.rl.checkpoint import STATE_FILE, load_intact
+from agentflow_core.semantics import CHECKOUT
 from tasks.config_io import load_config
 from tasks.overrides import parse_set
 from tasks.process_io import read_process
@@ -202,4 +203,4 @@ def test_checkpoint_state_and_pointer_files(state: str, pointer: str, tmp_path: 
     root = tmp_path / "ckpts"
     _write(root / "update_00000001" / STATE_FILE, state)
     _write(root / "latest.json", pointer)
-    _run(lambda: load_intact(root))
+    _run(lambda: load_intact(root, vocabulary=CHECKOUT))
