@@ -50,7 +50,7 @@ class TinyAdapter(BaseSemanticAdapter):
     def __init__(
         self, mapping: Mapping[str, Any], source: str = "<mapping>", vocabulary: Vocabulary = TINY_VOCABULARY
     ) -> None:
-        super().__init__(mapping, source, vocabulary)
+        super().__init__(mapping, source, vocabulary=vocabulary)
 
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
         return all(raw.get(k) == v for k, v in when.items())

@@ -360,7 +360,7 @@ def generate_mapping(spec: Mapping[str, Any], family: str, version: int = 1) -> 
         "feature_rules": _feature_rules(properties),
         "actions": _actions(spec),
     }
-    return validate_mapping(mapping, f"<openapi:{title}>", expected_template="api")
+    return validate_mapping(mapping, f"<openapi:{title}>", expected_template="api", vocabulary=CHECKOUT)
 
 
 def generate_from_openapi(
@@ -368,8 +368,8 @@ def generate_from_openapi(
     family: str,
     version: int = 1,
     *,
-    process: str = "checkout",
-    vocabulary: Vocabulary = CHECKOUT,
+    process: str,
+    vocabulary: Vocabulary,
     class_path: str = DEFAULT_CLASS_PATH,
     base_url: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -156,7 +156,7 @@ def test_openapi_specs(text: str) -> None:
     def read() -> None:
         document = load_yaml_text(text)
         if isinstance(document, dict):
-            generate_from_openapi(document, "shop")
+            generate_from_openapi(document, "shop", process="checkout", vocabulary=CHECKOUT)
 
     _run(read)
 
@@ -177,7 +177,14 @@ OPENAPI_TREES = st.recursive(
 @given(paths=OPENAPI_TREES, components=OPENAPI_TREES)
 @example(paths=["/pay"], components=None)
 def test_openapi_structures(paths: Any, components: Any) -> None:
-    _run(lambda: generate_from_openapi({"openapi": "3.0.0", "paths": paths, "components": components}, "shop"))
+    _run(
+        lambda: generate_from_openapi(
+            {"openapi": "3.0.0", "paths": paths, "components": components},
+            "shop",
+            process="checkout",
+            vocabulary=CHECKOUT,
+        )
+    )
 
 
 @FUZZ
@@ -189,7 +196,7 @@ def test_mapping_regexes(pattern: str, web_mapping: dict[str, Any]) -> None:
     page = {"page": "cart", "text": "Checkout: your cart holds 2 items. " * 40 + "a" * 60 + "!"}
 
     def read() -> None:
-        WebAdapter(mapping, source="fuzz.json").adapt_observation(
+        WebAdapter(mapping, source="fuzz.json", vocabulary=CHECKOUT).adapt_observation(
             {**page, "buttons": [], "links": [], "fields": {}, "forms": [], "banner": None}
         )
 
