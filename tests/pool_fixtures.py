@@ -136,6 +136,7 @@ class TinyFactory:
 
     faults: dict[str, Fault] = field(default_factory=dict, hash=False)
     max_episode_steps: int = 50
+    vocabulary: Vocabulary = field(default=CHECKOUT, hash=False, repr=False)  # the pool sizes its rows by it
 
     def __call__(self, variant: Any) -> SemanticEnv:
         scenario = Scenario(max_episode_steps=self.max_episode_steps)

@@ -11,7 +11,7 @@ import pytest
 from pool_fixtures import TinyFactory, tiny_variants
 
 from agentflow_core.config import AgentFlowConfig, ExploreConfig, PoolConfig, RewardConfig
-from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.envs.experts import expert_for
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.rl.coverage import CoverageTracker, epsilon_for
 from agentflow_core.rl.exploration import ExploreProgress, epsilon_greedy, explore, sample_legal
@@ -93,7 +93,7 @@ def tiny_pool(n: int = 8) -> InProcessPool:
 
 def run_tiny(out: Path, seed: int = 0, total_steps: int = 800) -> tuple:
     cfg = ExploreConfig(total_steps=total_steps, num_envs=8, shard_rows=300)
-    expert = ScriptedExpert()
+    expert = expert_for("any")
     progress: list[ExploreProgress] = []
     pool = tiny_pool()
     try:
