@@ -43,8 +43,9 @@ earns :data:`~agentflow_core.envs.base.INAPPLICABLE_REWARD`. A step is ``applied
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -97,18 +98,25 @@ _specs: dict[tuple[str, str], OperationTable] = {}
 _specs_lock = threading.Lock()
 
 
+@functools.cache
+def _service_starter(name: str) -> Callable[[], Any]:
+    """The entry point ``name`` of group ``agentflow.services``, looked up once per process."""
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep for ep in entry_points(group=SERVICE_ENTRY_POINTS)}
+    if name not in found:
+        raise ValueError(f"service: {name!r} is not an installed {SERVICE_ENTRY_POINTS} entry point: {sorted(found)}")
+    starter: Callable[[], Any] = found[name].load()
+    return starter
+
+
 def start_service(name: str) -> str:
     """The base URL of the installed service ``name`` (entry point of group ``agentflow.services``), started once.
 
     The entry point is a callable returning the running service (an object with ``url``) or its URL; it
     runs in this process (a pool worker starts its own), and is expected to start the service only once.
     """
-    from importlib.metadata import entry_points
-
-    found = {ep.name: ep for ep in entry_points(group=SERVICE_ENTRY_POINTS)}
-    if name not in found:
-        raise ValueError(f"service: {name!r} is not an installed {SERVICE_ENTRY_POINTS} entry point: {sorted(found)}")
-    running = found[name].load()()
+    running = _service_starter(name)()
     return str(running if isinstance(running, str) else running.url)
 
 
