@@ -334,16 +334,16 @@ class RegisteredEnv(Protocol):
         """``module:Class`` of the env family; the module's ``RAW_STATES`` are the audit's labelled samples."""
 
     @property
-    def kwargs(self) -> Mapping[str, Any]:
-        """The env's constructor arguments (a channel configured by data declares its audit samples there)."""
-
-    @property
     def mapping_path(self) -> str:
         """The mapping file the entry loaded: findings name it."""
 
     @property
     def source_file(self) -> str:
         """The env config file the entry came from: errors name it."""
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """Constructor keywords; a channel written as data has its document (labelled samples included) as ``spec``."""
 
     def build_adapter(self) -> Any:
         """The entry's semantic adapter over its mapping, in its process's vocabulary."""

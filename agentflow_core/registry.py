@@ -9,14 +9,15 @@ Each file in the config directory (``configs/envs/*.yaml``) declares one base en
     mapping: web_checkout_v2.json     # next to the config first, then agentflow_core/mappings/
     params: {card_decline_rate: 0.1}  # scenario values of this env (fields the process declares)
     kwargs: {}                        # optional extra constructor arguments of the family
-
-A family may declare ``FILE_KWARGS`` (kwargs whose value names a file next to the config, read here
-with the injected parser and passed on as data, e.g. the HTTP channel's ``openapi`` spec) and a
-``check_kwargs(kwargs)`` classmethod (its own config checked at load: a ``ValueError`` names the key).
+    spec: channel.yaml                # optional: a channel document (a file beside the config, or inline)
 
 Code never comes from data: a ``class_path`` or explicit adapter path must lie in ``agentflow_core``
 or be an entry point a user installed (groups ``agentflow.envs`` / ``agentflow.adapters``), checked
-before anything is imported; a ``mapping`` path stays inside the config directory.
+before anything is imported; a ``mapping`` path stays inside the config directory. A data-driven
+channel (the state machine, the SQL channel) takes its document as ``spec``: loaded here with the
+injected parser (a file inside the config directory, e.g. ``channels/machine.yaml``, or written inline),
+checked by the class's ``check_spec(spec, vocabulary, source)`` (and the mapping's native actions by its
+``check_native(spec, actions)``) and handed to it as the ``spec`` keyword.
 
 Everything is checked when the file is loaded -- the process, class path, adapter, mapping schema,
 scenario params, unknown keys, duplicate ids -- so a typo fails at ``refresh()`` with the file and key,
@@ -37,7 +38,7 @@ from typing import Any
 from agentflow_core.adapters import adapter_class, load_object
 from agentflow_core.envs.base import Scenario, make_env_id
 from agentflow_core.envs.semantic_env import SemanticEnv
-from agentflow_core.errors import MappingError, RegistryError
+from agentflow_core.errors import AgentFlowError, MappingError, RegistryError
 from agentflow_core.scenario import ScenarioValues
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
@@ -47,7 +48,7 @@ ENV_ENTRY_POINTS = "agentflow.envs"
 ADAPTER_ENTRY_POINTS = "agentflow.adapters"
 MAX_CONFIG_BYTES = 1 << 20
 REQUIRED_KEYS = frozenset({"env_id", "process", "class_path", "adapter", "mapping"})
-OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version"})
+OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version", "spec"})
 DEFAULT_PROCESS = "checkout"
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -166,30 +167,6 @@ def load_mapping(path: Path, load: Loader | None = None) -> dict[str, Any]:
     return document
 
 
-def _family_kwargs(
-    physical_cls: Any, kwargs: Mapping[str, Any], config_dir: Path, load: Loader | None, src: str
-) -> dict[str, Any]:
-    """``kwargs`` with the family's ``FILE_KWARGS`` read from next to the config, checked by its ``check_kwargs``."""
-    resolved = dict(kwargs)
-    for key in getattr(physical_cls, "FILE_KWARGS", ()):
-        if not isinstance(resolved.get(key), str):
-            continue
-        path = (config_dir.resolve() / resolved[key]).resolve()
-        if Path(resolved[key]).is_absolute() or not path.is_relative_to(config_dir.resolve()) or not path.is_file():
-            raise RegistryError(src, f"kwargs.{key}: file {resolved[key]!r} not found inside {config_dir}")
-        try:
-            resolved[key] = _read_document(path, load)
-        except (OSError, ValueError, RecursionError) as exc:
-            raise RegistryError(src, f"kwargs.{key}: {path}: unreadable: {type(exc).__name__}: {exc}") from None
-    check = getattr(physical_cls, "check_kwargs", None)
-    if check is not None:
-        try:
-            check(resolved)
-        except (TypeError, ValueError) as exc:
-            raise RegistryError(src, f"kwargs: {exc}") from None
-    return resolved
-
-
 def _checked_sections(config: Any, src: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """The document's shape (known keys, required strings), before anything is imported; its params and kwargs."""
     if not isinstance(config, Mapping):
@@ -245,12 +222,12 @@ def entry_from_config(
         raise RegistryError(src, f"class_path: {exc}") from exc
     if not callable(physical_cls):
         raise RegistryError(src, f"class_path: {config['class_path']!r} is not callable")
-    kwargs = _family_kwargs(physical_cls, kwargs, source_file.parent, load, src)
     try:
         check_trusted(config["adapter"], ADAPTER_ENTRY_POINTS)
         adapter_cls = adapter_class(config["adapter"])
     except (KeyError, ImportError, TypeError) as exc:
         raise RegistryError(src, f"adapter: {exc}") from exc
+    kwargs = _with_spec(config, kwargs, physical_cls, source_file, load, vocabulary)
     mapping_path = resolve_mapping_path(config["mapping"], source_file.parent)
     if mapping_path is None:
         raise RegistryError(
@@ -259,6 +236,7 @@ def entry_from_config(
             "(absolute paths and '..' are refused)",
         )
     mapping = load_mapping(mapping_path, load)
+    _check_native(kwargs, mapping, physical_cls, str(mapping_path))
     adapter_cls(mapping, source=str(mapping_path), vocabulary=vocabulary)  # schema + template + per-rule checks
     family, version = mapping["family"], int(mapping["version"])
     for key, expected in (("family", family), ("version", version)):
@@ -283,6 +261,54 @@ def entry_from_config(
     )
 
 
+def _with_spec(
+    config: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+    physical_cls: Any,
+    source_file: Path,
+    load: Loader | None,
+    vocabulary: Vocabulary,
+) -> Mapping[str, Any]:
+    """``kwargs`` with the config's checked ``spec`` added (unchanged without one)."""
+    if "spec" not in config:
+        return kwargs
+    return {**kwargs, "spec": _channel_spec(config["spec"], physical_cls, source_file, load, vocabulary)}
+
+
+def _check_native(kwargs: Mapping[str, Any], mapping: Mapping[str, Any], physical_cls: Any, src: str) -> None:
+    """A channel document's class checks the mapping's native actions against it (a typo is never issued)."""
+    check = getattr(physical_cls, "check_native", None)
+    if "spec" not in kwargs or check is None or not isinstance(mapping.get("actions"), Mapping):
+        return
+    try:
+        check(kwargs["spec"], mapping["actions"])
+    except ValueError as exc:
+        raise RegistryError(src, f"actions: {exc}") from exc
+
+
+def _channel_spec(spec: Any, physical_cls: Any, source_file: Path, load: Loader | None, vocabulary: Vocabulary) -> Any:
+    """The env config's ``spec``: an inline mapping or a file inside the config directory, checked by its class."""
+    src, where = str(source_file), str(source_file)
+    if isinstance(spec, str):
+        path = resolve_mapping_path(spec, source_file.parent)
+        if path is None or path.is_relative_to(PACKAGED_MAPPINGS_DIR):
+            raise RegistryError(src, f"spec: file {spec!r} not found inside the config directory")
+        try:
+            spec, where = _read_document(path, load), str(path)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise RegistryError(str(path), f"unreadable: {type(exc).__name__}: {exc}") from None
+    if not isinstance(spec, Mapping):
+        raise RegistryError(src, f"spec: got {type(spec).__name__}, expected a mapping or a file name")
+    check = getattr(physical_cls, "check_spec", None)
+    if check is None:
+        raise RegistryError(src, "spec: this class_path takes no channel document (no check_spec)")
+    try:
+        check(spec, vocabulary, where)
+    except (AgentFlowError, ValueError, TypeError) as exc:
+        raise RegistryError(src, f"spec: {exc}") from exc
+    return dict(spec)
+
+
 def read_config(path: Path, load: Loader | None = None) -> Any:
     """Parse one config file; parser errors become a RegistryError naming the file."""
     try:
@@ -296,11 +322,6 @@ def read_config(path: Path, load: Loader | None = None) -> Any:
 def is_mapping_document(document: Any) -> bool:
     """Mapping files may sit next to the env configs (``from-openapi`` writes both there)."""
     return isinstance(document, Mapping) and "token_rules" in document
-
-
-def is_openapi_document(document: Any) -> bool:
-    """A service's OpenAPI spec may sit next to the env config that names it (``kwargs.openapi``)."""
-    return isinstance(document, Mapping) and "openapi" in document and "paths" in document
 
 
 def load_entry(path: Path, load: Loader | None = None) -> EnvEntry:
@@ -333,7 +354,7 @@ class EnvRegistry:
         entries: dict[str, EnvEntry] = {}
         for path in config_files(self.config_dir):
             document = read_config(path, self.load)
-            if (path.suffix == ".json" and is_mapping_document(document)) or is_openapi_document(document):
+            if path.suffix == ".json" and is_mapping_document(document):
                 continue
             entry = entry_from_config(document, path, self.load, self.vocabularies)
             if entry.env_id in entries:

@@ -4,8 +4,8 @@
 legal actions) recorded from the hand-written refund HTTP env this channel replaced; the channel, fed
 only the data of configs/refund/envs/refund_api_v1.yaml, must reproduce every token, observation,
 reward and failure reason. A stalling proxy in front of the service shows the client's timeout, the
-RETRY action and the client's own retries, and the circuit breaker opening; configs carrying code
-or naming undeclared requests are refused when the registry loads them.
+RETRY action and the client's own retries, and the circuit breaker opening; documents carrying code,
+and mapping actions the service's spec does not declare, are refused when the registry loads them.
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def proxy(service: RefundService) -> Iterator[StallingProxy]:
 
 
 def _channel(entry: EnvEntry, base_url: str, **client: Any) -> HttpChannelEnv:
-    kwargs = {k: v for k, v in entry.kwargs.items() if k != "service"}
-    kwargs.update(base_url=base_url, client={"timeout_s": 0.5, "max_retries": 0, **client})
-    return HttpChannelEnv(entry.scenario({}), "refund_api_v1_test", **kwargs)
+    spec = {k: v for k, v in entry.kwargs["spec"].items() if k != "service"}
+    spec.update(client={"timeout_s": 0.5, "max_retries": 0, **client})
+    return HttpChannelEnv(entry.scenario({}), "refund_api_v1_test", spec, base_url=base_url)
 
 
 def test_the_channel_replays_the_hand_written_envs_episodes(entry: EnvEntry) -> None:
@@ -197,12 +197,13 @@ def _write_config(tmp_path: Path, edit: Any) -> Path:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda c: c["kwargs"]["reset"].update(body={"x": "${__import__('os').system('id')}"}), "placeholder"),
-        (lambda c: c["kwargs"]["headers"].update({"X-A": "${scenario.__class__}"}), "placeholder"),
-        (lambda c: c["kwargs"].update(service="os:system"), "never names code"),
-        (lambda c: c["kwargs"].update(python="import os"), "unknown key"),
-        (lambda c: c["kwargs"]["reply"].update(reward="lambda body: 1"), "json path"),
-        (lambda c: c["kwargs"]["reset"].update(method="EVAL"), "reset.method"),
+        (lambda c: c["spec"]["reset"].update(body={"x": "${__import__('os').system('id')}"}), "placeholder"),
+        (lambda c: c["spec"]["headers"].update({"X-A": "${scenario.__class__}"}), "placeholder"),
+        (lambda c: c["spec"].update(service="os:system"), "never names code"),
+        (lambda c: c["spec"].update(python="import os"), "unknown key"),
+        (lambda c: c["spec"]["reply"].update(reward="lambda body: 1"), "json path"),
+        (lambda c: c["spec"]["reset"].update(method="EVAL"), "reset.method"),
+        (lambda c: c["spec"]["audit"]["states"].append({"token": "LOGGED_IN"}), "not one of the process's"),
     ],
 )
 def test_a_config_with_code_in_it_is_refused_at_load(tmp_path: Path, edit: Any, message: str) -> None:
@@ -211,27 +212,36 @@ def test_a_config_with_code_in_it_is_refused_at_load(tmp_path: Path, edit: Any, 
         EnvRegistry(directory, yaml_load, known_vocabularies(REFUND_ENVS))
 
 
-def test_a_spec_next_to_the_config_resolves_operations_and_refuses_undeclared_requests(
+def test_the_services_openapi_file_as_the_channel_checks_every_request_at_load(
     tmp_path: Path, service: RefundService
 ) -> None:
+    """``spec:`` naming the service's OpenAPI document (with its x-agentflow-channel) beside the env config."""
+
     def edit(config: dict[str, Any]) -> None:
-        kwargs = config["kwargs"]
-        kwargs.pop("openapi_url")
-        kwargs.pop("service")
-        kwargs.update(openapi="refund_openapi.json", base_url=service.url)
-        kwargs["reset"] = {"operation": "openCase", **{k: v for k, v in kwargs["reset"].items() if k != "method"}}
-        kwargs["reset"].pop("path")
+        config["spec"] = "channels/refund_openapi.json"
+        config["kwargs"] = {"base_url": service.url}
 
     directory = _write_config(tmp_path, edit)
-    (directory / "refund_openapi.json").write_text(json.dumps(openapi_spec()))
-    entry = EnvRegistry(directory, yaml_load, known_vocabularies(REFUND_ENVS)).get("refund_api_v1")
-    assert entry.kwargs["openapi"]["info"]["title"] == "Refund service"  # the file, read by the registry as data
+    document = json.loads(json.dumps(openapi_spec()))  # the spec the service serves, with its channel settings
+    document["x-agentflow-channel"].pop("openapi_url")  # the operations come from this file
+    document["x-agentflow-channel"]["reset"] = {"operation": "openCase", **document["x-agentflow-channel"]["reset"]}
+    for key in ("method", "path"):
+        document["x-agentflow-channel"]["reset"].pop(key)
+    (directory / "channels").mkdir()
+    (directory / "channels" / "refund_openapi.json").write_text(json.dumps(document))
+    vocabularies = known_vocabularies(REFUND_ENVS)
+    entry = EnvRegistry(directory, yaml_load, vocabularies).get("refund_api_v1")
+    assert entry.kwargs["spec"]["info"]["title"] == "Refund service"  # the file, read by the registry as data
     env = entry.make({})
     env.reset(seed=0)
-    physical = env.physical
-    assert physical.step({"type": "http", "operation": "signIn"}).obs["json"]["session"]["status"] == "active"
+    signed_in = env.physical.step({"type": "http", "operation": "signIn"})
+    assert signed_in.obs["json"]["session"]["status"] == "active"
     with pytest.raises(ValueError, match="not an operation of the service's spec"):
-        physical.step({"type": "http", "method": "GET", "path": "/admin"})
-    with pytest.raises(ValueError, match="no operationId"):
-        physical.step({"type": "http", "operation": "dropTables"})
+        env.physical.step({"type": "http", "method": "GET", "path": "/admin"})
     env.close()
+
+    mapping = json.loads((directory / "refund_api_v1.json").read_text())
+    mapping["actions"]["ESCALATE"] = {"type": "http", "method": "DELETE", "path": "/support"}
+    (directory / "refund_api_v1.json").write_text(json.dumps(mapping))
+    with pytest.raises(RegistryError, match="ESCALATE: DELETE /support is not an operation"):
+        EnvRegistry(directory, yaml_load, vocabularies)  # a mapping action the service does not offer: refused at load

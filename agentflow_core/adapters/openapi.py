@@ -24,8 +24,9 @@ checkout's demo HTTP env (``DEFAULT_CLASS_PATH``) for checkout, the generic HTTP
 (``HTTP_CHANNEL_CLASS_PATH``) for any other process, or an installed env the caller names, and a
 spec whose ``x-agentflow-class-path`` names anything else is rejected. For the generic channel the
 spec's top-level ``x-agentflow-channel`` says how an episode opens and how a reply reads (the
-channel's ``reset``, ``headers``, ``reply``, ``client`` and ``samples``: data, checked by
-:meth:`~agentflow_core.envs.http_channel.HttpChannelEnv.check_kwargs` when the config is loaded).
+channel's ``reset``, ``headers``, ``reply``, ``client`` and ``audit``: data, written as the env
+config's ``spec`` and checked by :meth:`~agentflow_core.envs.http_channel.HttpChannelEnv.check_spec`
+when the config is loaded).
 """
 
 from __future__ import annotations
@@ -417,9 +418,11 @@ def generate_from_openapi(
                 "<openapi>",
                 f"$.{CHANNEL_ANNOTATION}",
                 "the generic HTTP channel needs the spec to say how an episode "
-                "opens and how a reply reads (reset, headers, reply, samples)",
+                "opens and how a reply reads (reset, headers, reply, audit)",
             )
-        config["kwargs"] = {**({"base_url": base_url} if base_url is not None else {}), **dict(channel)}
+        config["spec"] = dict(channel)
+        if base_url is not None:
+            config["kwargs"] = {"base_url": base_url}
     elif base_url is not None:
         config["kwargs"] = {"server_url" if class_path == DEFAULT_CLASS_PATH else "base_url": base_url}
     return config, mapping

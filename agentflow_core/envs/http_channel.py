@@ -1,13 +1,14 @@
 """The generic HTTP channel: any JSON service driven by data -- requests per action, a reset, the client's resilience.
 
-An env config names ``agentflow_core.envs.http_channel:HttpChannelEnv`` with the ``api`` adapter, and
-says everything else in ``kwargs`` (``configs/refund/envs/refund_api_v1.yaml`` is one)::
+An env config names ``agentflow_core.envs.http_channel:HttpChannelEnv`` with the ``api`` adapter and
+gives the channel's document as ``spec`` (inline, or a file inside the config directory, read by the
+registry); ``configs/refund/envs/refund_api_v1.yaml`` is one::
 
     kwargs:
-      base_url: http://127.0.0.1:8765   # a running service; or
+      base_url: http://127.0.0.1:8765   # optional: a running service (else the document's service)
+    spec:
       service: refund                   # an installed entry point (group agentflow.services) started in-process
-      openapi_url: /openapi.json        # the service's spec, fetched from it; or
-      openapi: service_openapi.json     # a spec file next to the env config (the registry reads it)
+      openapi_url: /openapi.json        # the service's spec, fetched from it
       client: {timeout_s: 5.0, max_retries: 0, failure_threshold: 5, cooldown_s: 0.5}
       reset:                            # the request that opens an episode; its reply is the first observation
         method: POST
@@ -17,7 +18,11 @@ says everything else in ``kwargs`` (``configs/refund/envs/refund_api_v1.yaml`` i
         hide: [episode_id, client_token]
       headers: {X-Episode-Id: "${saved.episode_id}"}   # sent with every later request
       reply: {reward: $.reward, done: $.done, failure_reason: $.failure_reason, default_reward: -0.05}
-      samples: {body: {...}, states: [{token: SIGNED_OUT, status: 401}, ...]}   # the mapping audit's raw states
+      audit: {base: {...reply body...}, states: [{token: SIGNED_OUT, status: 401}, ...]}   # the audit's samples
+
+The document may instead be the service's OpenAPI spec itself (a file beside the env config), with
+the settings above under its top-level ``x-agentflow-channel``: its ``paths`` are then the operations
+every request is checked against when the registry loads the config.
 
 The requests of the semantic actions are the ``api`` mapping's native actions, in the same form as
 ``reset``: ``{"type": "http", "method": "POST", "path": "/refunds/{order_id}", "body": {...}}`` or
@@ -25,7 +30,7 @@ The requests of the semantic actions are the ``api`` mapping's native actions, i
 ``{"type": "retry"}``, which re-sends the last request when it failed (5xx, timeout, refused, open
 breaker). Values in bodies, queries, headers and paths are templates over the scenario, a seed and
 fields saved from earlier replies (:mod:`~agentflow_core.envs.http_channel_spec`); nothing in the
-config is code. With a spec, a request that is none of its operations is refused.
+document is code. With a spec, a request that is none of its operations is refused.
 
 Transport is :class:`~agentflow_core.envs.http_client.ResilientClient` on real time: per-request
 timeout, automatic retries of idempotent methods with backoff (``client.max_retries``) and a circuit
@@ -57,21 +62,23 @@ from agentflow_core.envs.http_channel_spec import (
     ReplySpec,
     RequestSpec,
     TemplateContext,
+    audit_samples,
     check_service_name,
     check_template,
     client_config,
     fill_path,
-    labelled_samples,
     parse_request,
     read_path,
     render,
 )
 from agentflow_core.envs.http_client import HttpResult, Outcome, ResilientClient
+from agentflow_core.semantics import Vocabulary
 
 FAMILY = "http_channel"
 VERSION = 1
 SERVICE_ENTRY_POINTS = "agentflow.services"
-KWARGS = frozenset({"base_url", "service", "openapi", "openapi_url", "client", "reset", "headers", "reply", "samples"})
+SETTINGS = frozenset({"service", "openapi_url", "client", "reset", "headers", "reply", "audit"})
+CHANNEL_ANNOTATION = "x-agentflow-channel"  # the settings inside an OpenAPI document used as the channel
 RETRYABLE = frozenset({Outcome.SERVER_ERROR, Outcome.TIMEOUT, Outcome.CONNECTION_ERROR, Outcome.CIRCUIT_OPEN})
 FAILURE_REASONS = {
     Outcome.TIMEOUT: "network_timeout",
@@ -135,51 +142,82 @@ def fetch_operations(client: ResilientClient, path: str) -> OperationTable:
     return table
 
 
+def channel_document(spec: Any) -> tuple[Mapping[str, Any], OperationTable | None]:
+    """(the channel's settings, the spec's operations) of a document: the settings themselves, or an OpenAPI
+    spec carrying them under ``x-agentflow-channel``; every setting checked (a ``ValueError`` names it)."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"expected the channel's document (a mapping), got {type(spec).__name__}")
+    table = None
+    if "openapi" in spec:
+        table = OperationTable.of(spec)
+        spec = spec.get(CHANNEL_ANNOTATION)
+        if not isinstance(spec, Mapping):
+            raise ValueError(
+                f"{CHANNEL_ANNOTATION}: an OpenAPI document used as the channel says how to drive it there"
+            )
+    unknown = sorted(set(spec) - SETTINGS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}, expected a subset of {sorted(SETTINGS)}")
+    if "service" in spec:
+        check_service_name(spec["service"], "service")
+    parse_request(spec.get("reset"), "reset", table.by_id if table else None)
+    check_template(spec.get("headers"), "headers")
+    ReplySpec.parse(spec.get("reply"), "reply")
+    client_config(spec.get("client"), "client")
+    audit_samples(spec.get("audit"), "audit")
+    return spec, table
+
+
 class HttpChannelEnv:
     """Physical env of any JSON HTTP service, configured by data (see the module docstring)."""
 
     family = FAMILY
     version = VERSION
-    FILE_KWARGS = ("openapi",)  # a spec file next to the env config, read by the registry
 
     @classmethod
-    def check_kwargs(cls, kwargs: Mapping[str, Any]) -> None:
-        """Validate the channel's config (the registry calls this when it loads the env config)."""
-        unknown = sorted(set(kwargs) - KWARGS)
-        if unknown:
-            raise ValueError(f"unknown key(s) {unknown}, expected a subset of {sorted(KWARGS)}")
-        if "base_url" not in kwargs and "service" not in kwargs:
-            raise ValueError("name the service: base_url (a running one) or service (an installed entry point)")
-        if "service" in kwargs:
-            check_service_name(kwargs["service"], "service")
-        if "openapi" in kwargs and not isinstance(kwargs["openapi"], Mapping):
-            raise ValueError("openapi: expected the spec file next to the env config (read by the registry)")
-        table = OperationTable.of(kwargs["openapi"]) if "openapi" in kwargs else None
-        parse_request(kwargs.get("reset"), "reset", table.by_id if table else None)
-        check_template(kwargs.get("headers"), "headers")
-        ReplySpec.parse(kwargs.get("reply"), "reply")
-        client_config(kwargs.get("client"), "client")
-        labelled_samples(kwargs.get("samples"), "samples")
+    def check_spec(cls, spec: Any, vocabulary: Vocabulary, source: str = "<http>") -> None:
+        """Validate the channel's document (the registry calls this when it loads the env config)."""
+        try:
+            settings, _ = channel_document(spec)
+            for state in audit_samples(settings.get("audit"), "audit"):
+                if state[1] not in vocabulary.tokens:
+                    raise ValueError(f"audit: token {state[1]!r} is not one of the process's {list(vocabulary.tokens)}")
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
-    def raw_states(cls, kwargs: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
-        """The mapping audit's labelled raw exchanges: the config's ``samples``."""
-        return labelled_samples(kwargs.get("samples"), "samples")
+    def check_native(cls, spec: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
+        """The mapping's native actions are requests this document can send (and operations of its spec, if any)."""
+        _, table = channel_document(spec)
+        for name, native in actions.items():
+            if native.get("type") == "retry":
+                continue
+            if native.get("type") != "http":
+                raise ValueError(f"{name}: type {native.get('type')!r}, expected 'http' or 'retry'")
+            request = parse_request(native, name, table.by_id if table else None)
+            if table is not None and not table.declares(request.method, request.path):
+                raise ValueError(f"{name}: {request.method} {request.path} is not an operation of the service's spec")
 
-    def __init__(self, scenario: ScenarioLike, env_id: str, **kwargs: Any) -> None:
-        self.check_kwargs(kwargs)
+    @classmethod
+    def raw_states(cls, spec: Mapping[str, Any], source: str = "<http>") -> list[tuple[dict[str, Any], str]]:
+        """The mapping audit's labelled raw exchanges: the document's ``audit`` section."""
+        return audit_samples(channel_document(spec)[0].get("audit"), "audit")
+
+    def __init__(
+        self, scenario: ScenarioLike, env_id: str, spec: Mapping[str, Any], base_url: str | None = None
+    ) -> None:
+        settings, self.operations = channel_document(spec)
         self.scenario, self.env_id = scenario, env_id
-        base_url = kwargs.get("base_url") or start_service(kwargs["service"])
-        self.client = ResilientClient(base_url, client_config(kwargs.get("client"), "client"))
-        self.spec: OperationTable | None = None
-        if "openapi" in kwargs:
-            self.spec = OperationTable.of(kwargs["openapi"])
-        elif "openapi_url" in kwargs:
-            self.spec = fetch_operations(self.client, str(kwargs["openapi_url"]))
-        operation_ids = self.spec.by_id if self.spec else None
-        self.reset_request = parse_request(kwargs["reset"], "reset", operation_ids)
-        self.headers: Mapping[str, Any] = kwargs.get("headers") or {}
-        self.reply = ReplySpec.parse(kwargs.get("reply"), "reply")
+        if base_url is None and "service" not in settings:
+            raise ValueError(f"env {env_id}: name the service: kwargs.base_url (a running one) or spec.service")
+        base_url = base_url or start_service(str(settings["service"]))
+        self.client = ResilientClient(base_url, client_config(settings.get("client"), "client"))
+        if self.operations is None and "openapi_url" in settings:
+            self.operations = fetch_operations(self.client, str(settings["openapi_url"]))
+        operation_ids = self.operations.by_id if self.operations else None
+        self.reset_request = parse_request(settings["reset"], "reset", operation_ids)
+        self.headers: Mapping[str, Any] = settings.get("headers") or {}
+        self.reply = ReplySpec.parse(settings.get("reply"), "reply")
         self._requests: dict[str, RequestSpec] = {}  # native actions parsed once, by their repr
         self.np_random = np.random.default_rng()
         self.saved: dict[str, Any] = {}
@@ -236,14 +274,14 @@ class HttpChannelEnv:
         key = repr(sorted(native_action.items()))
         request = self._requests.get(key)
         if request is None:
-            request = parse_request(native_action, "action", self.spec.by_id if self.spec else None)
+            request = parse_request(native_action, "action", self.operations.by_id if self.operations else None)
             self._requests[key] = request
         return request
 
     def _send(self, request: RequestSpec, *, with_session: bool) -> tuple[HttpResult, str]:
         context = TemplateContext(self.scenario.to_dict(), self.saved, self._draw_seed)
         path = fill_path(render(request.path, context), self.saved)
-        if self.spec is not None and not self.spec.declares(request.method, path):
+        if self.operations is not None and not self.operations.declares(request.method, path):
             raise ValueError(f"env {self.env_id}: {request.method} {path} is not an operation of the service's spec")
         query = render(dict(request.query), context)
         target = path + ("?" + "&".join(f"{k}={v}" for k, v in _quoted(query)) if query else "")

@@ -1,9 +1,9 @@
-"""The generic HTTP channel's configuration: requests, value templates, reply reading, labelled samples.
+"""The generic HTTP channel's document: requests, value templates, reply reading, labelled audit samples.
 
-Everything here is data from an env config's ``kwargs`` (see :mod:`agentflow_core.envs.http_channel`
+Everything here is data from an env config's ``spec`` (see :mod:`agentflow_core.envs.http_channel`
 for the whole form), parsed once into frozen records; an unknown key, a malformed request or a
 template that is not one of the four forms below is a ``ValueError`` naming where it is, raised when
-the registry loads the config (:meth:`HttpChannelEnv.check_kwargs`), not in a worker.
+the registry loads the config (:meth:`HttpChannelEnv.check_spec`), not in a worker.
 
 A **value template** is any JSON value; inside it a string ``"${...}"`` is replaced by a value, and
 only these placeholders exist (nothing is evaluated, a config holds no code)::
@@ -50,8 +50,8 @@ CLIENT_KEYS = {
 REPLY_KEYS = frozenset(
     {"reward", "done", "failure_reason", "error", "default_reward", "applied_reasons", "status_reasons"}
 )
-SAMPLE_KEYS = frozenset({"body", "states"})
-STATE_KEYS = frozenset({"token", "status", "json", "outcome"})
+AUDIT_KEYS = frozenset({"base", "states"})
+STATE_KEYS = frozenset({"token", "status", "set", "outcome"})
 
 
 # ---------------------------------------------------------------------------------------------- templates
@@ -286,11 +286,11 @@ def check_service_name(name: Any, where: str) -> str:
     return name
 
 
-def labelled_samples(raw: Any, where: str) -> list[tuple[dict[str, Any], str]]:
-    """The ``samples`` section as the mapping audit's labelled raw exchanges (``body`` overlaid per state)."""
+def audit_samples(raw: Any, where: str) -> list[tuple[dict[str, Any], str]]:
+    """The ``audit`` section as the mapping audit's labelled exchanges: the ``base`` body with each state's ``set``."""
     section = _mapping_of(raw, where)
-    _unknown(section, SAMPLE_KEYS, where)
-    base = _mapping_of(section.get("body"), f"{where}.body")
+    _unknown(section, AUDIT_KEYS, where)
+    base = _mapping_of(section.get("base"), f"{where}.base")
     states = section.get("states") or []
     if not isinstance(states, list):
         raise ValueError(f"{where}.states: expected a list")
@@ -301,8 +301,10 @@ def labelled_samples(raw: Any, where: str) -> list[tuple[dict[str, Any], str]]:
         if not isinstance(state.get("token"), str):
             raise ValueError(f"{where}.states[{index}].token: expected the token this exchange means")
         status = state.get("status", 200)
+        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+            raise ValueError(f"{where}.states[{index}].status: expected an HTTP status code or null (no reply)")
         outcome = state.get("outcome") or (str(Outcome.of_status(status)) if status is not None else "timeout")
-        body = _overlay(base, _mapping_of(state.get("json"), f"{where}.states[{index}].json"))
+        body = _overlay(base, _mapping_of(state.get("set"), f"{where}.states[{index}].set"))
         exchange = {"status_code": status, "json": body if status is not None else {}, "endpoint": None,
                     "client": {"retries": 0, "outcome": outcome, "breaker": "closed"}}  # fmt: skip
         samples.append((exchange, state["token"]))
