@@ -44,12 +44,12 @@ from agentflow_core.adapters.openapi_spec import (
     words_of,
 )
 from agentflow_core.adapters.schema import validate_mapping
+from agentflow_core.envs.http_channel import CHANNEL_ANNOTATION
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 DEFAULT_CLASS_PATH = "agentflow_core.envs.payment_api:PaymentAPIEnv"
 HTTP_CHANNEL_CLASS_PATH = "agentflow_core.envs.http_channel:HttpChannelEnv"
-CHANNEL_ANNOTATION = "x-agentflow-channel"
 
 # (action, methods, keywords) in priority order: the more specific operations come first.
 ACTION_RULES: tuple[tuple[str, frozenset[str], frozenset[str]], ...] = (
