@@ -70,15 +70,12 @@ class EnvEntry:
     source_file: str
     kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     description: str = ""
-    process: str = DEFAULT_PROCESS
-    vocabulary: Vocabulary = field(default=CHECKOUT, hash=False, repr=False)
+    process: str = field(kw_only=True)
+    vocabulary: Vocabulary = field(kw_only=True, hash=False, repr=False)
 
     def build_adapter(self) -> Any:
         """This entry's semantic adapter over its mapping, in its process's vocabulary."""
-        cls = adapter_class(self.adapter)
-        if self.vocabulary == CHECKOUT:  # adapters written before processes were data take (mapping, source)
-            return cls(self.mapping, source=self.mapping_path)
-        return cls(self.mapping, source=self.mapping_path, vocabulary=self.vocabulary)
+        return adapter_class(self.adapter)(self.mapping, source=self.mapping_path, vocabulary=self.vocabulary)
 
     def scenario(self, overrides: Mapping[str, Any] | None = None) -> ScenarioValues | Scenario:
         """The entry's params with ``overrides`` (a variant's params) on top, as its process's typed scenario.
@@ -240,10 +237,7 @@ def entry_from_config(
         )
     mapping = load_mapping(mapping_path, load)
     _check_native(kwargs, mapping, physical_cls, str(mapping_path))
-    if vocabulary == CHECKOUT:  # schema + template + per-rule condition checks
-        adapter_cls(mapping, source=str(mapping_path))
-    else:
-        adapter_cls(mapping, source=str(mapping_path), vocabulary=vocabulary)  # type: ignore[call-arg]
+    adapter_cls(mapping, source=str(mapping_path), vocabulary=vocabulary)  # schema + template + per-rule checks
     family, version = mapping["family"], int(mapping["version"])
     for key, expected in (("family", family), ("version", version)):
         if key in config and config[key] != expected:

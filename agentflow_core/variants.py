@@ -28,7 +28,6 @@ from agentflow_core.config import RangeSpec
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import DATA_ERRORS, AgentFlowError, ConfigError, DataFileError
 from agentflow_core.scenario import ScenarioSpec
-from agentflow_core.semantics import CHECKOUT
 
 CATALOGUE_FILE = "catalogue.parquet"
 META_FILE = "_meta.json"
@@ -164,7 +163,8 @@ def validate_generator(
     perturbations: Mapping[str, RangeSpec],
     samples_per_combination: int,
     source: str = "params.yaml",
-    scenario: ScenarioSpec = CHECKOUT.scenario,
+    *,
+    scenario: ScenarioSpec,
 ) -> None:
     """Fail at load, naming the dimension/perturbation and value, before anything is generated.
 
@@ -294,7 +294,7 @@ def generate_variants(
     seed: int,
     *,
     source: str = "params.yaml",
-    scenario: ScenarioSpec = CHECKOUT.scenario,
+    scenario: ScenarioSpec,
 ) -> list[VariantSpec]:
     """Cartesian product of base envs × dimensions, each with ``samples_per_combination`` draws.
 
@@ -307,7 +307,7 @@ def generate_variants(
     ids = [b.base_env_id for b in base_envs]
     if len(set(ids)) != len(ids):
         raise ConfigError(source, "variants.base_envs", ids, "distinct base env ids")
-    validate_generator(dimensions, perturbations, samples_per_combination, source, scenario)
+    validate_generator(dimensions, perturbations, samples_per_combination, source, scenario=scenario)
     rng = np.random.default_rng(seed)
     ordered_perturbations = sorted(perturbations.items())
     specs: list[VariantSpec] = []

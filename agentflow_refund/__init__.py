@@ -1,5 +1,7 @@
-"""The refund process's channels, outside the core: a SQL case store, a loopback HTTP service and its client env.
+"""The refund process's systems, outside the core: a SQL case store (a hand-written env) and a loopback HTTP service.
 
-The process itself is data (configs/processes/refund.yaml); these modules are the channel adapters
-it needs, registered through the ``agentflow.envs`` entry points ``refund_db`` and ``refund_api``.
+The process itself is data (configs/processes/refund.yaml). The SQL channel is registered through the
+``agentflow.envs`` entry point ``refund_db``; the HTTP service is driven by the core's generic HTTP
+channel (configs/refund/envs/refund_api_v1.yaml) and started in-process through the
+``agentflow.services`` entry point ``refund``.
 """

@@ -15,6 +15,8 @@ episode's own seeded generator, so a seed fixes an episode. Every reply carries 
      "ticket": {"open": false}, "error": null, "done": false, "reward": -0.01, "failure_reason": null}
 
 A simulated network drop is answered 504 with ``"error": "upstream_timeout"`` and the case unchanged.
+``GET /openapi.json`` answers the service's OpenAPI spec (``openapi.yaml`` here), which the generic HTTP
+channel (:mod:`agentflow_core.envs.http_channel`) checks its requests against.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cache
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from agentflow_refund.case import SCENARIO, RefundCase, Scenario, apply, start_case
 
@@ -47,6 +52,16 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/refunds/withdraw"): "withdraw",
     ("POST", "/support"): "escalate",
 }
+
+
+SPEC_PATH = Path(__file__).resolve().parent / "openapi.yaml"
+
+
+@cache
+def openapi_spec() -> dict[str, Any]:
+    """The service's OpenAPI spec (``openapi.yaml``), as ``GET /openapi.json`` serves it."""
+    spec: dict[str, Any] = yaml.safe_load(SPEC_PATH.read_text(encoding="utf-8"))
+    return spec
 
 
 class BadRequest(Exception):
@@ -207,6 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
             path = self.path.split("?", 1)[0]
             if (method, path) == ("POST", "/episodes"):
                 self._reply(HTTPStatus.CREATED, state.open(body))
+            elif (method, path) == ("GET", "/openapi.json"):
+                self._reply(HTTPStatus.OK, openapi_spec())
             elif (method, path) == ("DELETE", "/episodes/current"):
                 self._reply(HTTPStatus.OK, state.close(episode_id, token))
             elif (method, path) in ROUTES:

@@ -89,7 +89,7 @@ def _evaluate(ctx: PhaseContext, catalogue: Path, checkpoint: Path, episodes: in
     test = stratified_eval_variants(read_splits(catalogue)["test"], episodes, dimensions, cfg.base.seed)
     vocabulary = ctx.process.vocabulary
     policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
-    ckpt = load_checkpoint(Path(resolve_checkpoint(ctx, checkpoint)), cfg.train.hidden_sizes, vocabulary)
+    ckpt = load_checkpoint(Path(resolve_checkpoint(ctx, checkpoint)), cfg.train.hidden_sizes, vocabulary=vocabulary)
     policy.load_state_dict(ckpt.model)
     pool = build_pool(ctx, test, min(16, len(test)), seed=cfg.base.seed + 2, scheduler="round_robin", standby=False)
     try:

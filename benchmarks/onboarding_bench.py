@@ -33,7 +33,7 @@ from tasks.yaml_io import load_yaml_file
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "agentflow_refund" / "openapi.yaml"
 REFUND_ENVS = REPO / "configs" / "refund" / "envs"
-CLASS_PATH = "agentflow_refund.api:RefundAPIEnv"
+CLASS_PATH = "agentflow_core.envs.http_channel:HttpChannelEnv"  # the generic HTTP channel, driven by the spec's data
 GRID = tuple(
     itertools.product(
         ("normal", "latency_500ms", "packet_loss_5%"),

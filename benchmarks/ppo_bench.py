@@ -302,7 +302,9 @@ def demo_catalogue(samples_per_combination: int, seed: int) -> list[VariantSpec]
     """The demo catalogue's dimensions over the three packaged base envs."""
     vc = VariantsConfig()
     bases = [BaseEnvInfo(b, b.rsplit("_v", 1)[0], int(b.rsplit("_v", 1)[1])) for b in vc.base_envs]
-    return generate_variants(bases, vc.dimensions, vc.perturbations, samples_per_combination, seed)
+    return generate_variants(
+        bases, vc.dimensions, vc.perturbations, samples_per_combination, seed, scenario=CHECKOUT.scenario
+    )
 
 
 def _packaged_factory(variants: Sequence[VariantSpec]) -> RegistryEnvFactory:

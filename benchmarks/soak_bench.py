@@ -31,8 +31,9 @@ import numpy as np
 
 from agentflow_core.config import AgentFlowConfig, PoolConfig
 from agentflow_core.contracts import POOL_FAILURES
-from agentflow_core.pool.base import EnvFactory, PoolEnv, PreparingEnvFactory, VariantLike
+from agentflow_core.pool.base import EnvFactory, PoolEnv, PreparingEnvFactory, VariantLike, factory_vocabulary
 from agentflow_core.pool.inprocess import InProcessPool
+from agentflow_core.semantics import Vocabulary
 
 FAULT_KINDS = ("raise", "sleep", "spin", "nan")
 # healthy episodes the faulty side loses beyond the worse clean side (a loaded machine times out a few
@@ -90,6 +91,11 @@ class FaultInjectingFactory:
     faults: dict[str, str] = field(default_factory=dict, hash=False)  # env_id -> fault kind
     at_step: int = 2
     hang_s: float = 600.0
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The product factory's vocabulary (the faults change no width or name)."""
+        return factory_vocabulary(self.inner)
 
     def __call__(self, variant: VariantLike) -> PoolEnv:
         """The variant's product env, faulty if the variant is."""

@@ -66,7 +66,7 @@ def _train(ctx: PhaseContext, catalogue: Path, root: Path) -> tuple[Path, dict[s
 def _policy(process: ProcessSpec, cfg: AgentFlowConfig, checkpoint: Path) -> ActorCritic:
     vocabulary = process.vocabulary
     policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, cfg.train.hidden_sizes)
-    policy.load_state_dict(load_checkpoint(checkpoint, cfg.train.hidden_sizes, vocabulary).model)
+    policy.load_state_dict(load_checkpoint(checkpoint, cfg.train.hidden_sizes, vocabulary=vocabulary).model)
     return policy
 
 

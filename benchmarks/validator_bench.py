@@ -139,7 +139,7 @@ def run_validator_bench(ctx: PhaseContext, model: Discriminator, episodes: int =
     if (checkpoint / "checkpoints" / "best.json").exists():
         from tasks.rollout import load_policy, resolve_checkpoint
 
-        trained = load_policy(resolve_checkpoint(ctx, checkpoint))
+        trained = load_policy(resolve_checkpoint(ctx, checkpoint), ctx.process)
         honest["trained_policy"] = _scores(model, _play(ctx, variants, lambda _p: trained.act, episodes, seed))
     planted: dict[str, list[float]] = {}
     played: dict[str, int] = {}

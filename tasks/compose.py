@@ -103,7 +103,7 @@ def reward_function(ctx: PhaseContext, num_envs: int) -> Iterator[RewardFunction
     rc = ctx.cfg.train.reward
     client = RewardModelClient(rc.model_url, rc.model_timeout_s) if rc.mode == "model" and rc.model_url else None
     try:
-        yield RewardFunction(rc, num_envs, client, ctx.vocabulary)
+        yield RewardFunction(rc, num_envs, client, vocabulary=ctx.vocabulary)
     finally:
         if client is not None:
             client.close()

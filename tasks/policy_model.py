@@ -26,23 +26,20 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema, TensorSpec
 
 import agentflow_core
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 CHECKPOINT_ARTIFACT = "checkpoint"
 MODEL_CODE = Path(__file__).with_name("policy_model_code.py")
 VOCABULARY_ARTIFACT = "vocabulary"  # the process's names and widths (policy_model_code.py reads it)
 
 
-def columns(vocabulary: Vocabulary = CHECKOUT) -> tuple[list[str], list[str]]:
+def columns(vocabulary: Vocabulary) -> tuple[list[str], list[str]]:
     """(observation columns, mask columns) of a policy over ``vocabulary``."""
     obs = [f"token.{t}" for t in vocabulary.tokens] + [f"feature.{f}" for f in vocabulary.features]
     return obs, [f"mask.{a}" for a in vocabulary.actions]
 
 
-OBS_COLUMNS, MASK_COLUMNS = columns(CHECKOUT)
-
-
-def policy_frame(obs: np.ndarray, mask: np.ndarray | None = None, vocabulary: Vocabulary = CHECKOUT) -> pd.DataFrame:
+def policy_frame(obs: np.ndarray, mask: np.ndarray | None = None, *, vocabulary: Vocabulary) -> pd.DataFrame:
     """The model's input for encoded observations ``(n, obs_dim)`` and optional masks ``(n, n_actions)``."""
     obs_columns, mask_columns = columns(vocabulary)
     frame = pd.DataFrame(np.asarray(obs, dtype=np.float32).reshape(-1, len(obs_columns)), columns=obs_columns)
@@ -52,7 +49,7 @@ def policy_frame(obs: np.ndarray, mask: np.ndarray | None = None, vocabulary: Vo
     return frame
 
 
-def policy_signature(vocabulary: Vocabulary = CHECKOUT) -> ModelSignature:
+def policy_signature(vocabulary: Vocabulary) -> ModelSignature:
     """Observation columns required, mask columns optional; one action id out."""
     obs_columns, mask_columns = columns(vocabulary)
     inputs: list[ColSpec | TensorSpec] = [ColSpec("float", c) for c in obs_columns]
@@ -61,7 +58,7 @@ def policy_signature(vocabulary: Vocabulary = CHECKOUT) -> ModelSignature:
 
 
 def log_policy_model(
-    run_id: str, checkpoint: Path, tracking_uri: str, vocabulary: Vocabulary = CHECKOUT
+    run_id: str, checkpoint: Path, tracking_uri: str, vocabulary: Vocabulary
 ) -> mlflow.models.model.ModelInfo:
     """Log ``checkpoint`` (a policy over ``vocabulary``) as a models-from-code pyfunc model in ``run_id``."""
     example = policy_frame(np.zeros((1, vocabulary.obs_dim)), np.ones((1, vocabulary.n_actions)), vocabulary=vocabulary)

@@ -121,7 +121,7 @@ def check_config(cfg: AgentFlowConfig, source: str = "params.yaml") -> None:
             ) from None
         if entry.process != process.name:
             raise ConfigError(source, f"variants.base_envs.{i}", env_id, f"an env of process {process.name!r}")
-    validate_generator(v.dimensions, v.perturbations, v.samples_per_combination, source, scenario)
+    validate_generator(v.dimensions, v.perturbations, v.samples_per_combination, source, scenario=scenario)
     group = cfg.stress.coverage_group
     if group not in scenario.with_role("dimension"):
         expected = f"a dimension of process {process.name!r} ({list(scenario.with_role('dimension'))})"

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentflow_core.contracts import PolicyFn
-from agentflow_core.envs.experts import ScriptedExpert
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.stress import RiskRule, StressRollout, run_stress_episodes
 from agentflow_core.process import ProcessSpec
-from agentflow_core.semantics import CHECKOUT
 from agentflow_core.splits import assign_splits, read_splits
 from agentflow_core.variants import VariantSpec, generate_variants
 from tasks.compose import PoolFactory, base_env_infos, build_pool, expert_policy_hash, reward_function
@@ -56,18 +54,18 @@ def resolve_checkpoint(ctx: PhaseContext, checkpoint: str | Path | None) -> str:
     )
 
 
-def load_policy(ref: str, process: ProcessSpec | None = None) -> LoadedPolicy:
+def load_policy(ref: str, process: ProcessSpec) -> LoadedPolicy:
     """The greedy policy of a resolved checkpoint (``resolve_checkpoint``) or the scripted expert.
 
-    ``process`` is the business process the policy acts in (default checkout): its expert and widths.
+    ``process`` is the business process the policy acts in: its expert and widths.
     """
     if ref == EXPERT:
-        expert = ScriptedExpert() if process is None else process.expert()
+        expert = process.expert()
         return LoadedPolicy(expert_policy_hash(expert), EXPERT, expert.act_batch)
     from agentflow_core.rl.checkpoint import load_checkpoint
     from agentflow_core.rl.policy import ActorCritic, policy_hash
 
-    vocab = CHECKOUT if process is None else process.vocabulary
+    vocab = process.vocabulary
     ckpt = load_checkpoint(Path(ref), vocabulary=vocab)
     model = ActorCritic(vocab.obs_dim, vocab.n_actions, ckpt.state.get("hidden_sizes", [64, 64]))
     model.load_state_dict(ckpt.model)

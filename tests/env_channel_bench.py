@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.envs.experts import expert_for
 from tasks.compose import build_pool
 from tasks.config_io import load_config
 from tasks.context import PhaseContext
@@ -25,7 +25,7 @@ def main(params: str, batches: int) -> None:
     cfg = load_config(params)
     cfg = cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"num_workers": 1})})
     variants = load_variants(PhaseContext.of(cfg))
-    expert = ScriptedExpert()
+    expert = expert_for("any")
     for family in sorted({v.base_env_id for v in variants}):
         own = [v for v in variants if v.base_env_id == family]
         for mode in ("expert", "random"):

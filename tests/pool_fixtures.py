@@ -50,7 +50,7 @@ class TinyAdapter(BaseSemanticAdapter):
     def __init__(
         self, mapping: Mapping[str, Any], source: str = "<mapping>", vocabulary: Vocabulary = TINY_VOCABULARY
     ) -> None:
-        super().__init__(mapping, source, vocabulary)
+        super().__init__(mapping, source, vocabulary=vocabulary)
 
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
         return all(raw.get(k) == v for k, v in when.items())
@@ -136,6 +136,7 @@ class TinyFactory:
 
     faults: dict[str, Fault] = field(default_factory=dict, hash=False)
     max_episode_steps: int = 50
+    vocabulary: Vocabulary = field(default=CHECKOUT, hash=False, repr=False)  # the pool sizes its rows by it
 
     def __call__(self, variant: Any) -> SemanticEnv:
         scenario = Scenario(max_episode_steps=self.max_episode_steps)
@@ -175,6 +176,7 @@ def registry_catalogue(samples_per_combination: int = 1) -> tuple[list[Any], Any
         cfg.perturbations,
         cfg.samples_per_combination,
         seed=0,
+        scenario=CHECKOUT.scenario,
     )
     return entries, RegistryEnvFactory({e.env_id: e for e in entries}), variants
 

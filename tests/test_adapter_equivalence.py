@@ -165,18 +165,18 @@ EDGE_RAWS: list[Any] = [
 @pytest.mark.parametrize("raw", EDGE_RAWS, ids=range(len(EDGE_RAWS)))
 def test_edge_values_agree(raw: Any) -> None:
     """Unhashable values, bool/int/float keys, NaN/inf features, wide clips, numpy scalars, missing tables."""
-    assert_equivalent(DBAdapter(EDGE_MAPPING, "edge.json"), raw)
+    assert_equivalent(DBAdapter(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT), raw)
 
 
 def test_equal_keys_share_a_dispatch_entry_and_both_rules_fire() -> None:
-    adapter = DBAdapter(EDGE_MAPPING, "edge.json")
+    adapter = DBAdapter(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT)
     for flag in (True, 1, 1.0):
         assert {"VIP_USER", "LOGGED_IN"} <= adapter.adapt_observation({"flag": flag}).tokens
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_non_finite_features_are_flagged() -> None:
-    adapter = DBAdapter(EDGE_MAPPING, "edge.json")
+    adapter = DBAdapter(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT)
     assert not adapter.adapt_step({"cart": {"items": float("inf")}}).finite
     # finite float64, inf as float32 (balance_ratio is presented only in a live session: the flag signs in)
     assert not adapter.adapt_step({"flag": True, "wallet": {"ratio": 1e39}}).finite
@@ -185,7 +185,7 @@ def test_non_finite_features_are_flagged() -> None:
 
 
 def test_cached_token_blocks_and_masks_are_shared_and_read_only() -> None:
-    adapter = DBAdapter(EDGE_MAPPING, "edge.json")
+    adapter = DBAdapter(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT)
     a, b = adapter.adapt_step(EDGE_RAWS[0]), adapter.adapt_step(dict(EDGE_RAWS[0]))
     assert a.mask is b.mask and a.ordered is b.ordered and a.vec is not b.vec
     with pytest.raises(ValueError):
@@ -211,7 +211,7 @@ class _Shouting(DBAdapter):
 
 
 def test_template_overrides_are_honoured_by_adapt_step() -> None:
-    step = _Shouting(EDGE_MAPPING, "edge.json").adapt_step(EDGE_RAWS[0], CONTEXT)
+    step = _Shouting(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT).adapt_step(EDGE_RAWS[0], CONTEXT)
     assert "ESCALATED" in step.tokens and step.vec[TOKEN_INDEX["ESCALATED"]] == 1.0
     assert np.array_equal(step.mask, CHECKOUT.state_contract.legal_mask(step.tokens))
     assert step.vec.tobytes() == encode(step.tokens, step.obs.features).tobytes() and math.isfinite(

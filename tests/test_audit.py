@@ -14,7 +14,7 @@ import yaml
 from agentflow_core.adapters.audit import audit_entry, audit_mapping, errors_only, raw_states_of
 from agentflow_core.adapters.base import BaseSemanticAdapter
 from agentflow_core.registry import EnvEntry, EnvRegistry, load_entry
-from agentflow_core.semantics import FEATURES, TOKENS
+from agentflow_core.semantics import CHECKOUT, FEATURES, TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRIES = EnvRegistry(REPO / "configs/envs", yaml.safe_load).entries()
@@ -62,7 +62,7 @@ RAW = [
 
 
 def test_clean_mapping_has_only_info_findings() -> None:
-    findings = audit_mapping(FieldAdapter(order_mapping()), RAW, "orders.json")
+    findings = audit_mapping(FieldAdapter(order_mapping(), vocabulary=CHECKOUT), RAW, "orders.json")
     assert errors_only(findings) == []
     unproducible = {f.detail.removeprefix("no rule emits ") for f in findings}
     assert unproducible == set(TOKENS) - {"ORDER_PENDING", "ORDER_CANCELLED", "ORDER_EXPIRED"}
@@ -75,7 +75,7 @@ def test_a_mapping_that_disagrees_with_the_process_names_the_feature_and_the_act
     mapping["unobservable_features"].remove("retries_used")
     mapping["feature_rules"] = [{"id": "f_retries", "feature": "retries_used", "source": "retries", "clip": [0, 5]}]
     mapping["actions"]["CHECKOUT"]["requires"] = {"field": "status", "equals": "cancelled"}
-    findings = errors_only(audit_mapping(FieldAdapter(mapping), RAW, "orders.json"))
+    findings = errors_only(audit_mapping(FieldAdapter(mapping, vocabulary=CHECKOUT), RAW, "orders.json"))
     details = sorted(f.detail for f in findings if f.kind == "feature_disagrees")
     assert len(details) == 2 and "feature cart_items: no rule reads it" in details[0]
     assert "feature retries_used: clipped to [0, 5]" in details[1]
@@ -85,7 +85,7 @@ def test_a_mapping_that_disagrees_with_the_process_names_the_feature_and_the_act
 
 def test_unmapped_and_wrong_token_are_located() -> None:
     raw = [*RAW, ({"status": "refunded"}, "ORDER_CANCELLED"), ({"status": "paid"}, "PAYMENT_SUCCESS")]
-    findings = errors_only(audit_mapping(FieldAdapter(order_mapping()), raw, "orders.json"))
+    findings = errors_only(audit_mapping(FieldAdapter(order_mapping(), vocabulary=CHECKOUT), raw, "orders.json"))
     by_kind = {f.kind: f for f in findings}
     assert sorted(by_kind) == ["collapsed_meaning", "unmapped_raw_state", "wrong_token"] and len(findings) == 3
     assert (
@@ -104,7 +104,9 @@ def test_unmapped_and_wrong_token_are_located() -> None:
 
 
 def test_collapse_names_both_rules() -> None:
-    findings = errors_only(audit_mapping(FieldAdapter(order_mapping("ORDER_CANCELLED")), RAW, "orders.json"))
+    findings = errors_only(
+        audit_mapping(FieldAdapter(order_mapping("ORDER_CANCELLED"), vocabulary=CHECKOUT), RAW, "orders.json")
+    )
     collapsed = [f for f in findings if f.kind == "collapsed_meaning"]
     assert len(collapsed) == 1
     assert set(collapsed[0].rule_ids) == {"R_CANCELLED", "R_EXPIRED"} and collapsed[0].file == "orders.json"
@@ -117,7 +119,7 @@ def test_identical_readings_of_different_states_collapse_even_when_each_keeps_it
         "any": [{"field": "status", "equals": "cancelled"}, {"field": "status", "equals": "expired"}]
     }
     mapping["token_rules"][2]["when"] = mapping["token_rules"][1]["when"]
-    findings = errors_only(audit_mapping(FieldAdapter(mapping), RAW, "orders.json"))
+    findings = errors_only(audit_mapping(FieldAdapter(mapping, vocabulary=CHECKOUT), RAW, "orders.json"))
     assert [(f.kind, set(f.rule_ids)) for f in findings] == [("collapsed_meaning", {"R_CANCELLED", "R_EXPIRED"})]
 
 
@@ -131,13 +133,13 @@ def test_identical_readings_with_compatible_meanings_are_not_a_collapse() -> Non
         ({"session": "on", "cart": 0}, "LOGGED_IN"),  # just logged in
         ({"session": "on", "cart": 0, "error": "empty cart"}, "CART_EMPTY"),  # checkout refused: cart empty
     ]
-    assert errors_only(audit_mapping(FieldAdapter(mapping), raw, "orders.json")) == []
+    assert errors_only(audit_mapping(FieldAdapter(mapping, vocabulary=CHECKOUT), raw, "orders.json")) == []
 
 
 def test_a_reading_holding_exclusive_meanings_is_a_collapse() -> None:
     mapping = order_mapping()
     mapping["token_rules"][0]["emit"] = ["ORDER_PENDING", "ORDER_EXPIRED"]
-    findings = errors_only(audit_mapping(FieldAdapter(mapping), RAW, "orders.json"))
+    findings = errors_only(audit_mapping(FieldAdapter(mapping, vocabulary=CHECKOUT), RAW, "orders.json"))
     collapsed = [f for f in findings if f.kind == "collapsed_meaning"]
     assert [(f.rule_ids, "reads as both ORDER_EXPIRED and ORDER_PENDING" in f.detail) for f in collapsed] == [
         (("R_PENDING",), True)

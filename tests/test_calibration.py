@@ -58,7 +58,7 @@ def _broken_mapping_env(registry: EnvRegistry) -> SemanticEnv:
     entry = registry.get("web_checkout_v2")
     mapping = copy.deepcopy(entry.mapping)
     mapping["token_rules"] = [r for r in mapping["token_rules"] if "PAYMENT_PAGE" not in r["emit"]]
-    adapter = type(entry.make().adapter)(mapping)
+    adapter = type(entry.make().adapter)(mapping, vocabulary=entry.vocabulary)
     env = entry.make()
     return SemanticEnv(env.physical, adapter)
 

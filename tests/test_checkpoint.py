@@ -20,7 +20,7 @@ from agentflow_core.rl.checkpoint import (
 )
 from agentflow_core.rl.policy import policy_hash
 from agentflow_core.rl.ppo import MemorySink
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM
 
 LOSS_KEYS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl")
 
@@ -44,7 +44,10 @@ def _resumed(root: Path, *, restore_rng: bool = True, restore_optimizer: bool = 
     for p in ppo.policy.parameters():  # prove the weights come from the checkpoint
         torch.nn.init.normal_(p)
     restore_ppo(
-        ppo, load_checkpoint(root / "update_00000002"), restore_rng=restore_rng, restore_optimizer=restore_optimizer
+        ppo,
+        load_checkpoint(root / "update_00000002", vocabulary=CHECKOUT),
+        restore_rng=restore_rng,
+        restore_optimizer=restore_optimizer,
     )
     _train(ppo, 2)
     return ppo, sink
@@ -55,7 +58,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, 
     root = tmp_path_factory.mktemp("ckpt")
     sink = MemorySink()
     ppo = make_learner(seed=3, sink=sink)
-    _train(ppo, 4, CheckpointManager(root, every_updates=2, every_minutes=1e6))
+    _train(ppo, 4, CheckpointManager(root, every_updates=2, every_minutes=1e6, vocabulary=CHECKOUT))
     return root, ppo, sink
 
 
@@ -89,14 +92,14 @@ def test_checkpoint_is_code_free_and_complete(uninterrupted: tuple[Path, Any, Me
     for key in ("np_random", "adaptive", "param_groups"):
         assert key in state["ppo"]
     assert "python_random" in state and state["vocab_version"]
-    tensors = load_checkpoint(path).tensors
+    tensors = load_checkpoint(path, vocabulary=CHECKOUT).tensors
     assert "rng/torch_global" in tensors  # action sampling is seeded per (seed, update, slice): no generator state
     assert any(k.startswith("optim/") and k.endswith("exp_avg_sq") for k in tensors)
 
 
 def test_failure_mid_save_leaves_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ppo = make_learner(seed=0)
-    manager = CheckpointManager(tmp_path, every_updates=1, every_minutes=1e6)
+    manager = CheckpointManager(tmp_path, every_updates=1, every_minutes=1e6, vocabulary=CHECKOUT)
     _train(ppo, 1)
     first = manager.save(ppo)
     first_hash = policy_hash(ppo.policy)
@@ -116,13 +119,15 @@ def test_failure_mid_save_leaves_previous_checkpoint_intact(tmp_path: Path, monk
     assert latest_checkpoint(tmp_path) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "update_00000001"]  # no partial dir left
     restored = make_learner(seed=9)
-    restore_ppo(restored, load_checkpoint(first))
+    restore_ppo(restored, load_checkpoint(first, vocabulary=CHECKOUT))
     assert policy_hash(restored.policy) == first_hash
 
 
 def test_due_every_k_updates_and_every_t_minutes(tmp_path: Path) -> None:
     now = [0.0]
-    manager = CheckpointManager(tmp_path, every_updates=10, every_minutes=2.0, clock=lambda: now[0])
+    manager = CheckpointManager(
+        tmp_path, every_updates=10, every_minutes=2.0, clock=lambda: now[0], vocabulary=CHECKOUT
+    )
     assert [u for u in range(1, 25) if manager.due(u)] == [10, 20]
     now[0] = 121.0
     assert manager.due(3)
@@ -130,7 +135,7 @@ def test_due_every_k_updates_and_every_t_minutes(tmp_path: Path) -> None:
 
 def test_retention_keeps_last_and_best(tmp_path: Path) -> None:
     ppo = make_learner(seed=0, n_epochs=1)
-    manager = CheckpointManager(tmp_path, every_updates=1, every_minutes=1e6, keep_last=2)
+    manager = CheckpointManager(tmp_path, every_updates=1, every_minutes=1e6, keep_last=2, vocabulary=CHECKOUT)
     _train(ppo, 1)
     manager.mark_best(manager.save(ppo, best_metric=0.9))
     _train(ppo, 3, manager)
@@ -138,7 +143,7 @@ def test_retention_keeps_last_and_best(tmp_path: Path) -> None:
     assert names == ["update_00000001", "update_00000003", "update_00000004"]
     best = best_checkpoint(tmp_path)
     assert best is not None and best.name == "update_00000001"
-    assert load_checkpoint(best).state["best_metric"] == 0.9
+    assert load_checkpoint(best, vocabulary=CHECKOUT).state["best_metric"] == 0.9
 
 
 # ------------------------------------------------------------------ real envs, pool scheduler, reward normaliser
@@ -159,7 +164,7 @@ def _real_learner(seed: int, sink: MemorySink | None = None) -> Any:
     pool = InProcessPool(variants, _packaged_factory(variants), cfg.num_envs, PoolConfig(num_workers=0), seed=0)
     base_of = {i: v.base_env_id for i, v in enumerate(variants)}
     reward = TrainingReward(
-        RewardFunction(RewardConfig(), cfg.num_envs),
+        RewardFunction(RewardConfig(), cfg.num_envs, vocabulary=CHECKOUT),
         PerEnvRewardNormalizer(),
         key_of=lambda info: base_of[info["variant_index"]],
         min_count=10,
@@ -178,12 +183,12 @@ def _real_learner(seed: int, sink: MemorySink | None = None) -> Any:
 def test_resume_is_bit_identical_on_real_envs_with_scheduler_and_normaliser(tmp_path: Path) -> None:
     full_sink = MemorySink()
     full = _real_learner(4, full_sink)
-    _train(full, 4, CheckpointManager(tmp_path, every_updates=2, every_minutes=1e6))
-    state = load_checkpoint(tmp_path / "update_00000002").state["ppo"]
+    _train(full, 4, CheckpointManager(tmp_path, every_updates=2, every_minutes=1e6, vocabulary=CHECKOUT))
+    state = load_checkpoint(tmp_path / "update_00000002", vocabulary=CHECKOUT).state["ppo"]
     assert state["scheduler"]["strategy"] == "plr_coverage" and state["reward_transform"]["normalizer"]["stats"]
     sink = MemorySink()
     resumed = _real_learner(4, sink)
-    restore_ppo(resumed, load_checkpoint(tmp_path / "update_00000002"))
+    restore_ppo(resumed, load_checkpoint(tmp_path / "update_00000002", vocabulary=CHECKOUT))
     _train(resumed, 2)
     assert _losses(sink) == _losses(full_sink)[2:]
     assert policy_hash(resumed.policy) == policy_hash(full.policy)
@@ -193,7 +198,7 @@ def test_resume_is_bit_identical_on_real_envs_with_scheduler_and_normaliser(tmp_
     assert resumed.reward_transform.state_dict() == full.reward_transform.state_dict()
     # negative control: without the scheduler/normaliser state (fresh pool state) the run diverges
     fresh = _real_learner(4, MemorySink())
-    ckpt = load_checkpoint(tmp_path / "update_00000002")
+    ckpt = load_checkpoint(tmp_path / "update_00000002", vocabulary=CHECKOUT)
     ckpt.state["ppo"]["scheduler"] = None
     ckpt.state["ppo"]["reward_transform"] = None
     restore_ppo(fresh, ckpt)

@@ -10,13 +10,13 @@ from agentflow_core.evaluation.consistency import (
     CANONICAL_STATES,
     FREE_FEATURES,
     STAGE_FEATURES,
-    VARIANT_FEATURES,
     canonical_consistency,
     covering_variants,
     random_policy,
+    variant_feature_names,
 )
 from agentflow_core.evaluation.records import EpisodeRecord
-from agentflow_core.semantics import FEATURE_INDEX, FEATURES, N_TOKENS, SemanticAction
+from agentflow_core.semantics import CHECKOUT, FEATURE_INDEX, FEATURES, N_TOKENS, SemanticAction
 
 A = SemanticAction
 CART_SCALES = {"web_checkout": 0.2, "order_db": 0.1, "payment_api": 0.05}
@@ -57,7 +57,7 @@ def reads_the_clock(obs: np.ndarray, masks: np.ndarray) -> np.ndarray:
 
 
 def test_the_probe_sets_and_varies_every_feature() -> None:
-    assert set(VARIANT_FEATURES) | set(STAGE_FEATURES) | set(FREE_FEATURES) == set(FEATURES)
+    assert set(variant_feature_names(CHECKOUT)) | set(STAGE_FEATURES) | set(FREE_FEATURES) == set(FEATURES)
     seen: list[np.ndarray] = []
 
     def record(obs: np.ndarray, masks: np.ndarray) -> np.ndarray:
@@ -65,7 +65,7 @@ def test_the_probe_sets_and_varies_every_feature() -> None:
         return expert(obs, masks)
 
     ids, features, scales = probe_variants()
-    canonical_consistency(record, ids, features, scales)
+    canonical_consistency(record, ids, features, scales, vocabulary=CHECKOUT)
     block = seen[0][:, N_TOKENS:]
     for name in FEATURES:
         assert len(np.unique(block[:, FEATURE_INDEX[name]])) >= 2, f"the probe never varies {name}"
@@ -73,10 +73,10 @@ def test_the_probe_sets_and_varies_every_feature() -> None:
 
 def test_expert_high_random_low_channel_reader_lower() -> None:
     ids, features, scales = probe_variants()
-    expert_score = canonical_consistency(expert, ids, features, scales).score
-    random_score = canonical_consistency(random_policy(0), ids, features, scales).score
-    cart_score = canonical_consistency(reads_cart_scale, ids, features, scales).score
-    clock_score = canonical_consistency(reads_the_clock, ids, features, scales).score
+    expert_score = canonical_consistency(expert, ids, features, scales, vocabulary=CHECKOUT).score
+    random_score = canonical_consistency(random_policy(0), ids, features, scales, vocabulary=CHECKOUT).score
+    cart_score = canonical_consistency(reads_cart_scale, ids, features, scales, vocabulary=CHECKOUT).score
+    clock_score = canonical_consistency(reads_the_clock, ids, features, scales, vocabulary=CHECKOUT).score
     assert expert_score == 1.0
     assert random_score == pytest.approx(1 / 12, abs=0.05)  # 12 actions, all allowed on the probe
     # cart_filled (1 of the 8 states) splits the 12 variants into web (4, scale .2: CHECKOUT) and the

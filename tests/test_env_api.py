@@ -22,12 +22,12 @@ from agentflow_core.envs.experts import expert_for
 from agentflow_core.envs.payment_api import FAMILY, RAW_STATES, VERSION, PaymentAPIEnv
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.registry import load_entry
-from agentflow_core.semantics import SemanticAction
+from agentflow_core.semantics import CHECKOUT, SemanticAction
 
 A = SemanticAction
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = json.loads((ROOT / "agentflow_core/mappings/payment_api_v1.json").read_text())
-ADAPTER = APISchemaAdapter(MAPPING, source="payment_api_v1.json")
+ADAPTER = APISchemaAdapter(MAPPING, source="payment_api_v1.json", vocabulary=CHECKOUT)
 
 
 class Driver:

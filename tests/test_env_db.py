@@ -26,7 +26,7 @@ from agentflow_core.envs.order_db import (
 )
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import N_ACTIONS, TOKENS, SemanticAction
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, TOKENS, SemanticAction
 
 MAPPING_PATH = Path(__file__).resolve().parents[1] / "agentflow_core" / "mappings" / "order_db_v1.json"
 A = SemanticAction
@@ -39,7 +39,7 @@ def mapping() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def adapter(mapping: dict[str, Any]) -> DBAdapter:
-    return DBAdapter(mapping, str(MAPPING_PATH))
+    return DBAdapter(mapping, str(MAPPING_PATH), vocabulary=CHECKOUT)
 
 
 def sql(op: str) -> dict[str, str]:
@@ -471,7 +471,7 @@ def test_features_are_read_from_columns(adapter: DBAdapter) -> None:
 def test_when_schema_rejects_bad_leaves(mapping: dict[str, Any], leaf: dict[str, Any], json_path: str) -> None:
     bad = dict(mapping, token_rules=[{"id": "bad", "when": leaf, "emit": ["ORDER_PENDING"]}])
     with pytest.raises(MappingError) as err:
-        DBAdapter(bad, "bad.json")
+        DBAdapter(bad, "bad.json", vocabulary=CHECKOUT)
     assert err.value.json_path == json_path
 
 

@@ -17,7 +17,7 @@ from agentflow_core.envs.experts import expert_for
 from agentflow_core.envs.order_db import OrderDBEnv, dump_tables
 from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES, acquire_embedded, embedded_users, release_embedded
 from agentflow_core.envs.semantic_env import SemanticEnv
-from agentflow_core.semantics import N_ACTIONS, SemanticAction
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, SemanticAction
 
 MAPPING_PATH = Path(__file__).resolve().parents[1] / "agentflow_core" / "mappings" / "order_db_v1.json"
 
@@ -31,7 +31,7 @@ def url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def adapter() -> DBAdapter:
-    return DBAdapter(json.loads(MAPPING_PATH.read_text()), str(MAPPING_PATH))
+    return DBAdapter(json.loads(MAPPING_PATH.read_text()), str(MAPPING_PATH), vocabulary=CHECKOUT)
 
 
 def pg_env(adapter: DBAdapter, env_id: str = "order_db_v1_pg", **params: Any) -> SemanticEnv:

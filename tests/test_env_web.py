@@ -23,7 +23,7 @@ from agentflow_core.envs.experts import expert_for
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.envs.web_checkout import CLIENT_TIMEOUT_S, WebCheckoutEnv
 from agentflow_core.errors import EnvCrashError, MappingError
-from agentflow_core.semantics import TOKENS, SemanticAction, decode_features, decode_tokens
+from agentflow_core.semantics import CHECKOUT, TOKENS, SemanticAction, decode_features, decode_tokens
 
 A = SemanticAction
 MAPPING_PATH = Path(web_checkout.__file__).resolve().parents[1] / "mappings" / "web_checkout_v2.json"
@@ -32,7 +32,8 @@ MAPPING: dict[str, Any] = json.loads(MAPPING_PATH.read_text())
 
 def make_env(**params: Any) -> SemanticEnv:
     return SemanticEnv(
-        WebCheckoutEnv(Scenario.from_dict(params), "web_checkout_v2_test"), WebAdapter(MAPPING, str(MAPPING_PATH))
+        WebCheckoutEnv(Scenario.from_dict(params), "web_checkout_v2_test"),
+        WebAdapter(MAPPING, str(MAPPING_PATH), vocabulary=CHECKOUT),
     )
 
 
@@ -67,9 +68,12 @@ def test_gymnasium_check_env_and_contract() -> None:
 
 
 def test_mapping_validates_and_audit_is_clean() -> None:
-    assert validate_mapping(MAPPING, str(MAPPING_PATH), expected_template="web")["family"] == "web_checkout"
+    assert (
+        validate_mapping(MAPPING, str(MAPPING_PATH), expected_template="web", vocabulary=CHECKOUT)["family"]
+        == "web_checkout"
+    )
     assert set(MAPPING["actions"]) == {a.name for a in SemanticAction}
-    findings = audit_mapping(WebAdapter(MAPPING), web_checkout.RAW_STATES, str(MAPPING_PATH))
+    findings = audit_mapping(WebAdapter(MAPPING, vocabulary=CHECKOUT), web_checkout.RAW_STATES, str(MAPPING_PATH))
     assert errors_only(findings) == []
     # The storefront has no 5xx page: SERVER_ERROR is the one token it never produces.
     assert {f.detail for f in findings} == {"no rule emits SERVER_ERROR"}
@@ -219,7 +223,7 @@ def test_decline_rate_is_card_decline_rate() -> None:
 
 def test_native_ui_errors_invalid_cvv_incomplete_card_and_404() -> None:
     env = WebCheckoutEnv(Scenario(start_stage="payment", card_decline_rate=0.0), "w")
-    adapter = WebAdapter(MAPPING)
+    adapter = WebAdapter(MAPPING, vocabulary=CHECKOUT)
     raw, _ = env.reset(seed=0)
     assert env.step({"type": "type", "field": "card_cvv", "text": "12"}).obs["fields"]["card_cvv"] == "12"
     res = env.step({"type": "click", "target": "#pay-now"})
@@ -383,7 +387,7 @@ def _reference_holds(when: dict[str, Any], raw: dict[str, Any]) -> bool:
 
 
 def test_compiled_fast_path_equals_reference_and_base_engine(caplog: pytest.LogCaptureFixture) -> None:
-    adapter = WebAdapter(MAPPING)
+    adapter = WebAdapter(MAPPING, vocabulary=CHECKOUT)
     env, rng = (
         WebCheckoutEnv(Scenario(network="packet_loss_5%", card_decline_rate=0.5, balance=150.0), "w"),
         np.random.default_rng(0),
@@ -419,12 +423,12 @@ def test_compiled_fast_path_equals_reference_and_base_engine(caplog: pytest.LogC
 def test_bad_conditions_fail_at_load_with_json_path(when: dict[str, Any], path: str) -> None:
     bad = {**MAPPING, "token_rules": [{"id": "bad", "when": when, "emit": ["LOGGED_IN"]}]}
     with pytest.raises(MappingError) as err:
-        WebAdapter(bad, "bad.json")
+        WebAdapter(bad, "bad.json", vocabulary=CHECKOUT)
     assert err.value.json_path == path
 
 
 def test_extract_and_available_read_the_page() -> None:
-    adapter = WebAdapter(MAPPING)
+    adapter = WebAdapter(MAPPING, vocabulary=CHECKOUT)
     raw = dict(web_checkout.RAW_STATES[0][0])
     assert adapter.extract("cart_count", raw) == 0.0 and adapter.extract("balance", raw) == 500.0
     assert adapter.extract("user_logged_in", raw) == 0.0 and adapter.extract("no_such_value", raw) is None

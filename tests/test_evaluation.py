@@ -30,7 +30,7 @@ from agentflow_core.evaluation.risk import risk_report
 from agentflow_core.evaluation.robustness import robustness_score
 from agentflow_core.evaluation.root_causes import cause_of, root_causes
 from agentflow_core.evaluation.token_frequency import coverage_table
-from agentflow_core.semantics import ACTIONS, FEATURE_INDEX, N_TOKENS, TOKENS, SemanticAction, decode_tokens
+from agentflow_core.semantics import ACTIONS, CHECKOUT, FEATURE_INDEX, N_TOKENS, TOKENS, SemanticAction, decode_tokens
 
 A = SemanticAction
 
@@ -116,7 +116,7 @@ VARIANT_FEATURES = [
 
 
 def test_identical_choices_give_consistency_one() -> None:
-    result = canonical_consistency(feature_blind, ["a", "b", "c", "d"], VARIANT_FEATURES)
+    result = canonical_consistency(feature_blind, ["a", "b", "c", "d"], VARIANT_FEATURES, vocabulary=CHECKOUT)
     assert result.actions.shape == (4, len(CANONICAL_STATES) * DEFAULT_DRAWS)
     assert result.score == 1.0
     assert np.array_equal(result.matrix, np.ones((4, 4)))
@@ -124,7 +124,9 @@ def test_identical_choices_give_consistency_one() -> None:
 
 
 def test_partial_disagreement_matches_the_hand_computed_value() -> None:
-    result = canonical_consistency(vip_differs_on_declined_card, ["v1", "v2", "s1", "s2"], VARIANT_FEATURES, draws=1)
+    result = canonical_consistency(
+        vip_differs_on_declined_card, ["v1", "v2", "s1", "s2"], VARIANT_FEATURES, draws=1, vocabulary=CHECKOUT
+    )
     # vip-vip and standard-standard pairs agree on 8/8 states, the 4 cross pairs on 7/8.
     assert result.matrix[0, 2] == pytest.approx(7 / 8)
     assert result.matrix[0, 1] == 1.0
@@ -262,7 +264,9 @@ def test_report_document_and_renderings(tmp_path: Path) -> None:
     eps = planted_failures()
     steps = [step(e.env_id, set(t), 9, network=str(e.params["network"])) for e in eps for t in e.token_path]
     rollout = StressRollout(steps, eps, 0, sorted({e.env_id for e in eps}))
-    analysis = analyze_stress(rollout, feature_blind, StressConfig(), ["network", "user_tier"], rollout.variants[:5])
+    analysis = analyze_stress(
+        rollout, feature_blind, StressConfig(), ["network", "user_tier"], rollout.variants[:5], vocabulary=CHECKOUT
+    )
     report = build_report(
         analysis.to_dict(), "policy_x", "ckpt", "2024-01-01T00:00:00+00:00", {"State coverage": "c.png"}
     )

@@ -11,21 +11,21 @@ import pytest
 from pool_fixtures import TinyFactory, tiny_variants
 
 from agentflow_core.config import AgentFlowConfig, ExploreConfig, PoolConfig, RewardConfig
-from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.envs.experts import expert_for
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.rl.coverage import CoverageTracker, epsilon_for
 from agentflow_core.rl.exploration import ExploreProgress, epsilon_greedy, explore, sample_legal
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.trajectories import (
-    SCHEMA,
     TrajectoryWriter,
     behaviour_cloning_arrays,
     goal_episodes,
     iter_episodes,
     read_card,
     read_steps,
+    schema,
 )
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM, encode
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM, encode
 from tasks.context import PhaseContext
 
 TINY_TOKENS = ["LOGGED_OUT", "LOGGED_IN", "PRODUCT_VIEWED", "PAYMENT_SUCCESS"]
@@ -40,7 +40,7 @@ def test_epsilon_schedule(coverage: float, epsilon: float) -> None:
 
 
 def test_coverage_hand_computed() -> None:
-    tracker = CoverageTracker(["LOGGED_OUT", "LOGGED_IN", "CART_EMPTY", "PRODUCT_VIEWED"])
+    tracker = CoverageTracker(["LOGGED_OUT", "LOGGED_IN", "CART_EMPTY", "PRODUCT_VIEWED"], vocabulary=CHECKOUT)
     tracker.observe([["LOGGED_OUT"]])
     tracker.update([["LOGGED_IN", "CART_EMPTY"]], [["LOGGED_OUT"]])
     # seen 3 of 4 reachable tokens; edges LOGGED_OUT->LOGGED_IN, LOGGED_OUT->CART_EMPTY
@@ -64,7 +64,7 @@ def test_coverage_hand_computed() -> None:
     assert visits["LOGGED_IN"] == 3 and visits["LOGGED_OUT"] == 1 and visits["PRODUCT_VIEWED"] == 2
     assert graph["state_coverage_ratio"] == 1.0
     with pytest.raises(ValueError, match="unknown"):
-        CoverageTracker(["NOT_A_TOKEN"])
+        CoverageTracker(["NOT_A_TOKEN"], vocabulary=CHECKOUT)
 
 
 def test_sample_legal_is_uniform_over_legal_actions() -> None:
@@ -93,12 +93,14 @@ def tiny_pool(n: int = 8) -> InProcessPool:
 
 def run_tiny(out: Path, seed: int = 0, total_steps: int = 800) -> tuple:
     cfg = ExploreConfig(total_steps=total_steps, num_envs=8, shard_rows=300)
-    expert = ScriptedExpert()
+    expert = expert_for("any")
     progress: list[ExploreProgress] = []
     pool = tiny_pool()
     try:
-        writer = TrajectoryWriter(out, cfg.shard_rows, card={"phase": "test"})
-        reward_fn = RewardFunction(RewardConfig(shaping=[{"condition": "LOGGED_IN", "reward": 0.5}]), pool.num_envs)
+        writer = TrajectoryWriter(out, cfg.shard_rows, card={"phase": "test"}, vocabulary=CHECKOUT)
+        reward_fn = RewardFunction(
+            RewardConfig(shaping=[{"condition": "LOGGED_IN", "reward": 0.5}]), pool.num_envs, vocabulary=CHECKOUT
+        )
         result = explore(
             pool,
             expert.act_batch,
@@ -106,7 +108,7 @@ def run_tiny(out: Path, seed: int = 0, total_steps: int = 800) -> tuple:
             np.random.default_rng(seed),
             writer,
             seed=seed,
-            tracker=CoverageTracker(TINY_TOKENS),
+            tracker=CoverageTracker(TINY_TOKENS, vocabulary=CHECKOUT),
             reward_fn=reward_fn,
             policy_hash="expert-test",
             reference_fn=expert.act_batch,
@@ -131,18 +133,18 @@ def test_explore_on_tiny_pool(tmp_path: Path) -> None:
     assert progress and progress[-1].steps == 800 and progress[-1].state_coverage_ratio == 1.0
     assert card["policy_hashes"] == ["expert-test"] and card["phase"] == "test"
     assert card["env_versions"] == {f"tiny_shop_v1_{i:04d}": "1" for i in range(4)}
-    table = read_steps(tmp_path / "a")
-    assert table.schema.equals(SCHEMA) and table.num_rows == 800
+    table = read_steps(tmp_path / "a", vocabulary=CHECKOUT)
+    assert table.schema.equals(schema(CHECKOUT)) and table.num_rows == 800
     # business vs shaped reward are both recorded; the LOGGED_IN shaping term pays once per episode
     shaping = table.group_by("episode_id").aggregate([("shaping_reward", "sum")]).column("shaping_reward_sum")
     assert set(np.round(shaping.to_numpy(), 6).tolist()) <= {0.0, 0.5}
-    episodes = list(iter_episodes(tmp_path / "a"))
+    episodes = list(iter_episodes(tmp_path / "a", vocabulary=CHECKOUT))
     assert len(episodes) == card["episodes"]
     for ep in episodes:
         assert ep.actions.shape == (len(ep),) and ep.obs.shape == (len(ep), 31)
         if ep.complete:
             assert ep.terminated or ep.failure_reason == "max_steps"
-    goals = list(goal_episodes(tmp_path / "a"))
+    goals = list(goal_episodes(tmp_path / "a", vocabulary=CHECKOUT))
     assert len(goals) == card["goal_episodes"] == result.goal_episodes
     for ep in goals:
         assert ep.tokens[-1] == ["PAYMENT_SUCCESS"] and ep.env_rewards[-1] == pytest.approx(10.0)
@@ -150,10 +152,10 @@ def test_explore_on_tiny_pool(tmp_path: Path) -> None:
         assert ep.actions[-1] == 6  # SUBMIT_PAYMENT
         assert ep.action_mask[np.arange(len(ep)), ep.actions].all()  # only legal actions were taken
     accepted = {v.content_hash: frozenset({"PAYMENT_SUCCESS"}) for v in tiny_variants(4)}
-    obs, actions, masks = behaviour_cloning_arrays(tmp_path / "a", accepted)
+    obs, actions, masks = behaviour_cloning_arrays(tmp_path / "a", accepted, vocabulary=CHECKOUT)
     assert len(obs) == sum(len(e) for e in goals) and obs.shape[1] == 31 and masks.shape[1] == N_ACTIONS
     first = tiny_variants(1)[0].content_hash  # a variant left out of ``accepted`` gives no BC rows
-    only_first = behaviour_cloning_arrays(tmp_path / "a", {first: accepted[first]})[0]
+    only_first = behaviour_cloning_arrays(tmp_path / "a", {first: accepted[first]}, vocabulary=CHECKOUT)[0]
     assert len(only_first) == sum(len(e) for e in goals if e.variant_hash == first) < len(obs)
 
 
@@ -161,7 +163,11 @@ def test_explore_is_deterministic(tmp_path: Path) -> None:
     run_tiny(tmp_path / "a", total_steps=240)
     run_tiny(tmp_path / "b", total_steps=240)
     cols = ["episode_id", "env_id", "action", "explored", "tokens", "reward", "terminated"]
-    assert read_steps(tmp_path / "a").select(cols).equals(read_steps(tmp_path / "b").select(cols))
+    assert (
+        read_steps(tmp_path / "a", vocabulary=CHECKOUT)
+        .select(cols)
+        .equals(read_steps(tmp_path / "b", vocabulary=CHECKOUT).select(cols))
+    )
 
 
 def test_shard_checksum_is_verified(tmp_path: Path) -> None:
@@ -169,7 +175,7 @@ def test_shard_checksum_is_verified(tmp_path: Path) -> None:
     shard = tmp_path / "a" / read_card(tmp_path / "a")["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-1] + b"\x00")
     with pytest.raises(ValueError, match="sha256"):
-        read_steps(tmp_path / "a")
+        read_steps(tmp_path / "a", vocabulary=CHECKOUT)
 
 
 def test_run_explore_step_writes_dataset_and_metrics(tmp_path: Path) -> None:
@@ -247,7 +253,7 @@ def test_run_explore_on_registry_envs(tmp_path: Path, local_config: Any) -> None
     assert 0.5 <= summary["token_coverage"] <= 1.0 and 0.0 < summary["edge_coverage"] <= 1.0
     card = read_card(tmp_path / "explore")
     assert card["env_versions"] == {s.env_id: ("2" if s.family == "web_checkout" else "1") for s in specs}
-    table = read_steps(tmp_path / "explore")
+    table = read_steps(tmp_path / "explore", vocabulary=CHECKOUT)
     masks = np.asarray(table.column("action_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)).reshape(
         -1, N_ACTIONS
     )

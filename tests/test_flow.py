@@ -12,7 +12,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect.artifacts import Artifact
 
+from agentflow_core.semantics import CHECKOUT
 from tasks.prefect_tasks import GateFailed
+from tasks.process_io import SHIPPED_PROCESS_DIR, read_process
 from tasks.provenance import GIT_COMMIT_TAG, GIT_DIRTY_TAG
 from tasks.stages import dvc_md5, params_hash, stage_fingerprint
 from tasks.tracking import metric_name
@@ -154,11 +156,14 @@ def test_registered_model_predicts_from_observation_and_mask_columns(
     obs = (rng.random((5, OBS_DIM)) > 0.5).astype(np.float32)
     mask = np.zeros((5, N_ACTIONS), dtype=np.float32)
     mask[:, 3] = 1.0
-    assert model.predict(policy_frame(obs, mask)).tolist() == [3] * 5  # only the legal action
-    free = model.predict(policy_frame(obs))
+    assert model.predict(policy_frame(obs, mask, vocabulary=CHECKOUT)).tolist() == [3] * 5  # only the legal action
+    free = model.predict(policy_frame(obs, vocabulary=CHECKOUT))
     checkpoint = champion_checkpoint(MlflowTracker(mlflow_server, "agentflow"), "agentflow-policy")
     assert checkpoint is not None
-    assert free.tolist() == load_policy(checkpoint).act(obs, None).tolist()
+    assert (
+        free.tolist()
+        == load_policy(checkpoint, read_process(SHIPPED_PROCESS_DIR / "checkout.yaml")).act(obs, None).tolist()
+    )
 
 
 def test_prefect_artifacts_per_phase(cycle: tuple[Path, dict]) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from agentflow_core.config import AgentFlowConfig, PoolConfig, TrainConfig
+from agentflow_core.semantics import CHECKOUT
 from agentflow_core.splits import write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, generate_variants
 from tasks.context import PhaseContext
@@ -50,7 +51,9 @@ def _cfg(repo_root: Path, **train: Any) -> AgentFlowConfig:
 def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = AgentFlowConfig()
     bases = [BaseEnvInfo(b, b.rsplit("_v", 1)[0], int(b.rsplit("_v", 1)[1])) for b in cfg.variants.base_envs]
-    variants = generate_variants(bases, cfg.variants.dimensions, cfg.variants.perturbations, 3, seed=0)
+    variants = generate_variants(
+        bases, cfg.variants.dimensions, cfg.variants.perturbations, 3, seed=0, scenario=CHECKOUT.scenario
+    )
     out = tmp_path_factory.mktemp("variants")
     return write_split_catalogue(
         variants, out, {"seed": 0}, validation=0.1, test=0.1, seed=0, dimensions=sorted(cfg.variants.dimensions)
@@ -98,8 +101,8 @@ def test_train_resume_after_interruption_matches_uninterrupted_run(
         PhaseContext.of(_cfg(repo_root, total_steps=4 * 512, **small)), catalogue, None, tmp_path / "cut", resume=True
     )
     assert resumed["updates"] == full["updates"] == 4 and resumed["global_step"] == full["global_step"]
-    a = load_checkpoint(latest_checkpoint(tmp_path / "full" / "checkpoints"))
-    b = load_checkpoint(latest_checkpoint(tmp_path / "cut" / "checkpoints"))
+    a = load_checkpoint(latest_checkpoint(tmp_path / "full" / "checkpoints"), vocabulary=CHECKOUT)
+    b = load_checkpoint(latest_checkpoint(tmp_path / "cut" / "checkpoints"), vocabulary=CHECKOUT)
     assert a.state["policy_hash"] == b.state["policy_hash"]
     assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
     assert a.state["extra"]["curve"] == b.state["extra"]["curve"]  # per-update KL, success, return: exact

@@ -48,7 +48,7 @@ def _row(
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
-    writer = TrajectoryWriter(path)
+    writer = TrajectoryWriter(path, vocabulary=CHECKOUT)
     for row in rows:
         writer.append(row)
     writer.close()

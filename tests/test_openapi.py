@@ -20,16 +20,18 @@ from agentflow_core.envs.payment_api import RAW_STATES, PaymentAPIEnv
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import MappingError
 from agentflow_core.registry import load_entry
-from agentflow_core.semantics import ACTIONS
+from agentflow_core.semantics import ACTIONS, CHECKOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC: dict[str, Any] = yaml.safe_load((ROOT / "tests/data/shop_openapi.yaml").read_text())
-HAND = APISchemaAdapter(json.loads((ROOT / "agentflow_core/mappings/payment_api_v1.json").read_text()))
+HAND = APISchemaAdapter(
+    json.loads((ROOT / "agentflow_core/mappings/payment_api_v1.json").read_text()), vocabulary=CHECKOUT
+)
 
 
 @pytest.fixture(scope="module")
 def generated() -> tuple[dict[str, Any], dict[str, Any]]:
-    return generate_from_openapi(SPEC, "shop_api")
+    return generate_from_openapi(SPEC, "shop_api", process="checkout", vocabulary=CHECKOUT)
 
 
 def _expert_success(env: SemanticEnv, episodes: int) -> float:
@@ -54,8 +56,8 @@ def test_config_has_the_registry_shape(generated: tuple[dict[str, Any], dict[str
 
 def test_generated_mapping_validates_and_maps_every_action(generated: tuple[dict[str, Any], dict[str, Any]]) -> None:
     _, mapping = generated
-    assert validate_mapping(mapping, "<generated>", expected_template="api") == mapping
-    APISchemaAdapter(mapping)  # per-rule condition schema
+    assert validate_mapping(mapping, "<generated>", expected_template="api", vocabulary=CHECKOUT) == mapping
+    APISchemaAdapter(mapping, vocabulary=CHECKOUT)  # per-rule condition schema
     assert list(mapping["actions"]) == list(ACTIONS)
     actions = mapping["actions"]
     assert actions["LOGIN"] == {
@@ -95,7 +97,7 @@ def test_generated_mapping_reads_every_raw_state_like_the_hand_mapping(
     generated: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     _, mapping = generated
-    adapter = APISchemaAdapter(mapping)
+    adapter = APISchemaAdapter(mapping, vocabulary=CHECKOUT)
     assert audit_mapping(adapter, RAW_STATES, "shop_api_v1.json") == []
     for raw, intended in RAW_STATES:
         assert adapter.adapt_observation(raw) == HAND.adapt_observation(raw), intended
@@ -105,7 +107,7 @@ def test_expert_reaches_payment_success_with_the_generated_mapping(
     generated: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     _, mapping = generated
-    env = SemanticEnv(PaymentAPIEnv(Scenario(), "shop_api_v1_test"), APISchemaAdapter(mapping))
+    env = SemanticEnv(PaymentAPIEnv(Scenario(), "shop_api_v1_test"), APISchemaAdapter(mapping, vocabulary=CHECKOUT))
     rate = _expert_success(env, 20)
     env.close()
     assert rate >= 0.9
@@ -171,7 +173,7 @@ def test_extension_overrides_and_context() -> None:
             "/auth/login": {"post": {"operationId": "login", "responses": {"503": {"description": "down"}}}},
         },
     }
-    config, mapping = generate_from_openapi(spec, "tiny_api", version=2)
+    config, mapping = generate_from_openapi(spec, "tiny_api", version=2, process="checkout", vocabulary=CHECKOUT)
     assert config["env_id"] == "tiny_api_v2" and mapping["version"] == 2
     assert mapping["actions"]["SUBMIT_PAYMENT"] == {
         "type": "http",
@@ -190,10 +192,10 @@ def test_extension_overrides_and_context() -> None:
 
 def test_rejects_bad_input() -> None:
     with pytest.raises(MappingError, match="family"):
-        generate_from_openapi(SPEC, "Shop-API")
+        generate_from_openapi(SPEC, "Shop-API", process="checkout", vocabulary=CHECKOUT)
     with pytest.raises(MappingError, match="OpenAPI 3"):
-        generate_from_openapi({"swagger": "2.0"}, "shop_api")
+        generate_from_openapi({"swagger": "2.0"}, "shop_api", process="checkout", vocabulary=CHECKOUT)
     bad = copy.deepcopy(SPEC)
     bad["components"]["schemas"]["Order"]["properties"]["status"]["x-agentflow-tokens"] = {"paid": ["NOT_A_TOKEN"]}
     with pytest.raises(MappingError, match="token_rules"):
-        generate_from_openapi(bad, "shop_api")
+        generate_from_openapi(bad, "shop_api", process="checkout", vocabulary=CHECKOUT)

@@ -12,8 +12,8 @@ import yaml
 
 from agentflow_core.errors import ConfigError
 from agentflow_core.evaluation.paired import EpisodeOutcome, compare_paired, sign_test_p
-from agentflow_core.rl.trajectories import SCHEMA, TrajectoryWriter, read_card, read_steps
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.rl.trajectories import TrajectoryWriter, read_card, read_steps, schema
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM
 from tasks.config_io import load_config
 from tasks.dataset import append_cycle
 from tasks.overrides import apply_overrides, overridden_config, parse_set, resolve_params
@@ -98,9 +98,9 @@ def test_paired_comparison_counts_discordant_pairs() -> None:
 
 
 def _shards(out: Path, seed: int, rows: int, card: dict[str, str]) -> dict:
-    writer = TrajectoryWriter(out, shard_rows=4, card=card)
+    writer = TrajectoryWriter(out, shard_rows=4, card=card, vocabulary=CHECKOUT)
     for i in range(rows):
-        row = {name: None for name in SCHEMA.names}
+        row = {name: None for name in schema(CHECKOUT).names}
         row |= {
             "episode_id": f"{seed}-0-{i // 3}",
             "env_id": f"env_{i % 2}",
@@ -135,7 +135,7 @@ def test_append_cycle_keeps_every_shard_and_names_its_cycle(tmp_path: Path) -> N
     _shards(tmp_path / "new2", 8, 5, {"phase": "explore", "cycle": "run-b"})
     card = append_cycle(dataset, tmp_path / "new2", "run-b", 8)
     assert card == read_card(dataset)
-    assert card["rows"] == 20 == read_steps(dataset).num_rows
+    assert card["rows"] == 20 == read_steps(dataset, vocabulary=CHECKOUT).num_rows
     assert [c["cycle"] for c in card["cycles"]] == ["initial", "run-a", "run-b"]
     assert [c["rows"] for c in card["cycles"]] == [9, 6, 5] and card["seeds"] == [0, 7, 8]
     assert [s["sha256"] for s in card["shards"][: len(first["shards"])]] == [s["sha256"] for s in first["shards"]]

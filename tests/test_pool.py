@@ -9,7 +9,7 @@ import pytest
 from pool_fixtures import TinyFactory, registry_catalogue, tiny_variants
 
 from agentflow_core.config import PoolConfig
-from agentflow_core.envs.experts import ScriptedExpert
+from agentflow_core.envs.experts import expert_for
 from agentflow_core.pool.base import PoolBatch, RegistryEnvFactory
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM, TOKEN_INDEX, SemanticAction
@@ -158,7 +158,7 @@ def test_real_families_expert_reaches_payment_success(real_catalogue: tuple[Regi
     factory, variants = real_catalogue
     assert {v.family for v in variants} == {"web_checkout", "order_db", "payment_api"}
     pool = InProcessPool(variants, factory, 12, PoolConfig(num_workers=2, scheduler="uniform"), seed=0)
-    expert = ScriptedExpert()
+    expert = expert_for("any")
     batch = pool.reset(seed=0)
     families_ok: set[str] = set()
     family_of = {v.env_id: v.family for v in variants}

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from agentflow_core import semantics
-from agentflow_core.envs.experts import DEFAULT_RULES, ScriptedExpert, expert_for
+from agentflow_core.envs.experts import DEFAULT_RULES, expert_for
 from agentflow_core.errors import ConfigError, MappingError
 from agentflow_core.evaluation.consistency import CANONICAL_STATES
 from agentflow_core.process import ProcessSpec
@@ -46,7 +46,7 @@ def test_checkout_file_is_the_code_vocabulary() -> None:
     assert sum(vocab.action_risk) == pytest.approx(0.6)
     assert dict(vocab.handled_outcomes) == dict(semantics.HANDLED_OUTCOMES)
     assert process.expert_rules == tuple((t, int(a)) for t, a in DEFAULT_RULES)
-    assert process.expert() == ScriptedExpert()
+    assert process.expert() == expert_for("any")
     assert process.probes == CANONICAL_STATES
     assert process.base_envs == ("web_checkout_v2", "order_db_v1", "payment_api_v1")
     assert vocab.obs_dim == semantics.OBS_DIM and vocab.n_actions == semantics.N_ACTIONS

@@ -23,7 +23,7 @@ from agentflow_core.pool.base import PoolError, RegistryEnvFactory
 from agentflow_core.pool.ray_actors import start_blank_workers
 from agentflow_core.pool.ray_pool import RayPool
 from agentflow_core.registry import EnvRegistry
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM, SemanticAction
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM, SemanticAction
 from agentflow_core.variants import BaseEnvInfo, generate_variants
 
 # Ray workers cannot import the tests directory: ship the fixture module by value.
@@ -43,6 +43,7 @@ def test_300_real_envs_step_in_one_call_per_worker() -> None:
         cfg.perturbations,
         cfg.samples_per_combination,
         seed=0,
+        scenario=CHECKOUT.scenario,
     )
     factory = RegistryEnvFactory({e.env_id: e for e in registry.entries()})
     pool = RayPool(

@@ -1,7 +1,8 @@
 """A second business process from data: refund requests on a SQL and an HTTP channel, none of it in the core.
 
-configs/processes/refund.yaml declares the vocabulary and the expert; agentflow_refund holds the two
-channels (registered as entry points) and the refund service with its OpenAPI spec. These tests build
+configs/processes/refund.yaml declares the vocabulary and the expert; agentflow_refund holds the SQL
+channel (an entry point) and the refund service with its OpenAPI spec, which the core's generic HTTP
+channel drives from data (configs/refund/envs/refund_api_v1.yaml). These tests build
 the envs through the registry, run gymnasium's check_env and the mapping audit, drive the expert over a
 grid of scenarios on both channels, probe the service's hardening with malformed and foreign requests,
 and onboard the running service from its spec with ``envs from-openapi`` + ``envs check``.
@@ -166,17 +167,19 @@ def test_the_service_refuses_malformed_foreign_and_expired_requests(service: Ref
 def test_from_openapi_onboards_the_running_service_and_check_passes(service: RefundService, tmp_path: Path) -> None:
     out_dir = tmp_path / "onboarded"
     runner = CliRunner()
-    args = ["from-openapi", str(SPEC), "--family", "refund_api", "--process", "refund", "--env-class", "refund_api"]
+    args = ["from-openapi", str(SPEC), "--family", "refund_api", "--process", "refund"]
     created = runner.invoke(
         envs_app, [*args, "--base-url", service.url, "--out-dir", str(out_dir)], env={"COLUMNS": "200"}
     )
     assert created.exit_code == 0, created.output
     entry = load_registry(config_dir=out_dir).get("refund_api_v1")
-    assert (entry.class_path, entry.process, entry.kwargs) == (
-        "agentflow_refund.api:RefundAPIEnv",
+    assert (entry.class_path, entry.process, entry.kwargs["base_url"]) == (
+        "agentflow_core.envs.http_channel:HttpChannelEnv",
         "refund",
-        {"base_url": service.url},
+        service.url,
     )
+    shipped = load_registry(config_dir=REFUND_ENVS).get("refund_api_v1")  # the spec's channel is the shipped one
+    assert entry.kwargs["spec"] == {k: v for k, v in shipped.kwargs["spec"].items() if k != "service"}
     assert set(entry.mapping["actions"]) == set(entry.vocabulary.actions)
     emitted = {t for rule in entry.mapping["token_rules"] for t in rule["emit"]}
     assert emitted == set(entry.vocabulary.tokens)
@@ -184,5 +187,5 @@ def test_from_openapi_onboards_the_running_service_and_check_passes(service: Ref
     checked = runner.invoke(envs_app, ["check", "--config-dir", str(out_dir)], env={"COLUMNS": "200"})
     assert checked.exit_code == 0, checked.output
     assert "1 env(s) ok" in checked.output and len(service.state) > before  # check_env ran against this service
-    bad = runner.invoke(envs_app, [*args[:-2], "--env-class", "os_system", "--out-dir", str(tmp_path / "x")])
+    bad = runner.invoke(envs_app, [*args, "--env-class", "os_system", "--out-dir", str(tmp_path / "x")])
     assert bad.exit_code != 0 and not (tmp_path / "x").exists()

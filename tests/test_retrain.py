@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from agentflow_core.rl.trajectories import read_card, read_steps
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM
 from tasks.context import PhaseContext
 from tasks.prefect_tasks import GateFailed
 from tests.tiny import write_tiny_params
@@ -108,7 +108,7 @@ def test_shards_are_appended_with_their_cycle(cycles: dict[str, Any]) -> None:
     final = read_card(cycles["root"] / "data" / "trajectories")  # after the third cycle appended too
     assert [c["cycle"] for c in final["cycles"]][:2] == ["initial", retrain_id] and len(final["cycles"]) == 3
     assert final["shards"][: len(after["shards"])] == after["shards"]
-    table = read_steps(cycles["root"] / "data" / "trajectories")  # every shard's checksum verified
+    table = read_steps(cycles["root"] / "data" / "trajectories", vocabulary=CHECKOUT)  # every shard's checksum verified
     assert table.num_rows == final["rows"] == sum(c["rows"] for c in final["cycles"])
 
 
@@ -116,7 +116,7 @@ def test_exploration_starts_with_what_the_champion_failed(cycles: dict[str, Any]
     plan = json.loads(Path(cycles["retrain"]["retrain"]["plan"]).read_text())
     failed = set(plan["champion_failed"])
     assert failed and set(plan["priority"][: len(failed)]) == failed
-    table = read_steps(cycles["root"] / "data" / "trajectories")
+    table = read_steps(cycles["root"] / "data" / "trajectories", vocabulary=CHECKOUT)
     cycle_rows = [i for i, c in enumerate(table.column("seed").to_pylist()) if c == plan["seed"]]
     first_envs = {table.column("env_id")[i].as_py() for i in cycle_rows[:8]}  # the first pool step: 8 slots
     assert first_envs == set(plan["priority"][:8])

@@ -55,7 +55,7 @@ def test_token_table_pays_new_tokens_positive_once_per_episode_negative_every_ti
     cfg = RewardConfig(
         mode="token_table", token_rewards={"PAYMENT_SUCCESS": 10.0, "PAYMENT_PAGE": 1.0, "INVALID_CARD": -1.0}
     )
-    rf = RewardFunction(cfg, num_envs=2)
+    rf = RewardFunction(cfg, num_envs=2, vocabulary=CHECKOUT)
     rf.reset(np.stack([enc(["LOGGED_IN"]), enc(["PAYMENT_PAGE"])]))
     steps = [
         batch([(["PAYMENT_PAGE"], S()), (["INVALID_CARD"], S())]),
@@ -80,7 +80,7 @@ def test_token_table_pays_new_tokens_positive_once_per_episode_negative_every_ti
 
 
 def test_scalar_mode_is_the_env_reward() -> None:
-    rf = RewardFunction(RewardConfig(mode="scalar"), num_envs=2)
+    rf = RewardFunction(RewardConfig(mode="scalar"), num_envs=2, vocabulary=CHECKOUT)
     rf.reset(np.stack([enc(["LOGGED_OUT"])] * 2))
     comps = rf.step(batch([(["PAYMENT_SUCCESS"], S()), (["LOGGED_IN"], S())], env_reward=[10.0, -0.05]))
     np.testing.assert_allclose(comps.base, [10.0, -0.05], rtol=1e-6)
@@ -94,7 +94,7 @@ def test_env_business_reward_and_risk_penalty_join_the_token_reward() -> None:
         risk_penalty=2.0,
         risk_threshold=0.3,
     )
-    rf = RewardFunction(cfg, num_envs=3)
+    rf = RewardFunction(cfg, num_envs=3, vocabulary=CHECKOUT)
     rf.reset(np.stack([enc(["PAYMENT_PAGE"]), enc(["LOGGED_IN"]), enc(["ORDER_PENDING"])]))
     step = batch(
         [(["PAYMENT_SUCCESS"], S()), (["ESCALATED"], S()), (["ORDER_CANCELLED"], S())],
@@ -111,7 +111,7 @@ def test_env_business_reward_and_risk_penalty_join_the_token_reward() -> None:
 
 
 def test_scalar_mode_does_not_count_the_env_reward_twice() -> None:
-    rf = RewardFunction(RewardConfig(mode="scalar", env_reward_weight=1.0), num_envs=1)
+    rf = RewardFunction(RewardConfig(mode="scalar", env_reward_weight=1.0), num_envs=1, vocabulary=CHECKOUT)
     rf.reset(np.stack([enc(["PAYMENT_PAGE"])]))
     parts = rf.step(batch([(["PAYMENT_SUCCESS"], S())], env_reward=[10.0], terminated=[True]))
     assert float(parts.total[0]) == pytest.approx(10.0) and float(parts.env[0]) == 0.0
@@ -121,7 +121,7 @@ def test_training_reward_logs_each_component_per_env_step() -> None:
     from agentflow_core.rl.ppo import TrainingReward
 
     cfg = RewardConfig(mode="token_table", env_reward_weight=1.0, risk_penalty=1.0)
-    reward = TrainingReward(RewardFunction(cfg, num_envs=2), None, key_of=lambda info: "x")
+    reward = TrainingReward(RewardFunction(cfg, num_envs=2, vocabulary=CHECKOUT), None, key_of=lambda info: "x")
     reward.reset(batch([(["PAYMENT_PAGE"], S()), (["LOGGED_OUT"], S())]))
     first = batch(
         [(["PAYMENT_SUCCESS"], S()), (["LOGGED_IN"], S())], env_reward=[10.0, -0.01], terminated=[True, False]
@@ -143,7 +143,7 @@ def test_shaping_once_per_episode_per_term_with_components() -> None:
             {"condition": "INVALID_CARD", "reward": -1.0},
         ],
     )
-    rf = RewardFunction(cfg, num_envs=2)
+    rf = RewardFunction(cfg, num_envs=2, vocabulary=CHECKOUT)
     rf.reset(np.stack([enc(["LOGGED_IN"]), enc(["LOGGED_IN"])]))
     c1 = rf.step(batch([(["PAYMENT_PAGE"], {"cart_items": 0.1}), (["PAYMENT_PAGE"], S())]))  # env1: cart empty
     np.testing.assert_allclose(c1.shaping, [1.0, 0.0])
@@ -170,7 +170,7 @@ def test_shaping_once_per_episode_per_term_with_components() -> None:
 
 def test_shaping_total_per_episode_is_bounded_under_farming() -> None:
     cfg = RewardConfig(mode="token_table", token_rewards={}, shaping=[{"condition": "PAYMENT_PAGE", "reward": 1.0}])
-    rf = RewardFunction(cfg, num_envs=1)
+    rf = RewardFunction(cfg, num_envs=1, vocabulary=CHECKOUT)
     rf.reset(enc(["LOGGED_IN"])[None])
     total = 0.0
     for k in range(40):  # oscillate in and out of the condition
@@ -179,7 +179,7 @@ def test_shaping_total_per_episode_is_bounded_under_farming() -> None:
 
 
 def test_token_reward_vector_order() -> None:
-    table = token_reward_vector({"PAYMENT_SUCCESS": 10.0, "ESCALATED": -1.0})
+    table = token_reward_vector({"PAYMENT_SUCCESS": 10.0, "ESCALATED": -1.0}, vocabulary=CHECKOUT)
     assert table[TOKEN_INDEX["PAYMENT_SUCCESS"]] == 10.0 and table[TOKEN_INDEX["ESCALATED"]] == -1.0
     assert table.sum() == 9.0
 
@@ -309,7 +309,7 @@ def test_model_mode_scores_next_state_and_falls_back_to_token_table() -> None:
     cfg = RewardConfig(mode="model", model_url="http://127.0.0.1:1", token_rewards={"PAYMENT_SUCCESS": 10.0})
     with RewardModelServer(model) as server:
         client = RewardModelClient(server.url, timeout_s=2.0)
-        rf = RewardFunction(cfg, num_envs=2, model=client)
+        rf = RewardFunction(cfg, num_envs=2, model=client, vocabulary=CHECKOUT)
         rf.reset(np.stack([enc(["LOGGED_IN"])] * 2))
         comps = rf.step(batch([(["PAYMENT_PAGE"], S()), (["PAYMENT_PAGE", "PAYMENT_SUCCESS"], S())]))
         np.testing.assert_allclose(comps.base, [0.5, 5.5])
@@ -319,4 +319,4 @@ def test_model_mode_scores_next_state_and_falls_back_to_token_table() -> None:
     np.testing.assert_allclose(comps.base, [10.0, 0.0])  # env1 already got PAYMENT_SUCCESS this episode
     assert not comps.model_ok and client.failures == 1
     with pytest.raises(ValueError, match="RewardModelClient"):
-        RewardFunction(cfg, num_envs=1)
+        RewardFunction(cfg, num_envs=1, vocabulary=CHECKOUT)

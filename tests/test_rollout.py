@@ -30,7 +30,7 @@ from agentflow_core.rl.policy import ActorCritic, policy_hash
 from agentflow_core.rl.ppo import PPO, MemorySink, TrainingReward
 from agentflow_core.rl.reward import RewardFunction
 from agentflow_core.rl.rollout import CentralRollouts, collect_slice, rollout_source, slice_seeds
-from agentflow_core.semantics import N_ACTIONS, OBS_DIM
+from agentflow_core.semantics import CHECKOUT, N_ACTIONS, OBS_DIM
 from benchmarks.ppo_bench import _packaged_factory, demo_catalogue
 from tasks.compose import recovery_summary
 
@@ -46,7 +46,7 @@ def variants() -> list[Any]:
 def _reward(variants: list[Any], num_envs: int) -> TrainingReward:
     base_of = {i: v.base_env_id for i, v in enumerate(variants)}
     return TrainingReward(
-        RewardFunction(RewardConfig(), num_envs),
+        RewardFunction(RewardConfig(), num_envs, vocabulary=CHECKOUT),
         PerEnvRewardNormalizer(),
         key_of=lambda info: base_of[info["variant_index"]],
         min_count=10,
@@ -192,15 +192,15 @@ def _learner(variants: list[Any]) -> PPO:
 
 def test_learner_on_worker_side_rollouts_resumes_bit_identically(variants: list[Any], tmp_path: Path) -> None:
     full = _learner(variants)
-    manager = CheckpointManager(tmp_path, every_updates=2, every_minutes=1e6)
+    manager = CheckpointManager(tmp_path, every_updates=2, every_minutes=1e6, vocabulary=CHECKOUT)
     for _ in range(4):
         full.train_iteration()
         if manager.due(full.update):
             manager.save(full)
-    state = load_checkpoint(tmp_path / "update_00000002").state["ppo"]
+    state = load_checkpoint(tmp_path / "update_00000002", vocabulary=CHECKOUT).state["ppo"]
     assert len(state["scheduler"]["slices"]) == 2
     resumed = _learner(variants)
-    restore_ppo(resumed, load_checkpoint(tmp_path / "update_00000002"))
+    restore_ppo(resumed, load_checkpoint(tmp_path / "update_00000002", vocabulary=CHECKOUT))
     for _ in range(2):
         resumed.train_iteration()
     assert policy_hash(resumed.policy) == policy_hash(full.policy)

@@ -17,7 +17,14 @@ from agentflow_core.errors import DataFileError
 from agentflow_core.evaluation.policy_eval import evaluate_policy, stratified_eval_variants
 from agentflow_core.evaluation.proportions import SuccessBreakdown, wilson_interval
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.semantics import GOAL_TOKEN, SemanticAction, accepted_outcomes, decode_tokens, process_success
+from agentflow_core.semantics import (
+    CHECKOUT,
+    GOAL_TOKEN,
+    SemanticAction,
+    accepted_outcomes,
+    decode_tokens,
+    process_success,
+)
 from agentflow_core.splits import SPLIT_FILE, SPLITS, assign_splits, read_splits, write_split_catalogue
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants
 from tasks.context import PhaseContext
@@ -29,7 +36,9 @@ BASES.append(BaseEnvInfo("payment_api_v1", "payment_api", 1))
 
 
 def catalogue(samples: int = 3, seed: int = 0) -> list[VariantSpec]:
-    return generate_variants(BASES, DIMENSIONS, AgentFlowConfig().variants.perturbations, samples, seed)
+    return generate_variants(
+        BASES, DIMENSIONS, AgentFlowConfig().variants.perturbations, samples, seed, scenario=CHECKOUT.scenario
+    )
 
 
 def strata(variants: Sequence[VariantSpec]) -> set[tuple[str, str, str]]:
@@ -183,7 +192,7 @@ def test_no_phase_before_the_final_evaluation_touches_validation_or_test(tmp_pat
         metrics_path=metrics,
         rollout_factory=rollouts,
     )
-    rows = set(read_steps(tmp_path / "traj").column("variant_hash").to_pylist())
+    rows = set(read_steps(tmp_path / "traj", vocabulary=CHECKOUT).column("variant_hash").to_pylist())
     assert explore_pools.pools and all(set(p) <= splits["train"] for p in explore_pools.pools)
     assert rows and rows <= splits["train"]  # so BC, which reads these rows, sees train variants only
     (training,) = rollouts.pools

@@ -13,7 +13,7 @@ from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import REPORT_KEYS
 from agentflow_core.evaluation.stress import RiskRule, run_stress_episodes, stratified_sample
 from agentflow_core.pool.inprocess import InProcessPool
-from agentflow_core.semantics import SemanticAction, decode_tokens
+from agentflow_core.semantics import CHECKOUT, SemanticAction, decode_tokens
 from agentflow_core.variants import BaseEnvInfo, generate_variants
 from tasks.context import PhaseContext
 from tests.pool_fixtures import Fault, TinyFactory, tiny_variants
@@ -42,7 +42,7 @@ def test_stratified_sample_covers_every_family_and_dimension_value() -> None:
         BaseEnvInfo("payment_api_v1", "payment_api", 1),
     ]
     cfg = AgentFlowConfig().variants
-    catalogue = generate_variants(bases, cfg.dimensions, cfg.perturbations, 2, seed=0)
+    catalogue = generate_variants(bases, cfg.dimensions, cfg.perturbations, 2, seed=0, scenario=CHECKOUT.scenario)
     dims = list(cfg.dimensions)
     sample = stratified_sample(catalogue, 12, dims, np.random.default_rng(0))
     assert len(sample) == 12 and len({v.env_id for v in sample}) == 12

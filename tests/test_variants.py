@@ -15,6 +15,7 @@ import agentflow_core.variants as variants_mod
 from agentflow_core.config import RangeSpec, VariantsConfig
 from agentflow_core.envs.base import Scenario
 from agentflow_core.errors import ConfigError
+from agentflow_core.semantics import CHECKOUT
 from agentflow_core.variants import (
     BaseEnvInfo,
     VariantSpec,
@@ -41,7 +42,14 @@ SMALL_PERTURB = {
 
 
 def small(seed: int = 0, dims: dict | None = None, perturb: dict | None = None, samples: int = 5) -> list[VariantSpec]:
-    return generate_variants(BASES, dims or SMALL_DIMS, SMALL_PERTURB if perturb is None else perturb, samples, seed)
+    return generate_variants(
+        BASES,
+        dims or SMALL_DIMS,
+        SMALL_PERTURB if perturb is None else perturb,
+        samples,
+        seed,
+        scenario=CHECKOUT.scenario,
+    )
 
 
 def test_deterministic_for_a_seed_and_different_for_another() -> None:
@@ -52,8 +60,8 @@ def test_deterministic_for_a_seed_and_different_for_another() -> None:
 def test_independent_of_mapping_and_base_env_order() -> None:
     reordered_dims = dict(reversed(list(SMALL_DIMS.items())))
     reordered_perturb = dict(reversed(list(SMALL_PERTURB.items())))
-    a = generate_variants(BASES, SMALL_DIMS, SMALL_PERTURB, 5, 3)
-    b = generate_variants(list(reversed(BASES)), reordered_dims, reordered_perturb, 5, 3)
+    a = generate_variants(BASES, SMALL_DIMS, SMALL_PERTURB, 5, 3, scenario=CHECKOUT.scenario)
+    b = generate_variants(list(reversed(BASES)), reordered_dims, reordered_perturb, 5, 3, scenario=CHECKOUT.scenario)
     assert a == b
 
 
@@ -110,6 +118,7 @@ def test_colliding_readable_ids_get_a_hash_suffix() -> None:
         {"price_factor": RangeSpec(kind="choice", choices=[1.0000001, 1.0000002])},
         2,
         0,
+        scenario=CHECKOUT.scenario,
     )
     assert len({s.env_id for s in specs}) == 2
     assert all(s.env_id.endswith(s.content_hash[:8]) for s in specs)
@@ -117,7 +126,9 @@ def test_colliding_readable_ids_get_a_hash_suffix() -> None:
 
 def test_demo_config_yields_at_least_7000_valid_variants() -> None:
     cfg = VariantsConfig()
-    specs = generate_variants(BASES, cfg.dimensions, cfg.perturbations, cfg.samples_per_combination, 0)
+    specs = generate_variants(
+        BASES, cfg.dimensions, cfg.perturbations, cfg.samples_per_combination, 0, scenario=CHECKOUT.scenario
+    )
     assert len(specs) == 3 * 4 * 3 * 3 * cfg.samples_per_combination >= 7000
     assert len({s.env_id for s in specs}) == len(specs)
     for spec in specs[::97]:
@@ -147,13 +158,20 @@ def test_demo_config_yields_at_least_7000_valid_variants() -> None:
 )
 def test_bad_dimension_or_range_fails_naming_it(dims: dict, perturb: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
-        generate_variants(BASES, dims, perturb, 1, 0)
+        generate_variants(BASES, dims, perturb, 1, 0, scenario=CHECKOUT.scenario)
     assert needle in str(info.value)
 
 
 def test_more_samples_than_distinct_perturbations_fails() -> None:
     with pytest.raises(ConfigError, match="samples_per_combination"):
-        generate_variants(BASES, {"network": ["normal"]}, {"inventory": RangeSpec(kind="int", low=0, high=3)}, 5, 0)
+        generate_variants(
+            BASES,
+            {"network": ["normal"]},
+            {"inventory": RangeSpec(kind="int", low=0, high=3)},
+            5,
+            0,
+            scenario=CHECKOUT.scenario,
+        )
 
 
 def test_catalogue_write_read_and_card(tmp_path: Path) -> None:

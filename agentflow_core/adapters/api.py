@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 _PATH_PATTERN = r"^[$@](\.[A-Za-z0-9_\-]+)+$"
 _MISSING = object()
@@ -97,11 +97,9 @@ class APISchemaAdapter(BaseSemanticAdapter):
         ]
     }
 
-    def __init__(
-        self, mapping: Mapping[str, Any], source: str = "<mapping>", vocabulary: Vocabulary = CHECKOUT
-    ) -> None:
+    def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>", *, vocabulary: Vocabulary) -> None:
         self._paths: dict[str, ParsedPath] = {}
-        super().__init__(mapping, source, vocabulary)
+        super().__init__(mapping, source, vocabulary=vocabulary)
 
     def _path(self, path: str) -> ParsedPath:
         parsed = self._paths.get(path)

@@ -44,7 +44,7 @@ from agentflow_core.adapters.compiled import (
 )
 from agentflow_core.adapters.schema import _json_path, validate_mapping
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import CHECKOUT, SemanticObs, Vocabulary
+from agentflow_core.semantics import SemanticObs, Vocabulary
 
 logger = logging.getLogger("agentflow.adapter")
 
@@ -78,11 +78,9 @@ class BaseSemanticAdapter:
     template: ClassVar[str] = ""
     WHEN_SCHEMA: ClassVar[dict[str, Any]] = {"type": "object"}
 
-    def __init__(
-        self, mapping: Mapping[str, Any], source: str = "<mapping>", vocabulary: Vocabulary = CHECKOUT
-    ) -> None:
+    def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>", *, vocabulary: Vocabulary) -> None:
         self.source = source
-        self.vocabulary = vocabulary  # the process's tokens, actions and features (checkout by default)
+        self.vocabulary = vocabulary  # the process's tokens, actions and features
         self._token_index, self._feature_index = vocabulary.token_index(), vocabulary.feature_index()
         self._n_tokens, self._n_features = vocabulary.n_tokens, vocabulary.n_features
         self._n_actions, self._escape = vocabulary.n_actions, vocabulary.action_id(vocabulary.escape_action)

@@ -19,9 +19,14 @@ mapping that a person would otherwise write by hand, then let the mapping audit 
 
 The spec is read through ``openapi_spec`` (operations, refs, properties, the shape check); this
 module holds the keyword tables and builds the mapping and the env config. The spec arrives as a
-dict: YAML parsing happens at the CLI edge. The spec never chooses code:
-the generated env is always the HTTP env of ``DEFAULT_CLASS_PATH``, and a spec whose
-``x-agentflow-class-path`` names anything else is rejected.
+dict: YAML parsing happens at the CLI edge. The spec never chooses code: the generated env is
+checkout's demo HTTP env (``DEFAULT_CLASS_PATH``) for checkout, the generic HTTP channel
+(``HTTP_CHANNEL_CLASS_PATH``) for any other process, or an installed env the caller names, and a
+spec whose ``x-agentflow-class-path`` names anything else is rejected. For the generic channel the
+spec's top-level ``x-agentflow-channel`` says how an episode opens and how a reply reads (the
+channel's ``reset``, ``headers``, ``reply``, ``client`` and ``audit``: data, written as the env
+config's ``spec`` and checked by :meth:`~agentflow_core.envs.http_channel.HttpChannelEnv.check_spec`
+when the config is loaded).
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ from agentflow_core.adapters.openapi_spec import (
     words_of,
 )
 from agentflow_core.adapters.schema import validate_mapping
+from agentflow_core.envs.http_channel import CHANNEL_ANNOTATION
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
 DEFAULT_CLASS_PATH = "agentflow_core.envs.payment_api:PaymentAPIEnv"
+HTTP_CHANNEL_CLASS_PATH = "agentflow_core.envs.http_channel:HttpChannelEnv"
 
 # (action, methods, keywords) in priority order: the more specific operations come first.
 ACTION_RULES: tuple[tuple[str, frozenset[str], frozenset[str]], ...] = (
@@ -354,7 +361,7 @@ def generate_mapping(spec: Mapping[str, Any], family: str, version: int = 1) -> 
         "feature_rules": _feature_rules(properties),
         "actions": _actions(spec),
     }
-    return validate_mapping(mapping, f"<openapi:{title}>", expected_template="api")
+    return validate_mapping(mapping, f"<openapi:{title}>", expected_template="api", vocabulary=CHECKOUT)
 
 
 def generate_from_openapi(
@@ -362,8 +369,8 @@ def generate_from_openapi(
     family: str,
     version: int = 1,
     *,
-    process: str = "checkout",
-    vocabulary: Vocabulary = CHECKOUT,
+    process: str,
+    vocabulary: Vocabulary,
     class_path: str = DEFAULT_CLASS_PATH,
     base_url: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -378,7 +385,7 @@ def generate_from_openapi(
     if not str(spec.get("openapi", "")).startswith("3"):
         raise MappingError("<openapi>", "$.openapi", f"got {spec.get('openapi')!r}, expected an OpenAPI 3.x document")
     declared = spec.get("x-agentflow-class-path", DEFAULT_CLASS_PATH)
-    if declared != DEFAULT_CLASS_PATH:
+    if declared not in (DEFAULT_CLASS_PATH, HTTP_CHANNEL_CLASS_PATH):
         # A spec is data from elsewhere: it never chooses which code runs. Another env class is
         # registered as an entry point (group ``agentflow.envs``) and named in the env config.
         raise MappingError(
@@ -404,6 +411,18 @@ def generate_from_openapi(
         "mapping": f"{family}_v{version}.json",
         "params": vocabulary.scenario.defaults(),
     }
-    if base_url is not None:
+    if class_path == HTTP_CHANNEL_CLASS_PATH:
+        channel = spec.get(CHANNEL_ANNOTATION)
+        if not isinstance(channel, Mapping):
+            raise MappingError(
+                "<openapi>",
+                f"$.{CHANNEL_ANNOTATION}",
+                "the generic HTTP channel needs the spec to say how an episode "
+                "opens and how a reply reads (reset, headers, reply, audit)",
+            )
+        config["spec"] = dict(channel)
+        if base_url is not None:
+            config["kwargs"] = {"base_url": base_url}
+    elif base_url is not None:
         config["kwargs"] = {"server_url" if class_path == DEFAULT_CLASS_PATH else "base_url": base_url}
     return config, mapping

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 
 from agentflow_core.errors import MappingError
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 # The comparison operators mapping rules may use ("op" in web and db conditions).
 COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
@@ -88,7 +88,7 @@ def _json_path(path: Sequence[Any]) -> str:
 
 
 @functools.cache
-def mapping_schema(vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]:
+def mapping_schema(vocabulary: Vocabulary) -> dict[str, Any]:
     """:data:`MAPPING_SCHEMA` with a process's own tokens, features and actions as the allowed names."""
     schema = copy.deepcopy(MAPPING_SCHEMA)
     props = schema["properties"]
@@ -100,7 +100,7 @@ def mapping_schema(vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]:
 
 
 def validate_mapping(
-    mapping: Any, source: str, expected_template: str | None = None, vocabulary: Vocabulary = CHECKOUT
+    mapping: Any, source: str, expected_template: str | None = None, *, vocabulary: Vocabulary
 ) -> dict[str, Any]:
     """Validate a mapping document against :data:`MAPPING_SCHEMA` (for ``vocabulary``); errors carry the JSON path."""
     validator = jsonschema.Draft202012Validator(mapping_schema(vocabulary))

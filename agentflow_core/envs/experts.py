@@ -1,8 +1,9 @@
 """Scripted expert policies: the funnel plus the recovery rules, as the reference of what is achievable.
 
 The expert reads only the semantic observation, so the same rules drive every channel through
-its adapter; a family whose mapping is wrong shows up as an expert that cannot finish. Each
-family gets its own :class:`ScriptedExpert` (``expert_for``) so a channel with different recovery
+its adapter; a family whose mapping is wrong shows up as an expert that cannot finish. A process
+loaded from data builds its own (:meth:`agentflow_core.process.ProcessSpec.expert`); this module also
+spells out checkout's, one per checkout family (``expert_for``), so a channel with different recovery
 needs can override a rule without touching the others.
 """
 
@@ -40,16 +41,15 @@ DEFAULT_RULES: tuple[tuple[str, int], ...] = tuple((t, CHECKOUT.action_id(a)) fo
 
 @dataclass(frozen=True)
 class ScriptedExpert:
-    """Priority rules over tokens; falls back to ``fallback`` (VIEW_PRODUCT), then to any legal action.
+    """Priority rules over tokens; falls back to ``fallback``, then to any legal action.
 
-    A process loaded from data (:mod:`agentflow_core.process`) builds its expert with its own rules,
-    fallback and vocabulary; the defaults are the checkout process's.
+    Every part is the process's own (its rules, fallback and vocabulary): there is no default process.
     """
 
-    family: str = "any"
-    rules: Sequence[tuple[str, int]] = field(default=DEFAULT_RULES)
-    fallback: int = CHECKOUT.action_id("VIEW_PRODUCT")
-    vocabulary: Vocabulary = field(default=CHECKOUT, repr=False)
+    family: str
+    rules: Sequence[tuple[str, int]]
+    fallback: int
+    vocabulary: Vocabulary = field(repr=False)
 
     def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> int:
         """Choose the semantic action for one encoded observation."""
@@ -72,13 +72,6 @@ class ScriptedExpert:
         )
 
 
-_EXPERTS: dict[str, ScriptedExpert] = {
-    "web_checkout": ScriptedExpert("web_checkout"),
-    "order_db": ScriptedExpert("order_db"),
-    "payment_api": ScriptedExpert("payment_api"),
-}
-
-
 def expert_for(family: str) -> ScriptedExpert:
-    """The scripted expert of one env family (a generic one for families without their own)."""
-    return _EXPERTS.get(family, ScriptedExpert(family))
+    """Checkout's scripted expert for one of its env families (``"any"``: the family-independent one)."""
+    return ScriptedExpert(family, DEFAULT_RULES, CHECKOUT.action_id("VIEW_PRODUCT"), CHECKOUT)

@@ -25,7 +25,7 @@ import numpy as np
 from agentflow_core.adapters.base import AdaptedStep, BaseSemanticAdapter
 from agentflow_core.envs.base import PhysicalEnv, StepResult
 from agentflow_core.errors import EnvCrashError, EnvError, EnvInvalidError
-from agentflow_core.semantics import CHECKOUT, SemanticObs, Vocabulary
+from agentflow_core.semantics import SemanticObs, Vocabulary
 
 
 @functools.cache
@@ -48,7 +48,7 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         self.max_episode_steps = max_episode_steps or int(
             getattr(getattr(physical, "scenario", None), "max_episode_steps", 200)
         )
-        vocabulary: Vocabulary = getattr(adapter, "vocabulary", CHECKOUT)  # the process the adapter's mapping speaks
+        vocabulary: Vocabulary = adapter.vocabulary  # the process the adapter's mapping speaks
         self.vocabulary = vocabulary
         observation_space, action_space = _space_prototypes(vocabulary.obs_dim, vocabulary.n_actions)
         self._action_risk = vocabulary.action_risk  # declared risk by action index (a tuple: cheap per step)

@@ -36,7 +36,7 @@ import numpy as np
 
 from agentflow_core.evaluation.records import EpisodeRecord, PolicyFn, StepRecord, dimension_value
 from agentflow_core.process import CanonicalState
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 # Checkout's stage features (a canonical state's logged_in / cart_items / payment_page flags set them), and
 # the features nothing in a state fixes (drawn per probe, where the process declares them); every other
@@ -112,15 +112,13 @@ def variant_feature_names(vocabulary: Vocabulary, states: Sequence[CanonicalStat
     return tuple(f for f in vocabulary.features if f not in fixed)
 
 
-VARIANT_FEATURES: tuple[str, ...] = variant_feature_names(CHECKOUT)
-
-
 def probe_observation(
     state: CanonicalState,
     variant_features: Mapping[str, float],
     cart_scale: float = DEFAULT_CART_SCALE,
     free_features: Mapping[str, float] | None = None,
-    vocabulary: Vocabulary = CHECKOUT,
+    *,
+    vocabulary: Vocabulary,
 ) -> np.ndarray:
     """The encoded observation of ``state`` in a variant with ``variant_features``; every feature is set."""
     names = set(vocabulary.features)
@@ -197,7 +195,8 @@ def canonical_consistency(
     states: Sequence[CanonicalState] = CANONICAL_STATES,
     draws: int = DEFAULT_DRAWS,
     seed: int = 0,
-    vocabulary: Vocabulary = CHECKOUT,
+    *,
+    vocabulary: Vocabulary,
 ) -> ConsistencyResult:
     """Ask ``policy_fn`` for its greedy action in every probe state of every variant (one batch).
 
@@ -215,7 +214,9 @@ def canonical_consistency(
     obs = (
         np.stack(
             [
-                probe_observation(state, feats, scale, dict(zip(FREE_FEATURES, free[i, d], strict=True)), vocabulary)
+                probe_observation(
+                    state, feats, scale, dict(zip(FREE_FEATURES, free[i, d], strict=True)), vocabulary=vocabulary
+                )
                 for i, (feats, scale) in enumerate(zip(variant_features, scales, strict=True))
                 for state in states
                 for d in range(draws)

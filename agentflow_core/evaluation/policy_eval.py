@@ -26,7 +26,7 @@ from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.stress import VariantRow, stratified_sample
 from agentflow_core.pool.episodes import EpisodeRecord
 from agentflow_core.rl.policy import ActorCritic
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 V = TypeVar("V", bound=VariantRow)
 
@@ -159,7 +159,8 @@ def summarise_episodes(
     records: Sequence[EpisodeRecord],
     variants: Sequence[VariantRow],
     dimensions: Sequence[str] = (),
-    vocabulary: Vocabulary = CHECKOUT,
+    *,
+    vocabulary: Vocabulary,
 ) -> EvalResult:
     """The :class:`EvalResult` of evaluation episodes played worker-side (``record.variant`` indexes ``variants``).
 

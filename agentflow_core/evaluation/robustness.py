@@ -42,7 +42,7 @@ from agentflow_core.evaluation.root_causes import RECOMMENDATIONS, RootCause, ro
 from agentflow_core.evaluation.stress import StressRollout
 from agentflow_core.evaluation.token_frequency import CoverageTable, coverage_table
 from agentflow_core.gates import stress_checks
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 
 def robustness_score(success_rate: float, consistency: float, crash_rate: float) -> float:
@@ -155,7 +155,8 @@ def analyze_stress(
     reachable: Sequence[str] | None = None,
     cart_scales: Mapping[str, float] | None = None,
     probes: Sequence[CanonicalState] = CANONICAL_STATES,
-    vocabulary: Vocabulary = CHECKOUT,
+    *,
+    vocabulary: Vocabulary,
 ) -> StressAnalysis:
     """Compute every stress measure from the rollout records (plus the canonical probes of ``policy_fn``).
 

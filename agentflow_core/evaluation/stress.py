@@ -21,7 +21,7 @@ import numpy as np
 
 from agentflow_core.contracts import EnvPool, PolicyFn, PoolBatch
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 
 class VariantRow(Protocol):
@@ -213,7 +213,7 @@ def run_stress_episodes(
     return StressRollout(steps, finished, pool_steps, sorted({e.env_id for e in finished}))
 
 
-def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule, vocabulary: Vocabulary = CHECKOUT) -> EpisodeRecord:
+def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule, vocabulary: Vocabulary) -> EpisodeRecord:
     records = slot.steps
     env_return = float(info.get("episode_return", sum(s.reward for s in records)))
     risky = sum(s.risk > risk.threshold for s in records)

@@ -28,7 +28,7 @@ from agentflow_core.contracts import (
     VariantLike,
 )
 from agentflow_core.errors import AgentFlowError
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 __all__ = [
     "ENV_CRASH",
@@ -190,10 +190,12 @@ class RegistryEnvFactory:
     @property
     def vocabulary(self) -> Vocabulary:
         """The one vocabulary its entries' mappings speak (the pool's widths); mixing processes is an error."""
-        found = {getattr(entry, "vocabulary", CHECKOUT) for entry in self.entries.values()}  # registry EnvEntry
+        found = {entry.vocabulary for entry in self.entries.values()}  # registry EnvEntry
         if len(found) > 1:
             raise PoolError(f"base envs of more than one process in one pool: {sorted(v.version for v in found)}")
-        return found.pop() if found else CHECKOUT
+        if not found:
+            raise PoolError("a pool over no base envs speaks no process's vocabulary")
+        return found.pop()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"entries": dict(self.entries)}
@@ -205,9 +207,11 @@ class RegistryEnvFactory:
 
 
 def factory_vocabulary(factory: Any) -> Vocabulary:
-    """The vocabulary of the envs ``factory`` builds: its ``vocabulary`` when it declares one, else checkout's."""
-    vocabulary = getattr(factory, "vocabulary", CHECKOUT)
-    return vocabulary if isinstance(vocabulary, Vocabulary) else CHECKOUT
+    """The vocabulary of the envs ``factory`` builds (its ``vocabulary``): the pool's widths and names."""
+    vocabulary = getattr(factory, "vocabulary", None)
+    if not isinstance(vocabulary, Vocabulary):
+        raise PoolError(f"{type(factory).__name__}: an env factory declares the vocabulary its envs speak (vocabulary)")
+    return vocabulary
 
 
 def as_variant_list(variants: Sequence[VariantLike]) -> list[VariantLike]:

@@ -30,7 +30,7 @@ from agentflow_core.pool.base import (
 )
 from agentflow_core.pool.scheduler import EpisodeStats
 from agentflow_core.pool.worker import WorkerBatch
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 from agentflow_core.variants import stable_worker
 
 logger = logging.getLogger("agentflow.pool")
@@ -56,8 +56,8 @@ class PoolDriver(ABC):
         config: PoolConfig,
         scheduler: Any,
         n_workers: int,
-        seed: int = 0,
-        vocabulary: Vocabulary = CHECKOUT,
+        seed: int,
+        vocabulary: Vocabulary,
     ) -> None:
         if num_envs < 1:
             raise PoolError(f"num_envs must be >= 1, got {num_envs}")

@@ -84,7 +84,7 @@ class SlicePool(PoolDriver):
     ) -> None:
         self.worker, self.global_index = worker, np.asarray(global_index, np.int64)
         variants = [worker.variants[g] for g in self.global_index.tolist()]
-        super().__init__(variants, num_slots, config, scheduler, n_workers=1, vocabulary=worker.vocabulary)
+        super().__init__(variants, num_slots, config, scheduler, n_workers=1, seed=0, vocabulary=worker.vocabulary)
         self.detach_after_s = None  # a slice waits for every step: its rollout is a function of its seeds
 
     def _invoke(self, calls: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, WorkerBatch | None]:

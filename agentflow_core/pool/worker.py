@@ -42,7 +42,7 @@ from agentflow_core.pool.base import (
     factory_vocabulary,
 )
 from agentflow_core.pool.watchdog import TIMED_OUT, BatchWatchdog, DetachedStep
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 logger = logging.getLogger("agentflow.pool")
 
@@ -65,7 +65,7 @@ class WorkerBatch:
     failure_reason: list[str | None]
 
     @classmethod
-    def empty(cls, slots: np.ndarray, vocabulary: Vocabulary = CHECKOUT) -> WorkerBatch:
+    def empty(cls, slots: np.ndarray, vocabulary: Vocabulary) -> WorkerBatch:
         """Rows for ``slots`` before anything ran: zero observations and rewards, every action legal."""
         k = len(slots)
         return cls(

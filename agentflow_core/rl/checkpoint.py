@@ -40,7 +40,7 @@ from agentflow_core.config import MAX_LAYERS, MAX_WIDTH
 from agentflow_core.errors import AgentFlowError, NonFiniteError
 from agentflow_core.rl.policy import policy_hash
 from agentflow_core.rl.ppo import PPO
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 logger = logging.getLogger("agentflow.checkpoint")
 
@@ -95,7 +95,7 @@ def save_checkpoint(
     return root / name
 
 
-def model_shapes(hidden_sizes: Sequence[int], vocabulary: Vocabulary = CHECKOUT) -> dict[str, tuple[int, ...]]:
+def model_shapes(hidden_sizes: Sequence[int], vocabulary: Vocabulary) -> dict[str, tuple[int, ...]]:
     """The state-dict shapes of ``ActorCritic(hidden_sizes=...)`` over ``vocabulary``, computed without building it."""
     shapes: dict[str, tuple[int, ...]] = {}
     for tower, out in (("critic", 1), ("actor", vocabulary.n_actions)):
@@ -106,7 +106,7 @@ def model_shapes(hidden_sizes: Sequence[int], vocabulary: Vocabulary = CHECKOUT)
     return shapes
 
 
-def _read_state(path: Path, vocabulary: Vocabulary = CHECKOUT) -> dict[str, Any]:
+def _read_state(path: Path, vocabulary: Vocabulary) -> dict[str, Any]:
     file = path / STATE_FILE
     try:
         too_large = file.stat().st_size > MAX_STATE_BYTES
@@ -169,9 +169,7 @@ def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_checkpoint(
-    path: Path, hidden_sizes: Sequence[int] | None = None, vocabulary: Vocabulary = CHECKOUT
-) -> Checkpoint:
+def load_checkpoint(path: Path, hidden_sizes: Sequence[int] | None = None, *, vocabulary: Vocabulary) -> Checkpoint:
     """Read and validate a checkpoint directory (safetensors + JSON only; refuses other vocabularies than ``vocabulary``).
 
     ``hidden_sizes`` (the configured network) must match the checkpoint's when given; either way the
@@ -218,7 +216,7 @@ def _inside(root: Path, candidate: Path) -> bool:
 
 
 def load_intact(
-    root: Path, pointer: str = LATEST, hidden_sizes: Sequence[int] | None = None, vocabulary: Vocabulary = CHECKOUT
+    root: Path, pointer: str = LATEST, hidden_sizes: Sequence[int] | None = None, *, vocabulary: Vocabulary
 ) -> Checkpoint | None:
     """The checkpoint ``pointer`` names, else the newest intact one; None when ``root`` holds none.
 
@@ -234,7 +232,7 @@ def load_intact(
     skipped: list[str] = []
     for candidate in candidates:
         try:
-            ckpt = load_checkpoint(candidate, hidden_sizes, vocabulary)
+            ckpt = load_checkpoint(candidate, hidden_sizes, vocabulary=vocabulary)
         except CheckpointError as exc:
             logger.warning("checkpoint: skipping damaged %s", exc)
             skipped.append(exc.reason)
@@ -280,7 +278,8 @@ class CheckpointManager:
         every_minutes: float,
         keep_last: int = 3,
         clock: Callable[[], float] = time.monotonic,
-        vocabulary: Vocabulary = CHECKOUT,
+        *,
+        vocabulary: Vocabulary,
     ) -> None:
         self.vocabulary = vocabulary  # its version is stored with every checkpoint (load refuses another)
         self.root, self.every_updates, self.every_s, self.keep_last = (

@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.config import ExploreConfig
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 DEFINITION_VERSION = 1
 
 TokenBatch = np.ndarray | Sequence[Iterable[str]]
 
 
-def multi_hot(tokens_batch: TokenBatch, vocabulary: Vocabulary = CHECKOUT) -> np.ndarray:
+def multi_hot(tokens_batch: TokenBatch, vocabulary: Vocabulary) -> np.ndarray:
     """``[N, n_tokens]`` bool from encoded observations or from iterables of token names."""
     if isinstance(tokens_batch, np.ndarray):
         return tokens_batch[:, : vocabulary.n_tokens] > 0.5
@@ -67,7 +67,8 @@ class CoverageTracker:
         self,
         reachable_tokens: Collection[str] | None = None,
         reference_edges: Iterable[tuple[str, str]] = (),
-        vocabulary: Vocabulary = CHECKOUT,
+        *,
+        vocabulary: Vocabulary,
     ) -> None:
         self.vocabulary = vocabulary
         reachable_tokens = vocabulary.tokens if reachable_tokens is None else reachable_tokens

@@ -154,7 +154,7 @@ def explore(
     ``restart_schedule`` puts the pool's scheduler back where it was before the reference run, so
     the recorded exploration starts at the scheduler's first variants (a retrain's priority order).
     """
-    tracker = tracker or CoverageTracker()
+    tracker = tracker or CoverageTracker(vocabulary=pool.vocabulary)
     vocabulary = tracker.vocabulary  # the process the pool's envs speak (the tracker is built over it)
     goal_index = vocabulary.token_index()[vocabulary.goal]
     snapshot = pool.scheduler.state_dict() if restart_schedule else None

@@ -44,7 +44,7 @@ import numpy as np
 from agentflow_core.config import RewardConfig
 from agentflow_core.rl.reward_model import RewardModelClient
 from agentflow_core.safe_expr import Condition, compile_condition
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 
 class StepBatch(Protocol):
@@ -76,7 +76,7 @@ class RewardComponents:
     model_ok: bool = True  # False when the model mode fell back to the token table
 
 
-def token_reward_vector(token_rewards: dict[str, float], vocabulary: Vocabulary = CHECKOUT) -> np.ndarray:
+def token_reward_vector(token_rewards: dict[str, float], vocabulary: Vocabulary) -> np.ndarray:
     """Dense ``[n_tokens]`` table in ``vocabulary``'s order."""
     table = np.zeros(vocabulary.n_tokens, dtype=np.float32)
     token_index = vocabulary.token_index()
@@ -93,7 +93,8 @@ class RewardFunction:
         cfg: RewardConfig,
         num_envs: int,
         model: RewardModelClient | None = None,
-        vocabulary: Vocabulary = CHECKOUT,
+        *,
+        vocabulary: Vocabulary,
     ) -> None:
         if cfg.mode == "model" and model is None:
             raise ValueError("reward mode 'model' needs a RewardModelClient")

@@ -27,14 +27,14 @@ import pyarrow.parquet as pq
 
 from agentflow_core.atomic import atomic_file, write_text
 from agentflow_core.errors import DATA_ERRORS, DataFileError
-from agentflow_core.semantics import CHECKOUT, Vocabulary
+from agentflow_core.semantics import Vocabulary
 
 SCHEMA_VERSION = 1
 META_FILE = "_meta.json"
 
 
-def schema(vocabulary: Vocabulary = CHECKOUT) -> pa.Schema:
-    """The step-row schema over ``vocabulary``'s widths (:data:`SCHEMA` is checkout's)."""
+def schema(vocabulary: Vocabulary) -> pa.Schema:
+    """The step-row schema over ``vocabulary``'s widths."""
     return pa.schema(
         [
             *_COLUMNS[:8],
@@ -66,7 +66,6 @@ _COLUMNS: list[tuple[str, pa.DataType]] = [
     ("failure_reason", pa.string()),
     ("risk", pa.float32()),
 ]
-SCHEMA = schema(CHECKOUT)
 
 
 def _sha256(path: Path) -> str:
@@ -82,7 +81,8 @@ class TrajectoryWriter:
         out_dir: Path,
         shard_rows: int = 50_000,
         card: Mapping[str, Any] | None = None,
-        vocabulary: Vocabulary = CHECKOUT,
+        *,
+        vocabulary: Vocabulary,
     ) -> None:
         self.vocabulary, self.schema = vocabulary, schema(vocabulary)
         self.out_dir = Path(out_dir)
@@ -164,7 +164,7 @@ def read_card(path: Path) -> dict[str, Any]:
     return card
 
 
-def read_steps(path: Path, verify: bool = True, vocabulary: Vocabulary = CHECKOUT) -> pa.Table:
+def read_steps(path: Path, verify: bool = True, *, vocabulary: Vocabulary) -> pa.Table:
     """All rows of a dataset directory, in shard order; checksums verified against the card.
 
     Shard names come from the card and must name files inside ``path`` (a card is data).
@@ -237,7 +237,7 @@ class Episode:
         return len(self.actions)
 
 
-def iter_episodes(path: Path, verify: bool = True, vocabulary: Vocabulary = CHECKOUT) -> Iterator[Episode]:
+def iter_episodes(path: Path, verify: bool = True, *, vocabulary: Vocabulary) -> Iterator[Episode]:
     """Yield every episode (including ones cut off at the end of the run: ``complete`` is False)."""
     table = read_steps(path, verify=verify, vocabulary=vocabulary)
     if table.num_rows == 0:
@@ -278,13 +278,13 @@ def iter_episodes(path: Path, verify: bool = True, vocabulary: Vocabulary = CHEC
         )
 
 
-def goal_episodes(path: Path, verify: bool = True, vocabulary: Vocabulary = CHECKOUT) -> Iterator[Episode]:
+def goal_episodes(path: Path, verify: bool = True, *, vocabulary: Vocabulary) -> Iterator[Episode]:
     """Episodes that reached the goal token."""
     return (ep for ep in iter_episodes(path, verify=verify, vocabulary=vocabulary) if ep.success)
 
 
 def process_successful_episodes(
-    path: Path, accepted: Mapping[str, frozenset[str]], verify: bool = True, vocabulary: Vocabulary = CHECKOUT
+    path: Path, accepted: Mapping[str, frozenset[str]], verify: bool = True, *, vocabulary: Vocabulary
 ) -> Iterator[Episode]:
     """Episodes of the variants in ``accepted`` (variant hash -> accepted terminal tokens) that ended in one.
 
@@ -299,7 +299,7 @@ def process_successful_episodes(
 
 
 def behaviour_cloning_arrays(
-    path: Path, accepted: Mapping[str, frozenset[str]], vocabulary: Vocabulary = CHECKOUT
+    path: Path, accepted: Mapping[str, frozenset[str]], vocabulary: Vocabulary
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(obs [M, obs_dim], actions [M], action_mask [M, n_actions])`` over every process-successful episode."""
     episodes = list(process_successful_episodes(path, accepted, vocabulary=vocabulary))

@@ -177,7 +177,7 @@ def browser(
     cfg = ctx.cfg
     sim = ctx.registry.get("web_checkout_v2")
     real = load_registry(config_dir=Path(cfg.stress.sim_to_real.env_config_dir)).get(BROWSER_ENV_ID)
-    policy = load_policy(resolve_checkpoint(ctx, checkpoint))
+    policy = load_policy(resolve_checkpoint(ctx, checkpoint), ctx.process)
     result = run_browser_bench(
         ctx, sim, real, policy, episodes=episodes, live_envs=live_envs, gap_episodes=gap_episodes
     )

@@ -247,19 +247,20 @@ PROCESS_OPTION = typer.Option("checkout", "--process", help="Business process th
 ENV_CLASS_OPTION = typer.Option(
     None,
     "--env-class",
-    help="Installed env (entry point of group agentflow.envs) that drives the API; default: the demo API env.",
+    help="Installed env (entry point of group agentflow.envs) that drives the API; default: the demo API env for "
+    "checkout, the generic HTTP channel (configured by the spec's x-agentflow-channel) for any other process.",
 )
 BASE_URL_OPTION = typer.Option(None, "--base-url", help="URL of the running service (written to the env's kwargs).")
 
 
-def env_class_path(name: str | None) -> str:
+def env_class_path(name: str | None, process: str = "checkout") -> str:
     """The class path of an installed env entry point (the CLI user chooses code; a spec never does)."""
     from importlib.metadata import entry_points
 
-    from agentflow_core.adapters.openapi import DEFAULT_CLASS_PATH
+    from agentflow_core.adapters.openapi import DEFAULT_CLASS_PATH, HTTP_CHANNEL_CLASS_PATH
 
     if name is None:
-        return DEFAULT_CLASS_PATH
+        return DEFAULT_CLASS_PATH if process == "checkout" else HTTP_CHANNEL_CLASS_PATH
     found = {ep.name: ep.value.replace(" ", "") for ep in entry_points(group="agentflow.envs")}
     if name not in found:
         raise typer.BadParameter(
@@ -285,7 +286,7 @@ def from_openapi(
     if process not in vocabularies:
         err_console.print(f"[bold red]error[/]: --process: {escape(process)!r} is not one of {sorted(vocabularies)}")
         raise typer.Exit(code=2)
-    class_path = env_class_path(env_class)
+    class_path = env_class_path(env_class, process)
 
     try:
         document = load_yaml_file(spec)

@@ -64,7 +64,7 @@ def behaviour_policy(
     vocab = ctx.vocabulary
     policy = ActorCritic(vocab.obs_dim, vocab.n_actions, cfg.train.hidden_sizes)
     if warm_start is not None:
-        policy.load_state_dict(load_checkpoint(warm_start, cfg.train.hidden_sizes, vocab).model)
+        policy.load_state_dict(load_checkpoint(warm_start, cfg.train.hidden_sizes, vocabulary=vocab).model)
     return greedy_policy(policy), policy_hash(policy)
 
 

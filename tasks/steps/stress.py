@@ -94,7 +94,7 @@ def evaluate_stress(
         reachable if reachable is not None else _reachable(ctx, sample),
         cart_scales(ctx, families),
         ctx.process.probes,
-        ctx.vocabulary,
+        vocabulary=ctx.vocabulary,
     )
     return rollout, analysis, list(sample)
 

@@ -247,7 +247,7 @@ def initial_networks(
     torch.manual_seed(seed)
     policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes).to(device)
     if warm_start is not None:
-        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes, vocab).model)
+        policy.load_state_dict(load_checkpoint(Path(warm_start), tc.hidden_sizes, vocabulary=vocab).model)
     untrained = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
     untrained.load_state_dict({k: v.cpu() for k, v in policy.state_dict().items()})
     return policy, untrained
@@ -258,7 +258,7 @@ def start_training(
 ) -> None:
     """Resume from the latest checkpoint, or start: from the champion, the offline actor or behaviour cloning."""
     tc, vocab, ckpt_root = run.tc, run.vocab, run.ckpt_root
-    ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes, vocab) if resume else None
+    ckpt = load_intact(ckpt_root, LATEST, tc.hidden_sizes, vocabulary=vocab) if resume else None
     if ckpt is not None:
         restore_ppo(run.ppo, ckpt)
         extra = ckpt.state["extra"]
@@ -333,7 +333,7 @@ def train_loop(
 def final_evaluation(run: TrainingRun) -> FinalPolicy:
     """The best checkpoint, the exploration policy and the scripted expert on the test split; the pool's losses."""
     tc, vocab = run.tc, run.vocab
-    best_ckpt = load_intact(run.ckpt_root, BEST, tc.hidden_sizes, vocab)
+    best_ckpt = load_intact(run.ckpt_root, BEST, tc.hidden_sizes, vocabulary=vocab)
     assert best_ckpt is not None
     best_policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
     best_policy.load_state_dict(best_ckpt.model)

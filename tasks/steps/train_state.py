@@ -65,7 +65,7 @@ class TrainingRun:
         """``n`` episodes of ``actor`` over ``variants`` on the training pool's env workers, summarised."""
         envs = min(self.tc.num_envs, EVAL_NUM_ENVS, max(len(variants), 1))
         records = self.pool.evaluate(variants, actor, net, n, episodes_seed, envs)
-        return summarise_episodes(records, variants, sorted(self.ctx.cfg.variants.dimensions), self.vocab)
+        return summarise_episodes(records, variants, sorted(self.ctx.cfg.variants.dimensions), vocabulary=self.vocab)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pool_fixtures import tiny_variants
 
 from agentflow_core.errors import DataFileError
 from agentflow_core.rl.trajectories import META_FILE, read_card, read_steps
+from agentflow_core.semantics import CHECKOUT
 from agentflow_core.variants import CATALOGUE_FILE, read_catalogue, read_meta, write_catalogue
 
 DAMAGE = {
@@ -55,7 +56,7 @@ def _dataset(tmp_path: Path, shard: bytes, name: str = "shard_00000.parquet") ->
 def test_a_damaged_trajectory_shard_names_the_file(tmp_path: Path, how: str) -> None:
     path = _dataset(tmp_path, DAMAGE[how](b"PAR1" + bytes(200) + b"PAR1"))
     with pytest.raises(DataFileError, match=f"{path / 'shard_00000.parquet'}: damaged or unreadable"):
-        read_steps(path)
+        read_steps(path, vocabulary=CHECKOUT)
 
 
 @pytest.mark.parametrize("name", ["../../outside.parquet", "/etc/passwd", "missing.parquet"])
@@ -65,7 +66,7 @@ def test_a_card_cannot_point_outside_its_dataset(tmp_path: Path, name: str) -> N
     path.mkdir(parents=True)
     (path / META_FILE).write_text(json.dumps({"shards": [{"file": name, "sha256": "0"}]}))
     with pytest.raises(DataFileError, match="is not a file inside"):
-        read_steps(path)
+        read_steps(path, vocabulary=CHECKOUT)
 
 
 @pytest.mark.parametrize("content", [b"", b"{}", b'{"shards": 3}', bytes(range(256))])
@@ -82,7 +83,9 @@ def _shard_bytes(reward: float, obs_value: float = 0.0) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from agentflow_core.rl.trajectories import SCHEMA
+    from agentflow_core.rl.trajectories import schema
+
+    SCHEMA = schema(CHECKOUT)
 
     width = SCHEMA.field("obs").type.list_size
     row = {f.name: None for f in SCHEMA}
@@ -101,7 +104,7 @@ def test_a_shard_with_a_matching_checksum_but_non_finite_numbers_is_damaged(
 ) -> None:
     """The card is data: a NaN reward rewritten with its checksum would poison BC and CQL, so it is refused."""
     (tmp_path / "clean").mkdir()
-    assert len(read_steps(_dataset(tmp_path / "clean", _shard_bytes(1.0)))) == 2
+    assert len(read_steps(_dataset(tmp_path / "clean", _shard_bytes(1.0)), vocabulary=CHECKOUT)) == 2
     path = _dataset(tmp_path, _shard_bytes(reward, obs))
     with pytest.raises(DataFileError, match=rf"shard_00000\.parquet: .*non-finite value in column '{column}' at row 1"):
-        read_steps(path)
+        read_steps(path, vocabulary=CHECKOUT)

@@ -30,6 +30,7 @@ from agentflow_core.rl.checkpoint import (
     load_checkpoint,
     load_intact,
 )
+from agentflow_core.semantics import CHECKOUT
 from tasks.context import PhaseContext
 
 
@@ -54,7 +55,7 @@ class NaNReward:
 def test_nan_reward_stops_the_update_naming_rewards_and_nothing_is_checkpointed(tmp_path: Path) -> None:
     ppo = make_learner(seed=0)
     ppo.reward_transform = NaNReward()
-    manager = CheckpointManager(tmp_path, every_updates=1, every_minutes=1e6)
+    manager = CheckpointManager(tmp_path, every_updates=1, every_minutes=1e6, vocabulary=CHECKOUT)
     with pytest.raises(NonFiniteError, match=r"update 1: non-finite rewards \(first at rollout step 0, env 3: nan\)"):
         ppo.train_iteration()
     assert ppo.update == 0
@@ -78,7 +79,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three checkpoints (updates 1, 2, 3) with best -> update 2."""
     root = tmp_path_factory.mktemp("ckpts")
     ppo = make_learner(seed=1)
-    manager = CheckpointManager(root, every_updates=1, every_minutes=1e6, keep_last=3)
+    manager = CheckpointManager(root, every_updates=1, every_minutes=1e6, keep_last=3, vocabulary=CHECKOUT)
     for _ in range(3):
         ppo.train_iteration()
         path = manager.save(ppo)
@@ -117,9 +118,9 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(
     shutil.copytree(saved, root)
     _damage(root / f"update_{damaged:08d}" / MODEL_FILE, how)
     with pytest.raises(CheckpointError, match=f"update_{damaged:08d}"):
-        load_checkpoint(root / f"update_{damaged:08d}")
+        load_checkpoint(root / f"update_{damaged:08d}", vocabulary=CHECKOUT)
     with caplog.at_level(logging.WARNING, logger="agentflow.checkpoint"):
-        ckpt = load_intact(root, pointer, hidden_sizes=[32, 32])
+        ckpt = load_intact(root, pointer, hidden_sizes=[32, 32], vocabulary=CHECKOUT)
     assert ckpt is not None and ckpt.path.name == f"update_{expected:08d}"
     assert f"skipping damaged checkpoint {root / f'update_{damaged:08d}'}" in caplog.text
 
@@ -128,12 +129,12 @@ def test_damaged_state_json_falls_back_and_all_damaged_is_one_error(saved: Path,
     root = tmp_path / "ckpts"
     shutil.copytree(saved, root)
     (root / "update_00000003" / STATE_FILE).write_bytes(b"\xff\xfe{")
-    ckpt = load_intact(root, LATEST)
+    ckpt = load_intact(root, LATEST, vocabulary=CHECKOUT)
     assert ckpt is not None and ckpt.path.name == "update_00000002"
     for name in ("update_00000001", "update_00000002"):
         (root / name / STATE_FILE).write_text("")
     with pytest.raises(CheckpointError, match=r"no intact checkpoint among 3"):
-        load_intact(root, LATEST)
+        load_intact(root, LATEST, vocabulary=CHECKOUT)
 
 
 def test_pointers_stay_inside_their_root(saved: Path, tmp_path: Path) -> None:
@@ -145,7 +146,7 @@ def test_pointers_stay_inside_their_root(saved: Path, tmp_path: Path) -> None:
     for target in ("../other_run/update_00000003", str(other / "update_00000003"), "..", "."):
         (root / LATEST).write_text(json.dumps({"name": target}))
         assert latest_checkpoint(root) is None
-        ckpt = load_intact(root, LATEST)
+        ckpt = load_intact(root, LATEST, vocabulary=CHECKOUT)
         assert ckpt is not None and ckpt.path == root / "update_00000002"
     (root / "escape").symlink_to(other / "update_00000003")
     (root / LATEST).write_text(json.dumps({"name": "escape"}))
@@ -159,11 +160,11 @@ def test_the_fallback_skips_a_symlinked_update_folder_and_deep_pointers(saved: P
     shutil.copytree(saved, root)
     (root / LATEST).unlink()
     (root / "update_99999999").symlink_to(other / "update_00000003", target_is_directory=True)
-    ckpt = load_intact(root, LATEST)
+    ckpt = load_intact(root, LATEST, vocabulary=CHECKOUT)
     assert ckpt is not None and ckpt.path == root / "update_00000003"
     (root / LATEST).write_text("[" * 2000 + "]" * 2000)  # RecursionError in json, within the pointer's size cap
     assert latest_checkpoint(root) is None
-    ckpt = load_intact(root, LATEST)
+    ckpt = load_intact(root, LATEST, vocabulary=CHECKOUT)
     assert ckpt is not None and ckpt.path == root / "update_00000003"
 
 
@@ -184,12 +185,12 @@ def test_forged_hidden_sizes_are_refused_before_allocation(
     state["hidden_sizes"] = hidden_sizes
     (path / STATE_FILE).write_text(json.dumps(state))
     with pytest.raises(CheckpointError, match=reason):
-        load_checkpoint(path)
+        load_checkpoint(path, vocabulary=CHECKOUT)
 
 
 def test_the_configured_network_must_match(saved: Path) -> None:
     with pytest.raises(CheckpointError, match=r"hidden_sizes \[32, 32\] != configured \[64, 64\]"):
-        load_checkpoint(saved / "update_00000003", hidden_sizes=[64, 64])
+        load_checkpoint(saved / "update_00000003", hidden_sizes=[64, 64], vocabulary=CHECKOUT)
 
 
 def test_stress_and_the_champion_candidate_skip_a_damaged_best(saved: Path, tmp_path: Path) -> None:
@@ -203,5 +204,5 @@ def test_stress_and_the_champion_candidate_skip_a_damaged_best(saved: Path, tmp_
     cfg = AgentFlowConfig.model_validate({"base": {"data_dir": str(tmp_path / "data")}})
     ref = resolve_checkpoint(PhaseContext.of(cfg), None)
     assert Path(ref) == root / "update_00000003"
-    assert load_policy(ref).checkpoint == ref
+    assert load_policy(ref, PhaseContext.of(cfg).process).checkpoint == ref
     assert candidate_checkpoint(PhaseContext.of(cfg)) == root / "update_00000003"

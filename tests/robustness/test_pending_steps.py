@@ -20,7 +20,7 @@ from ray import cloudpickle
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.pool.ray_pool import RayPool
-from agentflow_core.semantics import SemanticAction
+from agentflow_core.semantics import CHECKOUT, SemanticAction
 from tests import pool_fixtures
 from tests.pool_fixtures import Fault, TinyFactory, tiny_variants
 
@@ -185,7 +185,9 @@ def test_the_training_reward_pays_and_charges_nothing_for_a_pending_row() -> Non
     from agentflow_core.rl.reward import RewardFunction
     from agentflow_core.semantics import N_ACTIONS, encode
 
-    rf = RewardFunction(RewardConfig(mode="token_table", token_rewards={"INVALID_CARD": -1.0}), num_envs=2)
+    rf = RewardFunction(
+        RewardConfig(mode="token_table", token_rewards={"INVALID_CARD": -1.0}), num_envs=2, vocabulary=CHECKOUT
+    )
     rf.reset(np.stack([encode(["LOGGED_IN"], {}), encode(["LOGGED_IN"], {})]))
     obs = np.stack([encode(["INVALID_CARD"], {}), encode(["INVALID_CARD"], {})])
     # the mask decides, whatever the row holds: slot 1's step has not returned

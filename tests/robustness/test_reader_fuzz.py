@@ -31,6 +31,7 @@ from agentflow_core.adapters.web import WebAdapter
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.registry import load_entry, load_mapping
 from agentflow_core.rl.checkpoint import STATE_FILE, load_intact
+from agentflow_core.semantics import CHECKOUT
 from tasks.config_io import load_config
 from tasks.overrides import parse_set
 from tasks.process_io import read_process
@@ -155,7 +156,7 @@ def test_openapi_specs(text: str) -> None:
     def read() -> None:
         document = load_yaml_text(text)
         if isinstance(document, dict):
-            generate_from_openapi(document, "shop")
+            generate_from_openapi(document, "shop", process="checkout", vocabulary=CHECKOUT)
 
     _run(read)
 
@@ -176,7 +177,14 @@ OPENAPI_TREES = st.recursive(
 @given(paths=OPENAPI_TREES, components=OPENAPI_TREES)
 @example(paths=["/pay"], components=None)
 def test_openapi_structures(paths: Any, components: Any) -> None:
-    _run(lambda: generate_from_openapi({"openapi": "3.0.0", "paths": paths, "components": components}, "shop"))
+    _run(
+        lambda: generate_from_openapi(
+            {"openapi": "3.0.0", "paths": paths, "components": components},
+            "shop",
+            process="checkout",
+            vocabulary=CHECKOUT,
+        )
+    )
 
 
 @FUZZ
@@ -188,7 +196,7 @@ def test_mapping_regexes(pattern: str, web_mapping: dict[str, Any]) -> None:
     page = {"page": "cart", "text": "Checkout: your cart holds 2 items. " * 40 + "a" * 60 + "!"}
 
     def read() -> None:
-        WebAdapter(mapping, source="fuzz.json").adapt_observation(
+        WebAdapter(mapping, source="fuzz.json", vocabulary=CHECKOUT).adapt_observation(
             {**page, "buttons": [], "links": [], "fields": {}, "forms": [], "banner": None}
         )
 
@@ -202,4 +210,4 @@ def test_checkpoint_state_and_pointer_files(state: str, pointer: str, tmp_path: 
     root = tmp_path / "ckpts"
     _write(root / "update_00000001" / STATE_FILE, state)
     _write(root / "latest.json", pointer)
-    _run(lambda: load_intact(root))
+    _run(lambda: load_intact(root, vocabulary=CHECKOUT))

@@ -25,6 +25,7 @@ from agentflow_core.adapters.regex_bound import check_regex, regex_cost
 from agentflow_core.adapters.web import WebAdapter
 from agentflow_core.config import PoolConfig
 from agentflow_core.errors import MappingError
+from agentflow_core.semantics import CHECKOUT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _adapter(pattern: str) -> WebAdapter:
     mapping = json.loads((REPO / "agentflow_core/mappings/web_checkout_v2.json").read_text())
     mapping["token_rules"][0]["when"] = {"text_regex": pattern}
-    return WebAdapter(mapping, source="hostile.json")
+    return WebAdapter(mapping, source="hostile.json", vocabulary=CHECKOUT)
 
 
 def _page(text: str) -> dict[str, object]:

@@ -24,7 +24,7 @@ import pytest
 
 from agentflow_core.pool.watchdog import LOAD_GRACE
 from agentflow_core.pool.worker import EnvWorker
-from agentflow_core.semantics import SemanticAction
+from agentflow_core.semantics import CHECKOUT, SemanticAction
 from tests.pool_fixtures import TinyFactory, tiny_variants
 
 TIMEOUT_S = 0.1
@@ -36,12 +36,24 @@ class CpuHeavyFactory:
     """Tiny shop envs whose construction uses ``cpu_s[env_id]`` seconds of the building thread's CPU."""
 
     cpu_s: dict[str, float] = field(default_factory=dict, hash=False)
+    vocabulary = CHECKOUT
 
     def __call__(self, variant: Any) -> Any:
         until = time.thread_time() + self.cpu_s.get(variant.env_id, 0.0)
         while time.thread_time() < until:
             pass
         return TinyFactory()(variant)
+
+
+@dataclass(frozen=True)
+class CpuHeavyStepFactory:
+    """Tiny shop envs whose steps use ``cpu_s`` seconds of the stepping thread's CPU."""
+
+    cpu_s: float
+    vocabulary = CHECKOUT
+
+    def __call__(self, variant: Any) -> Any:
+        return CpuHeavyStep(TinyFactory()(variant), self.cpu_s)
 
 
 class CpuHeavyStep:
@@ -114,7 +126,7 @@ def test_a_reset_starved_by_load_succeeds_and_a_cpu_hungry_one_still_ends() -> N
 
 def test_a_step_starved_by_load_past_its_patience_is_delivered_not_ended() -> None:
     variants = tiny_variants(1)
-    worker = EnvWorker(lambda v: CpuHeavyStep(TinyFactory()(v), 0.015), {0: variants[0]}, 8, 0.5)
+    worker = EnvWorker(CpuHeavyStepFactory(0.015), {0: variants[0]}, 8, 0.5)
     try:
         worker.reset(np.array([0]), np.array([0]), np.array([0]))
         with one_loaded_cpu():
