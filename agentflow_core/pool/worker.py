@@ -349,7 +349,7 @@ class EnvWorker:
                 for slot, action in zip(slot_list, np.asarray(actions).tolist(), strict=True)
             ]
             results = self.watchdog.run(self._step_one, items, detach_after_s)
-        self.counters["steps"] += len(slot_list)
+            self.counters["steps"] += len(items)
         self.counters["step_calls"] += 1
         # Scalars gather in lists and land in the batch's arrays once (a numpy item write per field per row costs
         # more); rows that did not answer plainly are handled after, on the filled batch.
@@ -404,6 +404,7 @@ class EnvWorker:
                 results[row] = detached
         for row, res in zip(fresh, self.watchdog.run(self._step_one, items, detach_after_s), strict=True):
             results[row] = res
+        self.counters["steps"] += len(items)
         return results
 
     def _unusual_row(self, row: int, slot: int, res: Any, out: WorkerBatch) -> None:
