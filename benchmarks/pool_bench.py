@@ -241,6 +241,7 @@ def run_pool_bench(
     config = config or PoolConfig()
     started = time.perf_counter()
     out: dict[str, Any] = {"machine_cpus": os.cpu_count(), "n_variants": len(variants)}
+    out["load_avg_1m"] = os.getloadavg()[0]  # other processes share the cores: timings are read against it
     out.update(semantic_overhead(variants, factory, overhead_envs, overhead_steps, config.scheduler, seed))
     out.update(memory_footprint(variants, factory, live=num_envs, measure_all_live=measure_all_live))
     out.update(scheduler_coverage(config, draws=scheduler_draws, seed=seed))
@@ -254,6 +255,8 @@ def run_pool_bench(
         "recovery_s": out.get("recovery_s", float("inf")) <= TARGETS["recovery_s"],
         "throughput_after_5s_ratio": out.get("throughput_after_5s_ratio", 0.0) >= TARGETS["throughput_after_5s_ratio"],
     }
+    # every run's split of the overhead and its raw step, beside the target metrics (``--repeat``)
+    out["repeat_keys"] = ["adapter_only_overhead", "pool_vs_semantic_vector", "raw_step_us", "load_avg_1m"]
     out["notes"] = [
         "semantic_overhead: the raw side (physical envs, native actions, no mapping) and the adapter-only "
         "side (SemanticEnv in a SyncVectorEnv) replay the episodes the pool's scheduler started: same "

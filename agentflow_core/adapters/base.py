@@ -374,7 +374,7 @@ class BaseSemanticAdapter:
     def _compiled_step(self, raw: Any, context: Mapping[str, float] | None) -> AdaptedStep:
         values = [read(raw) for read in self._readers]
         bits = rule_bits(0, self._token_tables, self._token_plan, values)
-        tokens, ordered, block, legal, hidden = self._token_entry(bits)
+        tokens, ordered, block, legal, hidden = self._token_cache.get(bits) or self._token_entry(bits)
         block_features = [0.0] * self._n_features
         finite = not self._wide_clip
         if context:

@@ -61,6 +61,19 @@ def _column_reader(keys: tuple[str, ...]) -> Reader:
     return read
 
 
+def _column_number(first: str, second: str) -> Reader:
+    """``extract`` of the column ``first.second``, plain ints and floats without the generic checks."""
+
+    def number(raw: Any) -> Any:
+        table = raw.get(first, _MISSING) if raw.__class__ is dict else _lookup((first,), raw)
+        value = table.get(second, _MISSING) if table.__class__ is dict else _lookup((second,), table)
+        if value.__class__ is float or value.__class__ is int:
+            return value
+        return None if value is _MISSING else _as_number(value)
+
+    return number
+
+
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
@@ -137,7 +150,10 @@ class DBAdapter(BaseSemanticAdapter):
 
     def compile_feature(self, source: str) -> Reader:
         """A dotted column read as ``extract`` does, plain ints and floats without the generic checks."""
-        read = _column_reader(tuple(source.split(".")))
+        keys = tuple(source.split("."))
+        if len(keys) == 2:  # "table.column", the common shape: the walk and the number check in one call
+            return _column_number(*keys)
+        read = _column_reader(keys)
 
         def number(raw: Any) -> float | None:
             value = read(raw)

@@ -260,6 +260,8 @@ class PoolDriver(ABC):
         A slot that goes pending keeps its action (its outcome is delivered with it); one paused by
         ``active`` stays pending; one lost with its worker is no longer pending.
         """
+        if STEP_PENDING not in rows.failure_reason and not self._pending.any():  # the common case: nothing pending
+            return np.zeros(self.num_envs, bool)
         answered = np.fromiter((r == STEP_PENDING for r in rows.failure_reason), bool, self.num_envs)
         pending = answered | (self._pending & ~sent)
         new = answered & ~self._pending

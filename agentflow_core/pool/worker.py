@@ -338,13 +338,57 @@ class EnvWorker:
         if after_timeout and self.watchdog.abandoned_threads == 0:  # no item of this worker has timed out yet
             detach_after_s = None
         slots = np.asarray(slots, dtype=np.int64)
-        actions = np.asarray(actions)
+        slot_list = slots.tolist()
         out = WorkerBatch.empty(slots, self.vocabulary)
+        active_of = self._active.get
+        if self._pending:
+            results = self._step_with_pending(slot_list, np.asarray(actions).tolist(), detach_after_s)
+        else:  # nothing pending from an earlier call: every row steps now
+            items = [
+                None if (active := active_of(slot)) is None else (active.env, action)
+                for slot, action in zip(slot_list, np.asarray(actions).tolist(), strict=True)
+            ]
+            results = self.watchdog.run(self._step_one, items, detach_after_s)
+            self.counters["steps"] += len(items)
+        self.counters["step_calls"] += 1
+        # Scalars gather in lists and land in the batch's arrays once (a numpy item write per field per row costs
+        # more); rows that did not answer plainly are handled after, on the filled batch.
+        n = len(slot_list)
+        reward, step_id, risk = [0.0] * n, [0] * n, [0.0] * n
+        unusual: list[int] = []
+        terminated, truncated, failure_reason = out.terminated, out.truncated, out.failure_reason
+        pending = self._pending
+        for row, (slot, res) in enumerate(zip(slot_list, results, strict=True)):
+            if res.__class__ is not tuple:
+                unusual.append(row)
+                continue
+            if pending:
+                pending.pop(slot, None)
+            active = active_of(slot)
+            if active is None:  # the slot has no episode here (this worker was restarted)
+                truncated[row] = True
+                failure_reason[row] = WORKER_LOST
+                continue
+            obs, reward[row], ended_ok, cut, info, mask = res
+            out.obs[row], out.action_mask[row] = obs, mask
+            step_id[row], risk[row] = info.get("step_id", 0), info.get("risk", 0.0)
+            failure_reason[row] = info.get("failure_reason")
+            if ended_ok or cut:
+                terminated[row], truncated[row] = ended_ok, cut
+                del self._active[slot]
+                self._park(active.variant_index, active.env, active.base_env_id)
+        out.reward[:], out.step_id[:], out.risk[:] = reward, step_id, risk
+        for row in unusual:
+            self._unusual_row(row, slot_list[row], results[row], out)
+        return out
+
+    def _step_with_pending(self, slot_list: list[int], actions: list[int], detach_after_s: float | None) -> list[Any]:
+        """Step the rows with no step pending; the others answer their pending step's outcome, or wait on."""
         items: list[tuple[PoolEnv, int] | None] = []
         fresh: list[int] = []  # rows stepped now; the others are steps still pending from an earlier call
-        results: list[Any] = [None] * len(slots)
+        results: list[Any] = [None] * len(slot_list)
         now = time.perf_counter()
-        for row, (slot, action) in enumerate(zip(slots.tolist(), actions.tolist(), strict=True)):
+        for row, (slot, action) in enumerate(zip(slot_list, actions, strict=True)):
             detached = self._pending.get(slot)
             if detached is None:
                 active = self._active.get(slot)
@@ -361,32 +405,22 @@ class EnvWorker:
         for row, res in zip(fresh, self.watchdog.run(self._step_one, items, detach_after_s), strict=True):
             results[row] = res
         self.counters["steps"] += len(items)
-        self.counters["step_calls"] += 1
-        for row, (slot, res) in enumerate(zip(slots.tolist(), results, strict=True)):
-            if isinstance(res, DetachedStep):
-                self._pending[slot] = res
-                out.failure_reason[row] = STEP_PENDING
-                continue
-            self._pending.pop(slot, None)
-            active = self._active.get(slot)
-            if active is None:  # the slot has no episode here (this worker was restarted)
-                out.truncated[row] = True
-                out.failure_reason[row] = WORKER_LOST
-                continue
-            if not isinstance(res, tuple):
-                del self._active[slot]
-                self._record_failure(row, out, res, active.env, active.variant_index)
-                continue
-            obs, reward, terminated, truncated, info, mask = res
-            out.obs[row], out.action_mask[row], out.reward[row] = obs, mask, reward
-            out.terminated[row], out.truncated[row] = terminated, truncated
-            out.step_id[row] = info.get("step_id", 0)
-            out.risk[row] = info.get("risk", 0.0)
-            out.failure_reason[row] = info.get("failure_reason")
-            if terminated or truncated:
-                del self._active[slot]
-                self._park(active.variant_index, active.env, active.base_env_id)
-        return out
+        return results
+
+    def _unusual_row(self, row: int, slot: int, res: Any, out: WorkerBatch) -> None:
+        """A row whose step did not answer plainly: still pending, no episode here, or a failure."""
+        if isinstance(res, DetachedStep):
+            self._pending[slot] = res
+            out.failure_reason[row] = STEP_PENDING
+            return
+        self._pending.pop(slot, None)
+        active = self._active.get(slot)
+        if active is None:  # the slot has no episode here (this worker was restarted)
+            out.truncated[row] = True
+            out.failure_reason[row] = WORKER_LOST
+            return
+        del self._active[slot]
+        self._record_failure(row, out, res, active.env, active.variant_index)
 
     def _step_one(self, item: tuple[PoolEnv, int] | None) -> tuple[Any, ...] | None:
         if item is None:
