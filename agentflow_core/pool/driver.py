@@ -272,6 +272,14 @@ class PoolDriver(ABC):
         rows.step_id[pending] = self._step_id[pending]
         return self._pending.copy()
 
+    def oracle_actions(self) -> np.ndarray:
+        """Every slot's env's oracle action (it reads the hidden state): for evaluating the oracle only."""
+        slots = np.arange(self.num_envs)
+        actions = np.zeros(self.num_envs, np.int64)
+        for w, part in self._by_worker(slots, self.worker_of[self._slot_variant]).items():
+            actions[part] = self._worker_call(w, "oracle_actions", part)
+        return actions
+
     def slot_variants(self) -> np.ndarray:
         """Variant index each slot is playing now (for feeding per-variant scores back)."""
         return self._slot_variant.copy()

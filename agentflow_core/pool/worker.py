@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from agentflow_core.contracts import OracleEnv
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvError
 from agentflow_core.pool.base import (
@@ -63,6 +64,7 @@ class WorkerBatch:
     step_id: np.ndarray
     risk: np.ndarray
     failure_reason: list[str | None]
+    business_value: np.ndarray  # the channel's ``info["business_value"]`` of the step (NaN: none reported)
 
     @classmethod
     def empty(cls, slots: np.ndarray, vocabulary: Vocabulary = CHECKOUT) -> WorkerBatch:
@@ -78,6 +80,7 @@ class WorkerBatch:
             step_id=np.zeros(k, dtype=np.int64),
             risk=np.zeros(k, dtype=np.float32),
             failure_reason=[None] * k,
+            business_value=np.full(k, np.nan, dtype=np.float64),
         )
 
     def scatter(self, part: WorkerBatch) -> None:
@@ -86,8 +89,23 @@ class WorkerBatch:
         self.obs[s], self.action_mask[s], self.reward[s] = part.obs, part.action_mask, part.reward
         self.terminated[s], self.truncated[s] = part.terminated, part.truncated
         self.step_id[s], self.risk[s] = part.step_id, part.risk
+        self.business_value[s] = part.business_value
         for slot, reason in zip(s.tolist(), part.failure_reason, strict=True):
             self.failure_reason[slot] = reason
+
+
+def oracle_action(env: Any) -> int:
+    """The env's oracle action: its own ``oracle_action()``, or its physical env's behind a semantic wrapper."""
+    for candidate in (env, getattr(env, "physical", None)):
+        if isinstance(candidate, OracleEnv):
+            return int(candidate.oracle_action())
+    raise TypeError(f"{type(env).__name__} has no oracle: only a process that declares one is played by it")
+
+
+def _business_value(info: Mapping[str, Any]) -> float:
+    """The step's ``info["business_value"]``, NaN when the channel reports none."""
+    value = info.get("business_value")
+    return np.nan if value is None else float(value)
 
 
 def _failure_of(out: Any) -> str:
@@ -383,10 +401,22 @@ class EnvWorker:
             out.step_id[row] = info.get("step_id", 0)
             out.risk[row] = info.get("risk", 0.0)
             out.failure_reason[row] = info.get("failure_reason")
+            out.business_value[row] = _business_value(info)
             if terminated or truncated:
                 del self._active[slot]
                 self._park(active.variant_index, active.env, active.base_env_id)
         return out
+
+    def oracle_actions(self, slots: np.ndarray) -> np.ndarray:
+        """Each slot's env's oracle action (it reads the hidden state): evaluation only, never training.
+
+        An env without an oracle (no ``oracle_action()``) raises: the caller plays the oracle only
+        for a process that declares one.
+        """
+        return np.array(
+            [oracle_action(self._active[slot].env) for slot in np.asarray(slots, dtype=np.int64).tolist()],
+            dtype=np.int64,
+        )
 
     def _step_one(self, item: tuple[PoolEnv, int] | None) -> tuple[Any, ...] | None:
         if item is None:

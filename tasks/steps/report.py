@@ -91,9 +91,26 @@ def training_summary(checkpoints: Path) -> dict[str, Any] | None:
         "updates",
     )
     out = {**{k: t[k] for k in keys}, "stop_reason": t.get("stop_reason", "step_budget")}
+    out.update(value_summary(t))
     if "tuning" in t:  # the auto-tuner's record and the loop's measured impedance (tasks.steps.tune)
         out.update(tuning=t["tuning"], impedance=t.get("impedance", {}))
     return out
+
+
+def value_summary(train: Mapping[str, Any]) -> dict[str, Any]:
+    """The test split's business value per policy (``value``: each one's breakdown) and the headline value
+    metrics, when the process prices its episodes; nothing otherwise."""
+    sources = {"trained": "test", "rules": "test_expert", "oracle": "test_oracle", "bc": "test_bc"}
+    sources["offline"] = "test_offline"
+    value = {
+        name: train[key]["business_value"]
+        for name, key in sources.items()
+        if "business_value" in (train.get(key) or {})
+    }
+    if "trained" not in value:
+        return {}
+    headline = {k: v for k, v in train.items() if k.startswith(("test_business_value", "test_regret_closed"))}
+    return {"value": value, **headline, "mean_episode_steps": train.get("mean_episode_steps")}
 
 
 def build_cycle(

@@ -37,7 +37,7 @@ from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
 from agentflow_core.evaluation.policy_eval import stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, train_gate
-from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
+from agentflow_core.pool.episodes import GREEDY, ActorSpec
 from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import (
@@ -62,9 +62,10 @@ from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import build_rollouts, recovery_summary, reward_function
 from tasks.context import PhaseContext
-from tasks.steps.evaluation import EXPLORATION_EPSILON, FINAL_EVAL_EPISODES
+from tasks.steps.evaluation import FINAL_EVAL_EPISODES
 from tasks.steps.offline import offline_start
 from tasks.steps.train_outputs import plot_curves, train_metrics, train_summary, write_outputs
+from tasks.steps.train_references import copy_offline_bc_actor, reference_actors, save_bc_actor
 from tasks.steps.train_state import FinalPolicy, TrainingRun, TrainingState
 from tasks.steps.validator import training_validator
 
@@ -274,10 +275,13 @@ def start_training(
     elif run.offline is not None:
         load_actor(run.policy, run.offline.actor)
         state.bc_summary = {"used": True, "source": "offline", "actor": str(run.offline.path)}
+        copy_offline_bc_actor(ckpt_root, run.offline.path)
     elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
         accepted = {v.content_hash: vocab.accepted_outcomes(v.params) for v in run.splits["train"]}
         obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted, vocab)
         result = behaviour_cloning(run.policy, obs, actions, masks, seed=run.seed)
+        if result.samples > 0:
+            save_bc_actor(ckpt_root, run.policy)
         state.bc_summary = {
             "used": result.samples > 0,
             "samples": result.samples,
@@ -331,23 +335,18 @@ def train_loop(
 
 
 def final_evaluation(run: TrainingRun) -> FinalPolicy:
-    """The best checkpoint, the exploration policy and the scripted expert on the test split; the pool's losses."""
+    """The best checkpoint and the reference policies (:mod:`tasks.steps.train_references`) on the test split."""
     tc, vocab = run.tc, run.vocab
     best_ckpt = load_intact(run.ckpt_root, BEST, tc.hidden_sizes, vocab)
     assert best_ckpt is not None
     best_policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
     best_policy.load_state_dict(best_ckpt.model)
     greedy = ActorSpec(GREEDY, tuple(tc.hidden_sizes))
-    explorer = ActorSpec(EPSILON_GREEDY, tuple(tc.hidden_sizes), EXPLORATION_EPSILON)
-    experts = tuple((family, run.ctx.process.expert(family)) for family in sorted({v.family for v in run.test}))
     n_final, eval_seed = max(tc.eval_episodes, FINAL_EVAL_EPISODES), run.ctx.cfg.base.seed
+    # every policy plays the same episodes (variant, episode number, reset seed): the comparisons are paired
     final = {
         name: run.evaluate(run.test, actor, net, n_final, eval_seed + 11)
-        for name, actor, net in (
-            ("trained", greedy, best_policy),
-            ("exploration", explorer, run.untrained),
-            ("expert", ActorSpec(EXPERT, experts=experts), None),
-        )
+        for name, actor, net in (("trained", greedy, best_policy), *reference_actors(run))
     }
     return FinalPolicy(best_ckpt, best_policy, final, recovery_summary(run.pool))
 
