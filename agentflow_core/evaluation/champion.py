@@ -9,10 +9,14 @@ variants) and both policies are evaluated on it with the same seeds. The numbers
   challenger's greedy action equals the champion's (states from both policies' rollouts and the
   canonical probes of the slice's variants, each state counted once per visit);
 * ``reward_gain`` -- ``(R_challenger - R_champion) / max(|R_champion|, 1e-8)`` over the mean
-  *evaluated* return (risk penalty included).
+  *evaluated* return (risk penalty included);
+* ``paired`` -- the paired difference of the evaluated return, challenger minus champion, blocked
+  by variant (each variant's episodes averaged, then paired over the variants both played), with
+  its 95% bounds (:func:`agentflow_core.evaluation.paired.paired_by_key`).
 
-Promote iff ``consistency >= min_consistency`` and ``reward_gain >= min_reward_gain``; with no
-champion the challenger is promoted ("no champion yet").
+Promote iff ``consistency >= min_consistency``, ``reward_gain >= min_reward_gain`` and the paired
+difference's lower bound is above 0 (better beyond what the slice's sampling noise allows, not a
+raw difference of two means); with no champion the challenger is promoted ("no champion yet").
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from agentflow_core.evaluation.paired import PairedDifference
 
 V = TypeVar("V")
 
@@ -64,8 +70,10 @@ def decide_promotion(
     consistency: float | None,
     min_consistency: float = 0.85,
     min_reward_gain: float = 0.05,
+    paired: PairedDifference | None = None,
 ) -> PromotionDecision:
-    """The canary rule: promote iff consistent with the champion AND better by the required margin."""
+    """The canary rule: promote iff consistent with the champion AND better by the required margin AND
+    the paired return difference's lower bound is above 0 (without ``paired`` figures: not shown better)."""
     if champion_return is None:
         return PromotionDecision(
             True,
@@ -80,20 +88,25 @@ def decide_promotion(
         "consistency": consistency,
         "min_consistency": min_consistency,
         "min_reward_gain": min_reward_gain,
+        "paired": None if paired is None else paired.to_dict(),
     }
     consistent = consistency is not None and consistency >= min_consistency
     better = gain >= min_reward_gain
+    confident = paired is not None and paired.low > 0.0
+    bound = "no paired episodes" if paired is None else f"{paired.low:+.3f} over {paired.pairs} variants"
     detail = (
         f"consistency {consistency if consistency is not None else float('nan'):.3f} (need >= {min_consistency:.2f}), "
-        f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%} (need >= {min_reward_gain:+.0%})"
+        f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%} (need >= {min_reward_gain:+.0%}), "
+        f"paired return difference 95% lower bound {bound} (need > 0)"
     )
-    if consistent and better:
+    if consistent and better and confident:
         return PromotionDecision(True, f"promote: {detail}", numbers)
     why = [
         w
         for w, bad in (
             ("actions diverge from the champion", not consistent),
             ("reward does not improve enough", not better),
+            ("the gain is within the slice's sampling noise", better and not confident),
         )
         if bad
     ]

@@ -22,6 +22,7 @@ import numpy as np
 
 from agentflow_core.contracts import EnvPool, OraclePool, PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert, expert_for
+from agentflow_core.evaluation.paired import EpisodeOutcome
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.stress import VariantRow, stratified_sample
 from agentflow_core.evaluation.value import ValueBreakdown
@@ -45,6 +46,8 @@ class EvalResult:
     payment: SuccessBreakdown
     process: SuccessBreakdown
     value: ValueBreakdown | None = None  # mean business value, when the channel prices every episode
+    # per episode, keyed "<variant env_id>:<k>" (its k-th episode here): what a paired comparison pairs on
+    outcomes: tuple[EpisodeOutcome, ...] = ()
 
     @property
     def success_by_family(self) -> dict[str, float]:
@@ -131,6 +134,7 @@ def _evaluate(
     paid: list[bool] = []
     processed: list[bool] = []
     values: list[float | None] = []
+    keys: list[str] = []
     played: list[VariantRow] = []
     vocabulary = pool.vocabulary
     batch = pool.reset(seed=seed)
@@ -159,8 +163,9 @@ def _evaluate(
                 )
             )
             values.append(info.get("business_value"))
+            keys.append(f"{variant.env_id}:{counts[v] - 1}")
             played.append(variant)
-    return _summary(returns, lengths, paid, processed, played, dimensions, values)
+    return _summary(returns, lengths, paid, processed, played, dimensions, values, keys)
 
 
 def summarise_episodes(
@@ -182,7 +187,9 @@ def summarise_episodes(
     ]
     returns = [r.episode_return for r in records]
     lengths = [r.length for r in records]
-    return _summary(returns, lengths, paid, processed, played, dimensions, [r.business_value for r in records])
+    keys = [f"{v.env_id}:{r.episode}" for r, v in zip(records, played, strict=True)]
+    values = [r.business_value for r in records]
+    return _summary(returns, lengths, paid, processed, played, dimensions, values, keys)
 
 
 def _summary(
@@ -193,6 +200,7 @@ def _summary(
     played: Sequence[VariantRow],
     dimensions: Sequence[str],
     values: Sequence[float | None] = (),
+    keys: Sequence[str] = (),
 ) -> EvalResult:
     families = [v.family for v in played]
     params = [v.params for v in played]
@@ -209,6 +217,7 @@ def _summary(
         payment=payment,
         process=process,
         value=ValueBreakdown.of(values, families, params, dimensions) if len(values) == n else None,
+        outcomes=tuple(EpisodeOutcome(k, ok, r) for k, ok, r in zip(keys, processed, returns, strict=False)),
     )
 
 

@@ -29,6 +29,7 @@ from agentflow_core.evaluation.consistency import (
     policy_agreement,
     probe_observation,
 )
+from agentflow_core.evaluation.paired import paired_by_key
 from agentflow_core.evaluation.records import PolicyFn
 from agentflow_core.evaluation.report import (
     build_report,
@@ -272,7 +273,11 @@ def run_champion_challenger(
         )
         return {**decision.to_dict(), **context, "champion": None}
     champion = load_policy(resolve_checkpoint(ctx, champion_ckpt), ctx.process)
-    cp_stats, cp_obs, _ = _slice_eval(ctx, champion, sliced, rc.champion_episodes, pool_factory)
+    cp_stats, cp_obs, cp_rollout = _slice_eval(ctx, champion, sliced, rc.champion_episodes, pool_factory)
+    paired = paired_by_key(
+        [(e.env_id, e.evaluated_return) for e in ch_rollout.episodes],
+        [(e.env_id, e.evaluated_return) for e in cp_rollout.episodes],
+    )
     scales = cart_scales(ctx)
     ids, features, families = consistency_variants(
         ch_rollout, [v.env_id for v in sliced], cfg.stress.consistency_variants
@@ -300,6 +305,7 @@ def run_champion_challenger(
         consistency,
         rc.promote_min_consistency,
         rc.promote_min_reward_gain,
+        paired,
     )
     return {
         **decision.to_dict(),
