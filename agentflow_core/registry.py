@@ -9,10 +9,14 @@ Each file in the config directory (``configs/envs/*.yaml``) declares one base en
     mapping: web_checkout_v2.json     # next to the config first, then agentflow_core/mappings/
     params: {card_decline_rate: 0.1}  # scenario values of this env (fields the process declares)
     kwargs: {}                        # optional extra constructor arguments of the family
+    spec: channel.yaml                # optional: a channel document (a file beside the config, or inline)
 
 Code never comes from data: a ``class_path`` or explicit adapter path must lie in ``agentflow_core``
 or be an entry point a user installed (groups ``agentflow.envs`` / ``agentflow.adapters``), checked
-before anything is imported; a ``mapping`` path stays inside the config directory.
+before anything is imported; a ``mapping`` path stays inside the config directory. A data-driven
+channel (the state machine, the SQL channel) takes its document as ``spec``: loaded here with the
+injected parser (a file inside the config directory, e.g. ``channels/machine.yaml``, or written inline),
+checked by the class's ``check_spec(spec, vocabulary, source)`` and handed to it as the ``spec`` keyword.
 
 Everything is checked when the file is loaded -- the process, class path, adapter, mapping schema,
 scenario params, unknown keys, duplicate ids -- so a typo fails at ``refresh()`` with the file and key,
@@ -33,7 +37,7 @@ from typing import Any
 from agentflow_core.adapters import adapter_class, load_object
 from agentflow_core.envs.base import Scenario, make_env_id
 from agentflow_core.envs.semantic_env import SemanticEnv
-from agentflow_core.errors import MappingError, RegistryError
+from agentflow_core.errors import AgentFlowError, MappingError, RegistryError
 from agentflow_core.scenario import ScenarioValues
 from agentflow_core.semantics import CHECKOUT, Vocabulary
 
@@ -43,7 +47,7 @@ ENV_ENTRY_POINTS = "agentflow.envs"
 ADAPTER_ENTRY_POINTS = "agentflow.adapters"
 MAX_CONFIG_BYTES = 1 << 20
 REQUIRED_KEYS = frozenset({"env_id", "process", "class_path", "adapter", "mapping"})
-OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version"})
+OPTIONAL_KEYS = frozenset({"params", "kwargs", "description", "family", "version", "spec"})
 DEFAULT_PROCESS = "checkout"
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -225,6 +229,7 @@ def entry_from_config(
         adapter_cls = adapter_class(config["adapter"])
     except (KeyError, ImportError, TypeError) as exc:
         raise RegistryError(src, f"adapter: {exc}") from exc
+    kwargs = _with_spec(config, kwargs, physical_cls, source_file, load, vocabulary)
     mapping_path = resolve_mapping_path(config["mapping"], source_file.parent)
     if mapping_path is None:
         raise RegistryError(
@@ -258,6 +263,43 @@ def entry_from_config(
         process=process,
         vocabulary=vocabulary,
     )
+
+
+def _with_spec(
+    config: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+    physical_cls: Any,
+    source_file: Path,
+    load: Loader | None,
+    vocabulary: Vocabulary,
+) -> Mapping[str, Any]:
+    """``kwargs`` with the config's checked ``spec`` added (unchanged without one)."""
+    if "spec" not in config:
+        return kwargs
+    return {**kwargs, "spec": _channel_spec(config["spec"], physical_cls, source_file, load, vocabulary)}
+
+
+def _channel_spec(spec: Any, physical_cls: Any, source_file: Path, load: Loader | None, vocabulary: Vocabulary) -> Any:
+    """The env config's ``spec``: an inline mapping or a file inside the config directory, checked by its class."""
+    src, where = str(source_file), str(source_file)
+    if isinstance(spec, str):
+        path = resolve_mapping_path(spec, source_file.parent)
+        if path is None or path.parent == PACKAGED_MAPPINGS_DIR:
+            raise RegistryError(src, f"spec: file {spec!r} not found inside the config directory")
+        try:
+            spec, where = _read_document(path, load), str(path)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise RegistryError(str(path), f"unreadable: {type(exc).__name__}: {exc}") from None
+    if not isinstance(spec, Mapping):
+        raise RegistryError(src, f"spec: got {type(spec).__name__}, expected a mapping or a file name")
+    check = getattr(physical_cls, "check_spec", None)
+    if check is None:
+        raise RegistryError(src, "spec: this class_path takes no channel document (no check_spec)")
+    try:
+        check(spec, vocabulary, where)
+    except (AgentFlowError, ValueError, TypeError) as exc:
+        raise RegistryError(src, f"spec: {exc}") from exc
+    return dict(spec)
 
 
 def read_config(path: Path, load: Loader | None = None) -> Any:

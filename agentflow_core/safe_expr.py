@@ -10,9 +10,12 @@ Grammar (everything else is rejected with :class:`UnsafeExpressionError`):
 
 * names from the declared set (token names read as 1.0/0.0, feature names as floats);
   names starting with ``_`` are never allowed, even if declared;
-* numeric and bool constants with ``|c| <= 1e9`` (no strings, bytes, None, complex); a
+* numeric and bool constants with ``|c| <= 1e9`` (no bytes, None, complex); a
   subexpression without names is evaluated once at compile time and rejected when undefined
   (``1e-300 ** -8``);
+* string names (``strings=`` of :func:`compile_condition`: a scenario field such as ``network``) and
+  string constants (at most 100 characters) only as the two operands of one unchained ``==`` or ``!=``
+  (``network == "latency_500ms"``): a string name never enters arithmetic, a string constant nothing else;
 * comparisons ``== != < <= > >=``, chained (``0 < cart_items <= 1``);
 * ``and`` / ``or`` / ``not`` and unary ``+``/``-``;
 * ``+ - * / %`` and ``**`` whose exponent is a numeric literal with ``|exp| <= 8``;
@@ -46,8 +49,9 @@ MAX_NODES = 200
 MAX_DEPTH = 32
 MAX_CONSTANT = 1e9
 MAX_EXPONENT = 8.0
+MAX_TEXT = 100  # characters of a string constant
 
-Values = Mapping[str, float]
+Values = Mapping[str, float | str]  # a string name maps to a str (compared, never computed)
 _Fn = Callable[[Values], float]
 
 
@@ -142,8 +146,11 @@ class Condition:
             raise ExpressionEvalError(self.expr, f"no value provided for name {exc.args[0]!r}") from None
 
 
-def compile_condition(expr: str, names: Collection[str]) -> Condition:
-    """Parse and validate ``expr`` once against the allow-list, return a fast :class:`Condition`."""
+def compile_condition(expr: str, names: Collection[str], strings: Collection[str] = ()) -> Condition:
+    """Parse and validate ``expr`` once against the allow-list, return a fast :class:`Condition`.
+
+    ``names`` read as numbers; ``strings`` name string values, usable only as ``name == "text"`` / ``!=``.
+    """
     if not isinstance(expr, str):
         raise UnsafeExpressionError(expr, f"expected a string, got {type(expr).__name__}")
     if len(expr) > MAX_CHARS:
@@ -156,7 +163,7 @@ def compile_condition(expr: str, names: Collection[str]) -> Condition:
         raise UnsafeExpressionError(expr, f"syntax error: {exc.msg}") from None
     except (RecursionError, MemoryError, ValueError) as exc:
         raise UnsafeExpressionError(expr, f"cannot be parsed safely: {type(exc).__name__}") from None
-    compiler = _Compiler(expr, frozenset(names))
+    compiler = _Compiler(expr, frozenset(names) | frozenset(strings), frozenset(strings))
     fn = compiler.compile(tree.body, depth=1)
     return Condition(expr=expr, names=frozenset(compiler.used), _fn=fn)
 
@@ -164,8 +171,9 @@ def compile_condition(expr: str, names: Collection[str]) -> Condition:
 class _Compiler:
     """Recursive allow-list validator that emits closures; depth is capped before recursing."""
 
-    def __init__(self, expr: str, names: frozenset[str]) -> None:
+    def __init__(self, expr: str, names: frozenset[str], strings: frozenset[str] = frozenset()) -> None:
         self.expr, self.allowed, self.nodes, self.name_refs = expr, names, 0, 0
+        self.strings = strings
         self.used: set[str] = set()
 
     def reject(self, reason: str) -> UnsafeExpressionError:
@@ -206,18 +214,25 @@ class _Compiler:
             if not math.isfinite(value) or abs(value) > MAX_CONSTANT:
                 raise self.reject(f"constant {value!r} outside [-{MAX_CONSTANT:g}, {MAX_CONSTANT:g}]")
             c = float(value)
+        elif isinstance(value, str):
+            raise self.reject('str constants are not allowed (but in `string_name == "text"` or !=)')
         else:
             raise self.reject(f"{type(value).__name__} constants are not allowed (only numbers and booleans)")
         return lambda _v: c
 
-    def _Name(self, node: ast.Name, depth: int) -> _Fn:
-        name = node.id
+    def _checked_name(self, name: str) -> str:
         if name.startswith("_"):
             raise self.reject(f"name {name!r} is not allowed (underscore/dunder names are forbidden)")
         if name not in self.allowed:
             raise self.reject(f"unknown name {name!r}; allowed names are declared tokens and features")
         self.used.add(name)
         self.name_refs += 1
+        return name
+
+    def _Name(self, node: ast.Name, depth: int) -> _Fn:
+        name = self._checked_name(node.id)
+        if name in self.strings:
+            raise self.reject(f'string name {name!r} is allowed only in `{name} == "text"` (or !=)')
 
         def lookup(v: Values) -> float:
             return _finite(float(v[name]))
@@ -277,6 +292,9 @@ class _Compiler:
         return power
 
     def _Compare(self, node: ast.Compare, depth: int) -> _Fn:
+        sides = (node.left, *node.comparators)
+        if self.strings and any(_is_text(n) or (isinstance(n, ast.Name) and n.id in self.strings) for n in sides):
+            return self._string_compare(node)
         ops = []
         for op in node.ops:
             fn = _COMPARE.get(type(op))
@@ -297,6 +315,28 @@ class _Compiler:
             return 1.0
 
         return compare
+
+    def _string_compare(self, node: ast.Compare) -> _Fn:
+        """``name == "text"`` or ``!=`` (either side): the only place a string name or constant may appear."""
+        shape = 'a string comparison must be `string_name == "text"` or `!=`, unchained'
+        if len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq | ast.NotEq):
+            raise self.reject(shape)
+        left, right = node.left, node.comparators[0]
+        name_node, text_node = (left, right) if isinstance(left, ast.Name) else (right, left)
+        if not isinstance(name_node, ast.Name) or name_node.id not in self.strings or not _is_text(text_node):
+            raise self.reject(shape)
+        assert isinstance(text_node, ast.Constant)
+        self.nodes += 2
+        name, text = self._checked_name(name_node.id), str(text_node.value)
+        if len(text) > MAX_TEXT:
+            raise self.reject(f"string constant longer than {MAX_TEXT} characters")
+        if isinstance(node.ops[0], ast.Eq):
+            return lambda v: 1.0 if v[name] == text else 0.0
+        return lambda v: 0.0 if v[name] == text else 1.0
+
+
+def _is_text(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
 def _literal_number(node: ast.expr) -> float | None:

@@ -218,3 +218,67 @@ def test_arithmetic_matches_python_floats(a: float, b: float) -> None:
 
 def test_balanced_parentheses_are_just_grouping() -> None:
     assert compile_condition("(" * 150 + "cart_items" + ")" * 150, NAMES).value(values(cart_items=0.5)) == 0.5
+
+
+# --------------------------------------------------------------------------- string scenario fields
+STRINGS = ("network",)
+
+
+@pytest.mark.parametrize(
+    ("expr", "network", "expected"),
+    [
+        ('network == "latency_500ms"', "latency_500ms", 1.0),
+        ('network == "latency_500ms"', "normal", 0.0),
+        ('network != "normal"', "packet_loss_5%", 1.0),
+        ('"normal" == network', "normal", 1.0),
+        ('0.05 * (network == "packet_loss_5%") + 0.5 * (network != "normal")', "packet_loss_5%", 0.55),
+        ('network == "normal" and cart_items > 0', "normal", 1.0),
+    ],
+)
+def test_string_names_compare_to_string_constants(expr: str, network: str, expected: float) -> None:
+    condition = compile_condition(expr, NAMES, strings=STRINGS)
+    assert condition.value(values(cart_items=0.5) | {"network": network}) == pytest.approx(expected)
+    assert "network" in condition.names
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "network",  # a string name alone
+        "network + 1",  # in arithmetic
+        "not network",
+        "network == 1",  # against a number
+        'network < "normal"',  # ordering
+        'network == "a" == "b"',  # chained
+        '"a" == "a"',  # two constants
+        'cart_items == "a"',  # a numeric name against text
+        '"a" + "b" == network',
+        'network == "a".upper()',  # a method call on the constant
+        'network == "' + "a" * 101 + '"',  # too long
+        'network in ("a", "b")',
+        '_network == "a"',
+    ],
+)
+def test_string_grammar_rejects_everything_but_one_equality(expr: str) -> None:
+    with pytest.raises(UnsafeExpressionError):
+        compile_condition(expr, NAMES, strings=(*STRINGS, "_network"))
+
+
+def test_text_without_declared_string_names_is_still_refused() -> None:
+    with pytest.raises(UnsafeExpressionError, match="str constants"):
+        compile_condition('cart_items == "a"', NAMES)
+    with pytest.raises(UnsafeExpressionError, match="unknown name"):
+        compile_condition('network == "a"', NAMES)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        'network == "{0.__class__}"',  # a format payload is inert text: compared, never formatted
+        "network == '\\x5f\\x5fimport\\x5f\\x5f'",
+        'network == "\\N{LOW LINE}\\N{LOW LINE}class"',
+    ],
+)
+def test_escapes_in_string_constants_are_inert_text(payload: str) -> None:
+    condition = compile_condition(payload, NAMES, strings=STRINGS)
+    assert condition.value({"network": "normal"}) == 0.0

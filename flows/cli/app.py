@@ -25,6 +25,7 @@ from flows.cli.envs import envs_app
 from flows.cli.explore import explore_command
 from flows.cli.offline import export_minari_command, offline_command
 from flows.cli.pool import profile_envs_cmd
+from flows.cli.process import process_app
 from flows.cli.stress import report_command, stress_command
 from flows.cli.train import train_command
 from flows.cli.tune import tune_command
@@ -284,6 +285,7 @@ app.command("reproduce")(reproduce_command)
 app.command("profile-envs")(profile_envs_cmd)
 app.add_typer(envs_app, name="envs")
 app.add_typer(bench_app, name="bench")
+app.add_typer(process_app, name="process")
 
 
 def main() -> None:
