@@ -369,8 +369,9 @@ class OracleEnv(Protocol):
     evaluation does: training and exploration never see it.
     """
 
-    def oracle_action(self) -> int:
-        """The semantic action the oracle takes in the current state."""
+    def oracle_action(self) -> int | str:
+        """The oracle's action in the current state: a semantic action index, or (a physical env behind the
+        semantic wrapper) the name of its native action."""
 
 
 @runtime_checkable

@@ -95,10 +95,22 @@ class WorkerBatch:
 
 
 def oracle_action(env: Any) -> int:
-    """The env's oracle action: its own ``oracle_action()``, or its physical env's behind a semantic wrapper."""
-    for candidate in (env, getattr(env, "physical", None)):
-        if isinstance(candidate, OracleEnv):
-            return int(candidate.oracle_action())
+    """The env's oracle action as a semantic action index.
+
+    An env speaking semantic actions answers with the index; a physical env behind a
+    :class:`SemanticEnv` answers with its native action's name, found in the adapter's action table
+    (the semantic action whose native action carries that name; else the semantic action so named).
+    """
+    if isinstance(env, OracleEnv):
+        return int(env.oracle_action())
+    if isinstance(env, SemanticEnv) and isinstance(env.physical, OracleEnv):
+        native = env.physical.oracle_action()
+        if not isinstance(native, str):
+            return int(native)
+        for action in range(env.vocabulary.n_actions):
+            if env.adapter.adapt_action(action).get("action") == native:
+                return action
+        return env.vocabulary.action_id(native)
     raise TypeError(f"{type(env).__name__} has no oracle: only a process that declares one is played by it")
 
 

@@ -23,7 +23,9 @@ import torch
 from agentflow_core.adapters import load_object
 from agentflow_core.atomic import save_tensors
 from agentflow_core.contracts import OracleEnv
+from agentflow_core.errors import ConfigError
 from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, ORACLE, ActorSpec
+from agentflow_core.pool.worker import oracle_action
 from agentflow_core.rl.cql import actor_state, load_actor
 from agentflow_core.rl.policy import ActorCritic
 from tasks.context import PhaseContext
@@ -49,10 +51,30 @@ def copy_offline_bc_actor(ckpt_root: Path, offline_actor: Path) -> None:
 
 
 def oracle_available(ctx: PhaseContext) -> bool:
-    """Whether every channel of the process can play the oracle (its env class implements ``oracle_action``)."""
+    """Whether every channel of the process can play the oracle.
+
+    Its env class implements ``oracle_action`` (:class:`~agentflow_core.contracts.OracleEnv`) and a
+    freshly reset env of each base env answers it: a state machine without an ``oracle:`` section
+    raises a ConfigError there, and the process then has no oracle.
+    """
     entries = [ctx.registry.get(env) for env in ctx.process.base_envs if env in ctx.registry]
-    classes = [load_object(entry.class_path) for entry in entries]
-    return bool(classes) and all(isinstance(cls, type) and issubclass(cls, OracleEnv) for cls in classes)
+    if not entries or not all(_implements_oracle(entry.class_path) for entry in entries):
+        return False
+    for entry in entries:
+        env = entry.make()
+        try:
+            env.reset(seed=0)
+            oracle_action(env)
+        except ConfigError:
+            return False
+        finally:
+            env.close()
+    return True
+
+
+def _implements_oracle(class_path: str) -> bool:
+    cls = load_object(class_path)
+    return isinstance(cls, type) and issubclass(cls, OracleEnv)
 
 
 def _actor_net(run: TrainingRun, state: dict[str, torch.Tensor]) -> ActorCritic:
