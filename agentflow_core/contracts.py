@@ -341,6 +341,10 @@ class RegisteredEnv(Protocol):
     def source_file(self) -> str:
         """The env config file the entry came from: errors name it."""
 
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """Constructor keywords; a channel written as data has its document (labelled samples included) as ``spec``."""
+
     def build_adapter(self) -> Any:
         """The entry's semantic adapter over its mapping, in its process's vocabulary."""
 

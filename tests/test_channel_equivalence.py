@@ -11,6 +11,7 @@ where both channels observe them (docs/adapters-equivalence.md).
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,20 @@ from tasks.registry_io import load_registry
 REPO = Path(__file__).resolve().parents[1]
 FEATURE_TOLERANCE = 0.01
 SEEDS = (0, 7)
-ENV_DIRS = {"checkout": REPO / "configs/envs", "refund": REPO / "configs/refund/envs"}
+SCAFFOLD = "scaffold"  # the process `agentflow process new` writes (its channels: a state machine and SQL, as data)
+ENV_DIRS: dict[str, Path | None] = {
+    "checkout": REPO / "configs/envs",
+    "refund": REPO / "configs/refund/envs",
+    SCAFFOLD: None,  # written into a temporary project by the fixture
+}
 # Tokens a network fault brings and the state it leaves behind (compared only up to these).
 FAULT_TOKENS = {"checkout": frozenset({"NETWORK_TIMEOUT", "SERVER_ERROR", "PAGE_NOT_FOUND"})}
 FAULT_TOKENS["refund"] = frozenset({"SERVICE_TIMEOUT"})
+FAULT_TOKENS[SCAFFOLD] = frozenset({"TIMEOUT"})
 
 # Paired scenarios, faults off: checkout's user tiers and start stages, a short wallet, certain declines;
 # refund's evidence-required order value, flagged account and a review already under way.
-CLEAN = {
+CLEAN: dict[str, list[dict[str, Any]]] = {
     "checkout": [
         {"card_decline_rate": 0.0},
         {"card_decline_rate": 0.0, "user_tier": "vip"},
@@ -46,19 +53,35 @@ CLEAN = {
         {"card_decline_rate": 0.0, "inventory": 0},
     ],
     "refund": [{}, {"order_value": 150.0}, {"account": "flagged"}, {"entry_stage": "under_review"}],
+    SCAFFOLD: [{}, {"plan": "annual"}, {"account": "disputed"}, {"plan": "annual", "plan_price": 80.0}],
 }
-FAULTY = {
+FAULTY: dict[str, list[dict[str, Any]]] = {
     "checkout": [{"card_decline_rate": 0.0, "network": "packet_loss_5%"}],
     "refund": [{"network": "packet_loss_5%"}],
+    SCAFFOLD: [{"network": "packet_loss_5%", "plan": "annual"}],
 }
 
 Step = tuple[frozenset[str], dict[str, float], tuple[bool, ...]]
 
 
+def scaffold_env_dir(root: Path) -> Path:
+    """The scaffold written under ``root``, its process file also beside its env configs (found without a chdir)."""
+    from tasks.process_scaffold import write_scaffold
+
+    write_scaffold(SCAFFOLD, root)
+    env_dir = root / "configs" / SCAFFOLD / "envs"
+    (env_dir.parent / "processes").mkdir()
+    shutil.copy(root / "configs/processes" / f"{SCAFFOLD}.yaml", env_dir.parent / "processes")
+    return env_dir
+
+
 @pytest.fixture(scope="module", params=sorted(ENV_DIRS))
-def process_and_registry(request: pytest.FixtureRequest) -> Iterator[tuple[ProcessSpec, EnvRegistry]]:
+def process_and_registry(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ProcessSpec, EnvRegistry]]:
     name = request.param
-    cfg = parse_config({"process": name, "base": {"env_config_dir": str(ENV_DIRS[name])}})
+    env_dir = ENV_DIRS[name] or scaffold_env_dir(tmp_path_factory.mktemp(name))
+    cfg = parse_config({"process": name, "base": {"env_config_dir": str(env_dir)}})
     yield load_process(cfg), load_registry(cfg)
 
 

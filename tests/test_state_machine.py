@@ -237,7 +237,9 @@ def test_scenario_values_and_checkout_scenarios_are_both_accepted() -> None:
     from agentflow_core.envs.base import Scenario
 
     values = ScenarioValues({"network": "normal", "price": 5.0, "patience": 2, "max_episode_steps": 3})
-    assert make().reconfigure(values, "toy_sim_v1") is None
+    reused = make()
+    reused.reconfigure(values, "toy_sim_v1")
+    assert reused.reset(seed=0)[0]["state"]["left"] == 2.0
     machine = {
         "variables": {"x": {"init": "balance"}},
         "actions": {"A": {}},

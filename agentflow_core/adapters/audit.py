@@ -217,10 +217,13 @@ def _mask_findings(adapter: BaseSemanticAdapter, raws: Sequence[Any], file: str)
 
 
 def raw_states_of(entry: RegisteredEnv) -> list[tuple[Any, str]]:
-    """The labelled raw samples of an entry's family module (``RAW_STATES``)."""
+    """The labelled raw samples of an entry's family module (``RAW_STATES``), or of its channel document's ``audit``."""
     module_name = entry.class_path.partition(":")[0]
     module = importlib.import_module(module_name)
     states = getattr(module, "RAW_STATES", None)
+    spec = entry.kwargs.get("spec")
+    if states is None and spec is not None:  # a channel written as data labels its samples in its document
+        states = getattr(module, entry.class_path.partition(":")[2]).raw_states(spec)
     if not states:
         raise RegistryError(entry.source_file, f"family module {module_name!r} defines no RAW_STATES to audit against")
     return list(states)

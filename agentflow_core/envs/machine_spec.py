@@ -28,6 +28,10 @@ The document (YAML or JSON, named by an env config's ``spec:``; see docs/adding-
       rules: [{when: "outage > 0", act: WAIT}]
       fallback: PAY
     reward: {scale: 0.1}             # optional: scale, step (-0.01), inapplicable (-0.05)
+    audit:                           # labelled raw states for the mapping audit (agentflow_core/adapters/audit.py)
+      states:                        # visible variables not set read 0; failure_reason: the last step's
+        - {token: PAID, set: {stage: 3}}
+        - {token: TIMED_OUT, set: {stage: 2}, failure_reason: timeout}
 
 Every ``when``, ``p``, ``cost``, ``value``, ``set`` right-hand side and init is a
 :mod:`agentflow_core.safe_expr` expression over the scenario fields (string fields compare with
@@ -64,7 +68,9 @@ MAX_ENTRIES = 256
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _ACTION = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _REASON = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-TOP_KEYS = frozenset({"description", "variables", "faults", "actions", "tick", "terminals", "oracle", "reward"})
+TOP_KEYS = frozenset(
+    {"description", "variables", "faults", "actions", "tick", "terminals", "oracle", "reward", "audit"}
+)
 
 
 @dataclass(frozen=True)
@@ -381,6 +387,41 @@ def parse_machine(document: Any, fields: Mapping[str, Any], source: str = "<mach
         oracle_fallback=fallback,
         reward=reader.reward(top.get("reward")),
     )
+
+
+def audit_samples(document: Any, base: Mapping[str, Any], source: str, *, nested: bool) -> list[tuple[Any, str]]:
+    """Labelled raw states of a channel document's ``audit`` section: ``base`` with each state's ``set`` on top.
+
+    ``nested``: ``base`` and ``set`` are {table: {column: value}} (merged per table), else {name: value}.
+    Each raw state gets ``last`` (``failure_reason``, ``applied``) like the channel's own observations.
+    """
+    reader = SpecReader(source, Names(frozenset(), frozenset()))
+    audit = reader.mapping("audit", document or {}, ("base", "states"))
+    base = {**base, **reader.mapping("audit.base", audit.get("base") or {}, _Everything())}
+    out = []
+    for i, entry in enumerate(reader.items("audit.states", audit.get("states"))):
+        item = reader.mapping(f"audit.states.{i}", entry, ("token", "set", "failure_reason"), ("token",))
+        changes = reader.mapping(f"audit.states.{i}.set", item.get("set") or {}, _Everything())
+        for name, value in changes.items():
+            if name not in base:
+                raise reader.fail(f"audit.states.{i}.set.{name}", value, f"one of {sorted(base)[:8]}")
+        raw: dict[str, Any] = {k: dict(v) if nested else v for k, v in base.items()}
+        for name, value in changes.items():
+            if nested:
+                raw[name].update(reader.mapping(f"audit.states.{i}.set.{name}", value, _Everything()))
+            else:
+                raw[name] = value
+        reason = reader.reason(f"audit.states.{i}.failure_reason", item.get("failure_reason"))
+        last = {"failure_reason": reason, "applied": 1}
+        out.append(({**raw, "last": last} if nested else {"state": raw, "last": last}, str(item["token"])))
+    return out
+
+
+class _Everything(frozenset[str]):
+    """Allowed keys of a mapping whose keys are the author's own names."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
 
 
 def field_types(fields: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:

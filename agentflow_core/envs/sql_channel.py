@@ -23,6 +23,11 @@ config's ``spec:`` names the document::
     terminals:                       # checked in order after every step
       - {when: "SELECT 1 FROM ticket WHERE status = 'closed'", outcome: goal, value: "100"}
     reward: {scale: 0.1}
+    audit:                           # labelled raw states for the mapping audit: base rows, then each state's changes
+      base: {ticket: {status: open}}
+      states:
+        - {token: OPEN, set: {}}
+        - {token: CLOSED, set: {ticket: {status: closed}}}
 
 Every statement binds the scenario fields and ``params`` by name (``:priority``) and ``step`` (the step
 number); nothing from data is formatted into SQL. An action's statements run as one savepoint: one
@@ -45,7 +50,16 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.envs.base import StepResult
-from agentflow_core.envs.machine_spec import MAX_ENTRIES, OUTCOME_KINDS, STEP_NAME, Names, Outcome, Reward, SpecReader
+from agentflow_core.envs.machine_spec import (
+    MAX_ENTRIES,
+    OUTCOME_KINDS,
+    STEP_NAME,
+    Names,
+    Outcome,
+    Reward,
+    SpecReader,
+    audit_samples,
+)
 from agentflow_core.envs.sql_driver import SQLITE, Refused, connect
 from agentflow_core.envs.state_machine import family_and_version, scenario_fields
 from agentflow_core.errors import ConfigError
@@ -55,7 +69,19 @@ from agentflow_core.semantics import Vocabulary
 NATIVE_TYPE = "sql"
 RESERVED = "last"
 MAX_SQL = 4000
-TOP_KEYS = ("description", "url", "schema", "params", "seed", "observe", "actions", "faults", "terminals", "reward")
+TOP_KEYS = (
+    "description",
+    "url",
+    "schema",
+    "params",
+    "seed",
+    "observe",
+    "actions",
+    "faults",
+    "terminals",
+    "reward",
+    "audit",
+)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -229,6 +255,12 @@ class SQLChannelEnv:
         parsed = parse_sql_spec(spec, fields, source)
         if parsed.url == SQLITE:
             check_statements(parsed, fields, source)
+        cls.raw_states(spec, source)
+
+    @classmethod
+    def raw_states(cls, spec: Mapping[str, Any], source: str = "<sql>") -> list[tuple[Any, str]]:
+        """The labelled raw states of the document's ``audit`` section (the mapping audit's samples)."""
+        return audit_samples(spec.get("audit"), {}, source, nested=True)
 
     def reconfigure(self, scenario: Any, env_id: str) -> None:
         """Re-target to another variant; the next ``reset`` starts its first episode (as if built fresh)."""

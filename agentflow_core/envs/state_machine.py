@@ -28,6 +28,7 @@ from agentflow_core.envs.machine_spec import (
     Init,
     Machine,
     Outcome,
+    audit_samples,
     compiled_machine,
     parse_machine,
 )
@@ -63,6 +64,14 @@ class StateMachineEnv:
         """Compile the machine for ``vocabulary``'s scenario fields: a bad document fails at registry load."""
         fields = {f.name: ("" if f.type == "str" else 0.0) for f in vocabulary.scenario.fields}
         parse_machine(spec, fields, source)
+        cls.raw_states(spec, source)
+
+    @classmethod
+    def raw_states(cls, spec: Mapping[str, Any], source: str = "<machine>") -> list[tuple[Any, str]]:
+        """The labelled raw states of the machine's ``audit`` section (the mapping audit's samples)."""
+        variables = spec.get("variables") or {}
+        visible = {name: 0.0 for name, item in variables.items() if not (item or {}).get("hidden", False)}
+        return audit_samples(spec.get("audit"), visible, source, nested=False)
 
     def reconfigure(self, scenario: Any, env_id: str) -> None:
         """Re-target to another variant; the next ``reset`` starts its first episode (as if built fresh)."""
