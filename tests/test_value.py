@@ -88,3 +88,28 @@ def test_value_metrics_are_absent_without_value_or_oracle() -> None:
     out = value_metrics({"trained": _flat(5.0), "rules": _flat(4.0), "oracle": _flat(4.0)}, 3.0)
     assert out["test_value_gap"] == 0.0 and "test_regret_closed" not in out
     assert not any(isinstance(v, float) and math.isnan(v) for v in out.values())
+
+
+def test_value_tables_lead_with_policy_rules_oracle_per_family_and_dimension_value() -> None:
+    from agentflow_core.evaluation.value import value_tables
+
+    def breakdown(overall: float, family: float, cheap: float, dear: float) -> dict:
+        return ValueBreakdown(overall, 8, {"sim": family}, {"card": {"cheap": cheap, "dear": dear}}).to_dict()
+
+    tables = value_tables(
+        {
+            "trained": breakdown(70.0, 70.0, 60.0, 80.0),
+            "rules": breakdown(40.0, 40.0, 40.0, 40.0),
+            "oracle": breakdown(100.0, 100.0, 100.0, 100.0),
+        }
+    )
+    (title, headers, rows), (_, _, by_value) = tables
+    assert "policy vs rules vs oracle" in title
+    assert headers == ["stratum", "policy", "rules", "oracle", "regret closed"]
+    assert rows[0] == ["all", "70.000", "40.000", "100.000", "0.50"]
+    assert rows[1][0] == "family sim"
+    assert by_value == [
+        ["card = cheap", "60.000", "40.000", "100.000", "0.33"],
+        ["card = dear", "80.000", "40.000", "100.000", "0.67"],
+    ]
+    assert value_tables({}) == []
