@@ -35,7 +35,7 @@ import torch
 from agentflow_core.atomic import MIN_FREE_BYTES, check_output, save_tensors, write_json
 from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
-from agentflow_core.evaluation.policy_eval import stratified_eval_variants
+from agentflow_core.evaluation.policy_eval import EvalResult, stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, train_gate
 from agentflow_core.pool.episodes import GREEDY, ActorSpec
 from agentflow_core.pool.rollout import SlicedRollouts
@@ -317,7 +317,7 @@ def train_loop(
             result_eval = run.evaluate(run.validation, greedy, ppo.policy, tc.eval_episodes, eval_seed + 7)
             eval_metrics = result_eval.metrics("validation/")
             state.evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
-            new_best = state.tracker.add(ppo.update, result_eval.process_success_rate, result_eval.mean_return)
+            new_best = state.tracker.add(ppo.update, *selection_metric(result_eval))
             sink.record(ppo.global_step, {**eval_metrics, "policy_convergence_flag": float(state.tracker.converged)})
             evaluated = True
         last = ppo.update == num_updates
@@ -332,6 +332,14 @@ def train_loop(
             on_update(ppo.update, num_updates, metrics)
         state.update_sps.append(ppo.batch_size / max(time.perf_counter() - t_update, 1e-9))
         t_update = time.perf_counter()
+
+
+def selection_metric(result: EvalResult) -> tuple[float, float]:
+    """What picks the best checkpoint and drives convergence: validation business value (ties: process success)
+    where the channel prices its episodes, else process success (ties: mean return)."""
+    if result.value is not None:
+        return result.value.overall, result.process_success_rate
+    return result.process_success_rate, result.mean_return
 
 
 def final_evaluation(run: TrainingRun) -> FinalPolicy:
