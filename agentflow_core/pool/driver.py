@@ -380,6 +380,8 @@ class PoolDriver(ABC):
             success = bool(rows.terminated[s] and rows.obs[s, self._goal] > 0.5)
             ret, length = float(self._ep_return[s]), int(self._ep_length[s])
             infos[s].update(episode_return=ret, episode_length=length, success=success)
+            if not np.isnan(rows.business_value[s]):  # the channel prices its episodes
+                infos[s]["business_value"] = float(rows.business_value[s])
             self._slot_live[s] = False
             self.counters["episodes"] += 1
             self.counters["successes"] += success

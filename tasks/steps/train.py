@@ -4,7 +4,8 @@ Called by ``agentflow train`` (and the DVC stage / Prefect task). Reads the vari
 and, for the BC warm start, the exploration trajectories; writes under ``out_dir``:
 
 * ``checkpoints/`` -- atomic checkpoints every ``checkpoint_every_updates`` updates and every
-  ``checkpoint_every_minutes`` minutes, plus ``best.json`` (best validation process success);
+  ``checkpoint_every_minutes`` minutes, plus ``best.json`` (best validation business value where the
+  channel prices episodes, else best validation process success: :func:`selection_metric`);
 * ``policy.safetensors`` + ``policy.json`` -- the best policy and its card (hash, metrics);
 * ``curve.json`` -- per-update training curve and validation evaluations;
 * ``validation_curve.csv`` -- validation process/payment success per evaluation (``dvc plots``);
