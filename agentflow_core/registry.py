@@ -16,7 +16,8 @@ or be an entry point a user installed (groups ``agentflow.envs`` / ``agentflow.a
 before anything is imported; a ``mapping`` path stays inside the config directory. A data-driven
 channel (the state machine, the SQL channel) takes its document as ``spec``: loaded here with the
 injected parser (a file inside the config directory, e.g. ``channels/machine.yaml``, or written inline),
-checked by the class's ``check_spec(spec, vocabulary, source)`` and handed to it as the ``spec`` keyword.
+checked by the class's ``check_spec(spec, vocabulary, source)`` (and the mapping's native actions by its
+``check_native(spec, actions)``) and handed to it as the ``spec`` keyword.
 
 Everything is checked when the file is loaded -- the process, class path, adapter, mapping schema,
 scenario params, unknown keys, duplicate ids -- so a typo fails at ``refresh()`` with the file and key,
@@ -238,6 +239,7 @@ def entry_from_config(
             "(absolute paths and '..' are refused)",
         )
     mapping = load_mapping(mapping_path, load)
+    _check_native(kwargs, mapping, physical_cls, str(mapping_path))
     if vocabulary == CHECKOUT:  # schema + template + per-rule condition checks
         adapter_cls(mapping, source=str(mapping_path))
     else:
@@ -279,12 +281,23 @@ def _with_spec(
     return {**kwargs, "spec": _channel_spec(config["spec"], physical_cls, source_file, load, vocabulary)}
 
 
+def _check_native(kwargs: Mapping[str, Any], mapping: Mapping[str, Any], physical_cls: Any, src: str) -> None:
+    """A channel document's class checks the mapping's native actions against it (a typo is never issued)."""
+    check = getattr(physical_cls, "check_native", None)
+    if "spec" not in kwargs or check is None or not isinstance(mapping.get("actions"), Mapping):
+        return
+    try:
+        check(kwargs["spec"], mapping["actions"])
+    except ValueError as exc:
+        raise RegistryError(src, f"actions: {exc}") from exc
+
+
 def _channel_spec(spec: Any, physical_cls: Any, source_file: Path, load: Loader | None, vocabulary: Vocabulary) -> Any:
     """The env config's ``spec``: an inline mapping or a file inside the config directory, checked by its class."""
     src, where = str(source_file), str(source_file)
     if isinstance(spec, str):
         path = resolve_mapping_path(spec, source_file.parent)
-        if path is None or path.parent == PACKAGED_MAPPINGS_DIR:
+        if path is None or path.is_relative_to(PACKAGED_MAPPINGS_DIR):
             raise RegistryError(src, f"spec: file {spec!r} not found inside the config directory")
         try:
             spec, where = _read_document(path, load), str(path)

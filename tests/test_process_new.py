@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gymnasium.utils.env_checker import check_env
 from typer.testing import CliRunner
 
 from agentflow_core.adapters.audit import audit_entry, errors_only
@@ -65,10 +66,13 @@ def scaffold(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
     return load_process(cfg), load_registry(cfg)
 
 
-def test_the_scaffold_passes_the_mapping_audit(scaffold: tuple) -> None:
+def test_the_scaffold_passes_the_mapping_audit_and_gymnasium_s_checks(scaffold: tuple) -> None:
     process, registry = scaffold
     for channel in process.channels:
         entry = registry.get(channel.env)
+        env = entry.make({"network": "packet_loss_5%", "plan": "annual"})
+        check_env(env, skip_render_check=True)  # spaces, and reset/step deterministic for a seed
+        env.close()
         findings = audit_entry(entry)
         assert errors_only(findings) == [], findings
         assert not [f for f in findings if f.kind == "unproducible_token"]  # every token has a labelled state

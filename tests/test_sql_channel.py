@@ -205,8 +205,16 @@ def test_the_registry_loads_a_spec_file_beside_the_config(tmp_path: Path) -> Non
     env.close()
     inline = {**config, "spec": {**yaml.safe_load((env_dir / "channels/sql.yaml").read_text())}}
     assert entry_from_config(inline, env_dir / "x.yaml", yaml.safe_load, {"toy": vocabulary}).kwargs == entry.kwargs
+    typo = tmp_path / "configs/toy/envs/toy_db_v1.json"
+    typo.write_text(typo.read_text().replace('"action": "CANCEL"', '"action": "CANCLE"'))
+    with pytest.raises(RegistryError, match="actions: CANCEL"):
+        entry_from_config(config, env_dir / "toy_db_v1.yaml", yaml.safe_load, {"toy": vocabulary})
+    no_spec = {**config, "class_path": "agentflow_core.envs.order_db:OrderDBEnv"}
+    with pytest.raises(RegistryError, match="takes no channel document"):
+        entry_from_config(no_spec, env_dir / "x.yaml", yaml.safe_load, {"toy": vocabulary})
     for bad, message in (
         ("../../processes/toy.yaml", "not found"),
+        ("order_db_v1.json", "not found"),  # a packaged mapping is no channel document
         ("/etc/passwd", "not found"),
         ({**inline["spec"], "observe": {"a": "SELECT nope"}}, "observe.a"),
     ):

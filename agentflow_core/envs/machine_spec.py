@@ -11,26 +11,26 @@ The document (YAML or JSON, named by an env config's ``spec:``; see docs/adding-
     faults:                          # drawn before the outcomes of every applicable action (opt out: faults: false)
       - {p: '0.05 * (network == "packet_loss_5%")', set: {timeout: "1"}, reason: timeout}
     actions:
-      PAY:
+      SUBMIT:
         when: "stage == 2"           # applicability; else inapplicable (reason, the inapplicable reward)
-        reason: not_at_payment
+        reason: not_ready
         cost: "1 + 0.5 * retries"    # business cost of the attempt (time, fees)
         set: {retries: "retries + 1"}                         # effects that always happen
         outcomes:                    # ordered: the first that fires is applied, the rest are skipped
-          - {when: "outage > 0", set: {failures: "failures + 1"}, reason: gateway_down}
-          - {p: "0.1 + 0.2 * (kind == 2)", reason: declined}
+          - {when: "outage > 0", set: {failures: "failures + 1"}, reason: service_down}
+          - {p: "0.1 + 0.2 * (kind == 2)", reason: rejected}
           - {set: {stage: "3"}}      # no when, no p: always fires
     tick: {patience: "patience - 1", outage: "outage - (outage > 0)"}   # after every step
     terminals:                       # checked in order after the tick; the first that holds ends the episode
-      - {when: "stage == 3", outcome: goal, value: "order_value"}
+      - {when: "stage == 3", outcome: goal, value: "claim_value"}
       - {when: "patience <= 0", outcome: abandoned, value: "0"}
     oracle:                          # reads every variable, hidden ones included: evaluation only
       rules: [{when: "outage > 0", act: WAIT}]
-      fallback: PAY
+      fallback: SUBMIT
     reward: {scale: 0.1}             # optional: scale, step (-0.01), inapplicable (-0.05)
     audit:                           # labelled raw states for the mapping audit (agentflow_core/adapters/audit.py)
       states:                        # visible variables not set read 0; failure_reason: the last step's
-        - {token: PAID, set: {stage: 3}}
+        - {token: SUBMITTED, set: {stage: 3}}
         - {token: TIMED_OUT, set: {stage: 2}, failure_reason: timeout}
 
 Every ``when``, ``p``, ``cost``, ``value``, ``set`` right-hand side and init is a
@@ -39,6 +39,9 @@ Every ``when``, ``p``, ``cost``, ``value``, ``set`` right-hand side and init is 
 ``set`` block is simultaneous: every right-hand side reads the state before the block. An init reads
 the scenario and the variables declared before it (later ones still read 0). A probability ``p`` is
 clipped to [0, 1]; only a ``p`` strictly between 0 and 1 draws from the episode's generator.
+An expression undefined at run time (a division by zero) raises
+:class:`~agentflow_core.safe_expr.ExpressionEvalError`: the step crashes (the env wrapper reports an
+``EnvCrashError``) rather than go on with a made-up value.
 
 The business value of an episode is the terminal ``value`` minus the sum of the applicable actions'
 costs; the step reward is ``scale * (value change of the step) + step`` for an applicable action and
@@ -442,3 +445,13 @@ def compiled_machine(document: Mapping[str, Any], fields: Mapping[str, Any], sou
     declaration order, so a re-sorted document would be another machine.
     """
     return _cached(json.dumps(document, default=str), field_types(fields), source)
+
+
+def check_native_actions(native_type: str, declared: Any, actions: Mapping[str, Any]) -> None:
+    """Every mapped native action is ``{"type": native_type, "action": <declared>}``; a ValueError names the first not."""
+    names = sorted(declared) if isinstance(declared, Mapping) else []
+    for semantic, native in actions.items():
+        if not isinstance(native, Mapping) or native.get("type") != native_type or native.get("action") not in names:
+            raise ValueError(
+                f"{semantic}: got {native!r}, expected {{type: {native_type}, action: one of {names[:8]}}}"
+            )

@@ -59,6 +59,7 @@ from agentflow_core.envs.machine_spec import (
     Reward,
     SpecReader,
     audit_samples,
+    check_native_actions,
 )
 from agentflow_core.envs.sql_driver import SQLITE, Refused, connect
 from agentflow_core.envs.state_machine import family_and_version, scenario_fields
@@ -256,6 +257,11 @@ class SQLChannelEnv:
         if parsed.url == SQLITE:
             check_statements(parsed, fields, source)
         cls.raw_states(spec, source)
+
+    @classmethod
+    def check_native(cls, spec: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
+        """The mapping's native actions name this document's actions (a ValueError names the first that does not)."""
+        check_native_actions(NATIVE_TYPE, spec.get("actions"), actions)
 
     @classmethod
     def raw_states(cls, spec: Mapping[str, Any], source: str = "<sql>") -> list[tuple[Any, str]]:

@@ -29,6 +29,7 @@ from agentflow_core.envs.machine_spec import (
     Machine,
     Outcome,
     audit_samples,
+    check_native_actions,
     compiled_machine,
     parse_machine,
 )
@@ -40,7 +41,7 @@ _ENV_ID = re.compile(r"^(?P<family>[a-z][a-z0-9_]*)_v(?P<version>\d+)")
 
 
 def scenario_fields(scenario: Any) -> dict[str, Any]:
-    """A scenario (a process's ScenarioValues or checkout's Scenario) as the values expressions read."""
+    """A scenario (a process's ScenarioValues or the Scenario dataclass) as the values expressions read."""
     values = scenario.to_dict() if hasattr(scenario, "to_dict") else dict(scenario)
     return {k: (v if isinstance(v, str) else float(v)) for k, v in values.items()}
 
@@ -67,6 +68,11 @@ class StateMachineEnv:
         cls.raw_states(spec, source)
 
     @classmethod
+    def check_native(cls, spec: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
+        """The mapping's native actions name this machine's actions (a ValueError names the first that does not)."""
+        check_native_actions(NATIVE_TYPE, spec.get("actions"), actions)
+
+    @classmethod
     def raw_states(cls, spec: Mapping[str, Any], source: str = "<machine>") -> list[tuple[Any, str]]:
         """The labelled raw states of the machine's ``audit`` section (the mapping audit's samples)."""
         variables = spec.get("variables") or {}
@@ -79,6 +85,7 @@ class StateMachineEnv:
         self.family, self.version = family_and_version(env_id)
         fields = scenario_fields(scenario)
         self.machine: Machine = compiled_machine(self.spec, fields, self.source)
+        self._visible = self.machine.visible
         self._fields = fields
         self.max_steps = int(fields.get("max_episode_steps", 200))
         self.values: dict[str, Any] = {}
@@ -159,7 +166,7 @@ class StateMachineEnv:
     def _observation(self, reason: str | None, applied: bool) -> dict[str, Any]:
         values = self.values
         return {
-            "state": {name: values[name] for name in self.machine.visible},
+            "state": {name: values[name] for name in self._visible},
             "last": {"failure_reason": reason, "applied": int(applied)},
         }
 
