@@ -14,9 +14,10 @@ variants) and both policies are evaluated on it with the same seeds. The numbers
   by variant (each variant's episodes averaged, then paired over the variants both played), with
   its 95% bounds (:func:`agentflow_core.evaluation.paired.paired_by_key`).
 
-Promote iff ``consistency >= min_consistency``, ``reward_gain >= min_reward_gain`` and the paired
-difference's lower bound is above 0 (better beyond what the slice's sampling noise allows, not a
-raw difference of two means); with no champion the challenger is promoted ("no champion yet").
+Promote iff ``consistency >= min_consistency`` and ``reward_gain_low >= min_reward_gain``, where
+``reward_gain_low`` is the paired difference's lower 95% bound over ``max(|R_champion|, 1e-8)``: the
+gain the slice shows beyond its sampling noise, not a raw difference of two means (the point
+``reward_gain`` is reported beside it); with no champion the challenger is promoted ("no champion yet").
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def decide_promotion(
     min_reward_gain: float = 0.05,
     paired: PairedDifference | None = None,
 ) -> PromotionDecision:
-    """The canary rule: promote iff consistent with the champion AND better by the required margin AND
-    the paired return difference's lower bound is above 0 (without ``paired`` figures: not shown better)."""
+    """The canary rule: promote iff consistent with the champion AND the paired gain's lower bound reaches the
+    margin (without ``paired`` figures nothing is shown: the champion stays)."""
     if champion_return is None:
         return PromotionDecision(
             True,
@@ -91,22 +92,25 @@ def decide_promotion(
         "paired": None if paired is None else paired.to_dict(),
     }
     consistent = consistency is not None and consistency >= min_consistency
-    better = gain >= min_reward_gain
-    confident = paired is not None and paired.low > 0.0
-    bound = "no paired episodes" if paired is None else f"{paired.low:+.3f} over {paired.pairs} variants"
+    gain_low, bound = None, "none (no paired episodes)"
+    if paired is not None:
+        gain_low = paired.low / max(abs(champion_return), 1e-8)
+        bound = f"{gain_low:+.1%} over {paired.pairs} variants"
+    numbers["reward_gain_low"] = gain_low
+    better = gain_low is not None and gain_low >= min_reward_gain
     detail = (
         f"consistency {consistency if consistency is not None else float('nan'):.3f} (need >= {min_consistency:.2f}), "
-        f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%} (need >= {min_reward_gain:+.0%}), "
-        f"paired return difference 95% lower bound {bound} (need > 0)"
+        f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%}, "
+        f"paired gain 95% lower bound {bound} (need >= {min_reward_gain:+.0%})"
     )
-    if consistent and better and confident:
+    if consistent and better:
         return PromotionDecision(True, f"promote: {detail}", numbers)
     why = [
         w
         for w, bad in (
             ("actions diverge from the champion", not consistent),
-            ("reward does not improve enough", not better),
-            ("the gain is within the slice's sampling noise", better and not confident),
+            ("reward does not improve enough", not better and gain < min_reward_gain),
+            ("the gain is within the slice's sampling noise", not better and gain >= min_reward_gain),
         )
         if bad
     ]
