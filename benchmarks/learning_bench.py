@@ -351,7 +351,8 @@ def _vs(ours: dict[str, Any], peer: dict[str, Any], what: str, budget: str) -> f
     """Our figure to reach the expert over the peer's; against the peer's whole budget if it never reached it."""
     if ours[what] is None:
         return None  # we did not reach it: no figure to report
-    return float(ours[what]) / float(peer[what] if peer["reached_expert"] else peer[budget])
+    theirs = float(peer[what] if peer["reached_expert"] else peer[budget])
+    return float(ours[what]) / theirs if theirs > 0 else None  # the peer there at once: no ratio
 
 
 def machine_info() -> dict[str, Any]:
