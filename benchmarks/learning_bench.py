@@ -389,7 +389,7 @@ def run_learning_bench(
         load_before = list(os.getloadavg())
         evaluator = Evaluator(ctx, read_splits(catalogue), pool_factory, test_episodes, progress)
         try:
-            expert = evaluator.test(expert_policy(evaluator.test_pool))
+            expert = evaluator.test(expert_policy(evaluator.test_pool, ctx.process.expert))
             pool = evaluator.test_pool
             oracle = (
                 evaluator.test(oracle_policy(pool)) if oracle_available(ctx) and isinstance(pool, OraclePool) else None
