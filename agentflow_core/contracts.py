@@ -362,3 +362,25 @@ class ChannelHealth(Protocol):
 
     def restart(self, family: str) -> None:
         """Replace a dead channel with a fresh one; raises when it cannot (the run then ends)."""
+
+
+@runtime_checkable
+class OracleEnv(Protocol):
+    """An env that can say what a policy reading its hidden state would do (a simulator that knows it).
+
+    Why a seam: the oracle is the upper bound the trained policy's regret is measured against; the
+    evaluation episodes (``agentflow_core.pool.episodes``) ask the env for it step by step, and only
+    evaluation does: training and exploration never see it.
+    """
+
+    def oracle_action(self) -> int | str:
+        """The oracle's action in the current state: a semantic action index, or (a physical env behind the
+        semantic wrapper) the name of its native action."""
+
+
+@runtime_checkable
+class OraclePool(Protocol):
+    """A pool that can ask each slot's env for its :class:`OracleEnv` action (``PoolDriver`` pools can)."""
+
+    def oracle_actions(self) -> np.ndarray:
+        """Every slot's oracle action, in slot order."""

@@ -37,14 +37,16 @@ from typing import Any
 
 import torch
 
-from agentflow_core.contracts import PolicyFn
+from agentflow_core.contracts import OraclePool, PolicyFn
 from agentflow_core.evaluation.policy_eval import (
     EvalResult,
     evaluate_policy,
     expert_policy,
     greedy_policy,
+    oracle_policy,
     stratified_eval_variants,
 )
+from agentflow_core.evaluation.value import value_metrics
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.normalize import PerEnvRewardNormalizer
 from agentflow_core.rl.policy import ActorCritic
@@ -58,6 +60,7 @@ from tasks.context import PhaseContext
 from tasks.steps.evaluation import EVAL_NUM_ENVS, FINAL_EVAL_EPISODES
 from tasks.steps.explore import run_explore
 from tasks.steps.train import reward_transform
+from tasks.steps.train_references import oracle_available
 from tasks.steps.variants import run_variants
 
 # (bound, higher is better): the learning benchmark's targets (docs/learning.md "Side by side with MaskablePPO").
@@ -308,7 +311,14 @@ def _selected(run: LearnerRun) -> int:
     return scores.index(max(scores))
 
 
-def _learner_figures(run: LearnerRun, expert: EvalResult) -> dict[str, Any]:
+def _value_figures(test: EvalResult, rules: EvalResult, oracle: EvalResult | None) -> dict[str, Any]:
+    """The learner's business value and regret closed on the test split, where the process prices episodes."""
+    values = {"trained": test.value, "rules": rules.value, "oracle": None if oracle is None else oracle.value}
+    figures = value_metrics(values, test.mean_length)
+    return {k: v for k, v in figures.items() if "/" not in k and not k.endswith(("_rules", "_oracle"))}
+
+
+def _learner_figures(run: LearnerRun, expert: EvalResult, oracle: EvalResult | None = None) -> dict[str, Any]:
     best = _selected(run)
     test = run.test_results[best]
     by_family = test.process_success_by_family
@@ -333,6 +343,7 @@ def _learner_figures(run: LearnerRun, expert: EvalResult) -> dict[str, Any]:
         "setup_s": run.setup_s,
         "test": test.to_dict(),
         "curve": [asdict(c) for c in run.checkpoints],
+        **_value_figures(test, expert, oracle),
     }
 
 
@@ -340,7 +351,8 @@ def _vs(ours: dict[str, Any], peer: dict[str, Any], what: str, budget: str) -> f
     """Our figure to reach the expert over the peer's; against the peer's whole budget if it never reached it."""
     if ours[what] is None:
         return None  # we did not reach it: no figure to report
-    return float(ours[what]) / float(peer[what] if peer["reached_expert"] else peer[budget])
+    theirs = float(peer[what] if peer["reached_expert"] else peer[budget])
+    return float(ours[what]) / theirs if theirs > 0 else None  # the peer there at once: no ratio
 
 
 def machine_info() -> dict[str, Any]:
@@ -377,18 +389,27 @@ def run_learning_bench(
         load_before = list(os.getloadavg())
         evaluator = Evaluator(ctx, read_splits(catalogue), pool_factory, test_episodes, progress)
         try:
-            expert = evaluator.test(expert_policy(evaluator.test_pool))
+            expert = evaluator.test(expert_policy(evaluator.test_pool, ctx.process.expert))
+            pool = evaluator.test_pool
+            oracle = (
+                evaluator.test(oracle_policy(pool)) if oracle_available(ctx) and isinstance(pool, OraclePool) else None
+            )
             agentflow = train_agentflow(ctx, catalogue, work, evaluator, eval_every, pool_factory)
             maskable, sb3_config = train_maskableppo(ctx, catalogue, evaluator, eval_every)
         finally:
             evaluator.close()
-    ours, peer = _learner_figures(agentflow, expert), _learner_figures(maskable, expert)
+    ours, peer = _learner_figures(agentflow, expert, oracle), _learner_figures(maskable, expert, oracle)
     result: dict[str, Any] = {
         **{k: ours[k] for k in HEADLINE},
         "time_to_expert_vs_maskableppo": _vs(ours, peer, "time_to_expert_s", "train_s"),
         "steps_to_expert_vs_maskableppo": _vs(ours, peer, "steps_to_expert", "env_steps"),
         "test_process_success_expert": expert.process_success_rate,
         "test_success_by_family_expert": expert.process_success_by_family,
+        **{
+            f"test_business_value_{name}": result.value.overall
+            for name, result in (("rules", expert), ("oracle", oracle))
+            if result is not None and result.value is not None
+        },
         **{f"agentflow_{k}": v for k, v in ours.items() if k not in HEADLINE and k not in NESTED},
         **{f"maskableppo_{k}": v for k, v in peer.items() if k not in NESTED},
         "agentflow": {k: ours[k] for k in NESTED},

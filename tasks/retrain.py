@@ -305,7 +305,8 @@ def paired_decision(
     detail = (
         f"held-out paired on {paired.episodes} identical episodes: process success {paired.challenger_success:.3f} "
         f"vs champion {paired.champion_success:.3f} ({paired.wins} wins, {paired.losses} losses), "
-        f"mean return diff {paired.mean_return_diff:+.3f}, sign test p={paired.sign_test_p:.3f}"
+        f"mean return diff {paired.mean_return_diff:+.3f} (95% lower bounds: success {paired.success_diff_low:+.3f}, "
+        f"return {paired.mean_return_diff_low:+.3f}; one must be > 0), sign test p={paired.sign_test_p:.3f}"
     )
     verdict = "promote" if paired.beats else "keep the champion (the challenger does not beat it on held-out episodes)"
     return {

@@ -88,6 +88,8 @@ def test_time_to_expert_ratio_never_invents_a_figure() -> None:
     assert _vs(ours, peer_never, "time_to_expert_s", "train_s") == pytest.approx(0.1)  # against its whole budget
     never = {"reached_expert": False, "time_to_expert_s": None, "train_s": 100.0}
     assert _vs(never, peer_reached, "time_to_expert_s", "train_s") is None
+    at_once = {"reached_expert": True, "time_to_expert_s": 0.0, "train_s": 300.0}  # its first checkpoint reached it
+    assert _vs(ours, at_once, "time_to_expert_s", "train_s") is None
 
 
 def test_sb3_step_batch_keeps_terminated_truncated_and_final_obs_apart() -> None:

@@ -8,16 +8,27 @@ from typing import Any
 import pytest
 
 from agentflow_core.evaluation.champion import champion_slice, decide_promotion, reward_gain, slice_position
+from agentflow_core.evaluation.paired import paired_difference
 from agentflow_core.semantics import N_ACTIONS, OBS_DIM
 from agentflow_core.variants import VariantSpec, content_hash
 from tasks.context import PhaseContext
 
 
 def test_promotes_when_consistent_and_better() -> None:
-    d = decide_promotion(7.0, 6.5, 0.9, min_consistency=0.85, min_reward_gain=0.05)
+    paired = paired_difference([0.5, 0.4, 0.6, 0.5, 0.5])  # better on every variant: lower bound 0.41 > 0
+    d = decide_promotion(7.0, 6.5, 0.9, min_consistency=0.85, min_reward_gain=0.05, paired=paired)
     assert d.promote
     assert d.numbers["reward_gain"] == pytest.approx(0.5 / 6.5)
     assert "promote" in d.reason and "0.900" in d.reason and "+7.7%" in d.reason
+
+
+def test_a_gain_within_the_sampling_noise_keeps_the_champion() -> None:
+    # the same +7.7% mean gain, but two variants of five got worse: the paired bound straddles 0
+    noisy = paired_difference([3.0, -2.0, 2.5, -1.5, 0.5])
+    assert noisy.mean == pytest.approx(0.5) and noisy.low < 0
+    d = decide_promotion(7.0, 6.5, 0.9, paired=noisy)
+    assert not d.promote and "within the slice's sampling noise" in d.reason
+    assert not decide_promotion(7.0, 6.5, 0.9).promote  # no paired figures: not shown better
 
 
 def test_rejects_with_the_numbers_in_the_reason() -> None:

@@ -192,7 +192,7 @@ def test_quarantined_variants_never_reach_a_later_phase_and_a_failed_stress_gate
     assert report["cycle"]["verdict"] == "gate failed" and report["cycle"]["reason"].startswith("stress gate failed")
     md = (data / "reports" / "report.md").read_text()
     assert md.startswith("# GATE FAILED: ") and "- Verdict: GATE FAILED — stress gate failed" in md.splitlines()[2]
-    assert md.index("## Test split: trained vs scripted expert") < md.index("# Evaluation report")
+    assert md.index("## Test split: trained vs the process's rules") < md.index("# Evaluation report")
     assert all(q in md for q in ids)
     assert [b["phase"] for b in report["cycle"]["budgets"]] == [
         "calibrate",

@@ -114,6 +114,9 @@ def test_offline_stage_hands_ppo_its_actor_and_a_decaying_kl(tmp_path: Path, tin
     sink = MemorySink()
     result = run_train(PhaseContext.of(cfg), catalogue, traj, tmp_path / "out", False, sink=sink, offline_dir=offline)
     assert result["bc"]["source"] == "offline" and result["offline"]["kl_coef"] == 0.1
+    # checkout's channels price nothing and have no oracle: no value or regret metric, not even NaN
+    assert not any(k.startswith(("test_business_value", "test_regret_closed", "test_value_gap")) for k in result)
+    assert result["mean_episode_steps"] > 0 and "test_oracle" not in result and "test_bc" in result
     assert sink.series("offline/kl_coef") == pytest.approx([0.1, 0.1 * (1 - 1 / 20)])
     assert all(np.isfinite(sink.series("offline/kl_to_offline")))
     # switched off: no actor is left for training, which falls back to BC

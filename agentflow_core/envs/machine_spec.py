@@ -439,8 +439,12 @@ def _cached(document_json: str, types: tuple[tuple[str, bool], ...], source: str
 
 
 def compiled_machine(document: Mapping[str, Any], fields: Mapping[str, Any], source: str = "<machine>") -> Machine:
-    """:func:`parse_machine`, cached: envs of one machine and scenario shape share one compiled form."""
-    return _cached(json.dumps(document, sort_keys=True, default=str), field_types(fields), source)
+    """:func:`parse_machine`, cached: envs of one machine and scenario shape share one compiled form.
+
+    The cache key keeps the document's key order (no ``sort_keys``): variables are initialised in
+    declaration order, so a re-sorted document would be another machine.
+    """
+    return _cached(json.dumps(document, default=str), field_types(fields), source)
 
 
 def check_native_actions(native_type: str, declared: Any, actions: Mapping[str, Any]) -> None:

@@ -9,10 +9,15 @@ variants) and both policies are evaluated on it with the same seeds. The numbers
   challenger's greedy action equals the champion's (states from both policies' rollouts and the
   canonical probes of the slice's variants, each state counted once per visit);
 * ``reward_gain`` -- ``(R_challenger - R_champion) / max(|R_champion|, 1e-8)`` over the mean
-  *evaluated* return (risk penalty included).
+  *evaluated* return (risk penalty included);
+* ``paired`` -- the paired difference of the evaluated return, challenger minus champion, blocked
+  by variant (each variant's episodes averaged, then paired over the variants both played), with
+  its 95% bounds (:func:`agentflow_core.evaluation.paired.paired_by_key`).
 
-Promote iff ``consistency >= min_consistency`` and ``reward_gain >= min_reward_gain``; with no
-champion the challenger is promoted ("no champion yet").
+Promote iff ``consistency >= min_consistency`` and ``reward_gain_low >= min_reward_gain``, where
+``reward_gain_low`` is the paired difference's lower 95% bound over ``max(|R_champion|, 1e-8)``: the
+gain the slice shows beyond its sampling noise, not a raw difference of two means (the point
+``reward_gain`` is reported beside it); with no champion the challenger is promoted ("no champion yet").
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from agentflow_core.evaluation.paired import PairedDifference
 
 V = TypeVar("V")
 
@@ -64,8 +71,10 @@ def decide_promotion(
     consistency: float | None,
     min_consistency: float = 0.85,
     min_reward_gain: float = 0.05,
+    paired: PairedDifference | None = None,
 ) -> PromotionDecision:
-    """The canary rule: promote iff consistent with the champion AND better by the required margin."""
+    """The canary rule: promote iff consistent with the champion AND the paired gain's lower bound reaches the
+    margin (without ``paired`` figures nothing is shown: the champion stays)."""
     if champion_return is None:
         return PromotionDecision(
             True,
@@ -80,12 +89,19 @@ def decide_promotion(
         "consistency": consistency,
         "min_consistency": min_consistency,
         "min_reward_gain": min_reward_gain,
+        "paired": None if paired is None else paired.to_dict(),
     }
     consistent = consistency is not None and consistency >= min_consistency
-    better = gain >= min_reward_gain
+    gain_low, bound = None, "none (no paired episodes)"
+    if paired is not None:
+        gain_low = paired.low / max(abs(champion_return), 1e-8)
+        bound = f"{gain_low:+.1%} over {paired.pairs} variants"
+    numbers["reward_gain_low"] = gain_low
+    better = gain_low is not None and gain_low >= min_reward_gain
     detail = (
         f"consistency {consistency if consistency is not None else float('nan'):.3f} (need >= {min_consistency:.2f}), "
-        f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%} (need >= {min_reward_gain:+.0%})"
+        f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%}, "
+        f"paired gain 95% lower bound {bound} (need >= {min_reward_gain:+.0%})"
     )
     if consistent and better:
         return PromotionDecision(True, f"promote: {detail}", numbers)
@@ -93,7 +109,8 @@ def decide_promotion(
         w
         for w, bad in (
             ("actions diverge from the champion", not consistent),
-            ("reward does not improve enough", not better),
+            ("reward does not improve enough", not better and gain < min_reward_gain),
+            ("the gain is within the slice's sampling noise", not better and gain >= min_reward_gain),
         )
         if bad
     ]

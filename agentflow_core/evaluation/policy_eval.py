@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from agentflow_core.contracts import EnvPool, PolicyFn
+from agentflow_core.contracts import EnvPool, OraclePool, PolicyFn
 from agentflow_core.envs.experts import ScriptedExpert, expert_for
+from agentflow_core.evaluation.paired import EpisodeOutcome
 from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.stress import VariantRow, stratified_sample
+from agentflow_core.evaluation.value import ValueBreakdown
 from agentflow_core.pool.episodes import EpisodeRecord
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.semantics import Vocabulary
@@ -43,6 +45,9 @@ class EvalResult:
     mean_length: float
     payment: SuccessBreakdown
     process: SuccessBreakdown
+    value: ValueBreakdown | None = None  # mean business value, when the channel prices every episode
+    # per episode, keyed "<variant env_id>:<k>" (its k-th episode here): what a paired comparison pairs on
+    outcomes: tuple[EpisodeOutcome, ...] = ()
 
     @property
     def success_by_family(self) -> dict[str, float]:
@@ -62,6 +67,8 @@ class EvalResult:
         }
         out.update(self.payment.metrics(f"{prefix}payment_success"))
         out.update(self.process.metrics(f"{prefix}process_success"))
+        if self.value is not None:
+            out.update(self.value.metrics(f"{prefix}business_value"))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,6 +78,8 @@ class EvalResult:
             "mean_return": self.mean_return,
             "payment_success": self.payment.to_dict(),
             "process_success": self.process.to_dict(),
+            "mean_length": self.mean_length,
+            **({} if self.value is None else {"business_value": self.value.to_dict()}),
         }
 
 
@@ -124,6 +133,8 @@ def _evaluate(
     lengths: list[int] = []
     paid: list[bool] = []
     processed: list[bool] = []
+    values: list[float | None] = []
+    keys: list[str] = []
     played: list[VariantRow] = []
     vocabulary = pool.vocabulary
     batch = pool.reset(seed=seed)
@@ -151,8 +162,10 @@ def _evaluate(
                     variant.params, vocabulary.decode_tokens(batch.final_obs[i]), bool(batch.terminated[i])
                 )
             )
+            values.append(info.get("business_value"))
+            keys.append(f"{variant.env_id}:{counts[v] - 1}")
             played.append(variant)
-    return _summary(returns, lengths, paid, processed, played, dimensions)
+    return _summary(returns, lengths, paid, processed, played, dimensions, values, keys)
 
 
 def summarise_episodes(
@@ -175,7 +188,9 @@ def summarise_episodes(
     ]
     returns = [r.episode_return for r in records]
     lengths = [r.length for r in records]
-    return _summary(returns, lengths, paid, processed, played, dimensions)
+    keys = [f"{v.env_id}:{r.episode}" for r, v in zip(records, played, strict=True)]
+    values = [r.business_value for r in records]
+    return _summary(returns, lengths, paid, processed, played, dimensions, values, keys)
 
 
 def _summary(
@@ -185,6 +200,8 @@ def _summary(
     processed: Sequence[bool],
     played: Sequence[VariantRow],
     dimensions: Sequence[str],
+    values: Sequence[float | None] = (),
+    keys: Sequence[str] = (),
 ) -> EvalResult:
     families = [v.family for v in played]
     params = [v.params for v in played]
@@ -200,6 +217,8 @@ def _summary(
         mean_length=float(np.mean(lengths)) if n else 0.0,
         payment=payment,
         process=process,
+        value=ValueBreakdown.of(values, families, params, dimensions) if len(values) == n else None,
+        outcomes=tuple(EpisodeOutcome(k, ok, r) for k, ok, r in zip(keys, processed, returns, strict=False)),
     )
 
 
@@ -223,3 +242,8 @@ def expert_policy(pool: EnvPool, experts: Callable[[str], ScriptedExpert] = expe
         )
 
     return act
+
+
+def oracle_policy(pool: OraclePool) -> PolicyFn:
+    """Each slot's env's own oracle action (``oracle_action()``, reading the hidden state): evaluation only."""
+    return lambda obs, mask: pool.oracle_actions()

@@ -59,6 +59,7 @@ class EpisodeRecord:
     risky_steps: int
     token_path: list[frozenset[str]] = field(default_factory=list)
     initial_features: dict[str, float] = field(default_factory=dict)
+    business_value: float | None = None  # the channel's ``info["business_value"]`` at the end, if it prices episodes
 
     @property
     def crashed(self) -> bool:

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentflow_core.evaluation.value import value_tables
+
 SCHEMA_VERSION = 1
 REPORT_KEYS: tuple[str, ...] = (
     "schema_version",
@@ -130,6 +132,8 @@ def headline_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], lis
     cycle = report.get("cycle") or {}
     out: list[tuple[str, list[str], list[list[Any]]]] = []
     train = cycle.get("training")
+    if train and train.get("value"):  # a process that prices its episodes: value vs rules vs oracle leads
+        out += value_tables(train["value"])
     if train:
         rows = [
             [
@@ -137,7 +141,7 @@ def headline_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], lis
                 _pct(train["test_process_success"]),
                 _pct(train["test_payment_success"]),
             ],
-            ["scripted expert", _pct(train["test_process_success_expert"]), _pct(train["test_payment_success_expert"])],
+            ["rules", _pct(train["test_process_success_expert"]), _pct(train["test_payment_success_expert"])],
             [
                 "exploration policy",
                 _pct(train["test_process_success_exploration"]),
@@ -145,7 +149,7 @@ def headline_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], lis
             ],
         ]
         headers = ["policy", "process success", _goal_success(report)]
-        out.append(("Test split: trained vs scripted expert", headers, rows))
+        out.append(("Test split: trained vs the process's rules", headers, rows))
     if train and train.get("tuning"):
         out += _tuning_tables(train)
     champ = report.get("champion")

@@ -237,4 +237,5 @@ def _close(slot: _Slot, info: Mapping[str, Any], risk: RiskRule, vocabulary: Voc
         risky_steps=risky,
         token_path=path,
         initial_features=slot.initial_features,
+        business_value=info.get("business_value"),
     )

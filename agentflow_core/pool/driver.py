@@ -274,6 +274,14 @@ class PoolDriver(ABC):
         rows.step_id[pending] = self._step_id[pending]
         return self._pending.copy()
 
+    def oracle_actions(self) -> np.ndarray:
+        """Every slot's env's oracle action (it reads the hidden state): for evaluating the oracle only."""
+        slots = np.arange(self.num_envs)
+        actions = np.zeros(self.num_envs, np.int64)
+        for w, part in self._by_worker(slots, self.worker_of[self._slot_variant]).items():
+            actions[part] = self._worker_call(w, "oracle_actions", part)
+        return actions
+
     def slot_variants(self) -> np.ndarray:
         """Variant index each slot is playing now (for feeding per-variant scores back)."""
         return self._slot_variant.copy()
@@ -374,6 +382,8 @@ class PoolDriver(ABC):
             success = bool(rows.terminated[s] and rows.obs[s, self._goal] > 0.5)
             ret, length = float(self._ep_return[s]), int(self._ep_length[s])
             infos[s].update(episode_return=ret, episode_length=length, success=success)
+            if not np.isnan(rows.business_value[s]):  # the channel prices its episodes
+                infos[s]["business_value"] = float(rows.business_value[s])
             self._slot_live[s] = False
             self.counters["episodes"] += 1
             self.counters["successes"] += success

@@ -14,6 +14,7 @@ turns them into an :class:`~agentflow_core.evaluation.policy_eval.EvalResult`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +34,7 @@ EVAL_KEY_BASE = 1 << 40
 EVAL_SLOT_BASE = 1 << 40
 
 Weights = dict[str, np.ndarray]
-GREEDY, EPSILON_GREEDY, EXPERT = "greedy", "epsilon_greedy", "expert"
+GREEDY, EPSILON_GREEDY, EXPERT, ORACLE = "greedy", "epsilon_greedy", "expert", "oracle"
 
 
 def episode_seed(seed: int, variant: int, episode: int) -> int:
@@ -44,10 +45,11 @@ def episode_seed(seed: int, variant: int, episode: int) -> int:
 @dataclass(frozen=True)
 class ActorSpec:
     """How an evaluation acts, as data a worker can rebuild: the policy's argmax, epsilon-greedy around
-    it (each episode with its own generator, seeded like the episode), or the family's scripted expert
-    (``experts``: the process's expert per family; checkout's when empty)."""
+    it (each episode with its own generator, seeded like the episode), the family's scripted expert
+    (``experts``: the process's rules per family; checkout's when empty), or the env's oracle (it reads
+    the hidden state: evaluation only)."""
 
-    kind: str  # GREEDY | EPSILON_GREEDY | EXPERT
+    kind: str  # GREEDY | EPSILON_GREEDY | EXPERT | ORACLE
     hidden_sizes: tuple[int, ...] = ()
     epsilon: float = 0.0
     experts: tuple[tuple[str, ScriptedExpert], ...] = ()
@@ -69,6 +71,7 @@ class EpisodeRecord:
     terminated: bool
     final_obs: np.ndarray  # [obs_dim]: what process success is judged on
     failure_reason: str | None = None
+    business_value: float | None = None  # the channel's ``info["business_value"]`` at the end, if it prices episodes
 
 
 @dataclass
@@ -86,7 +89,7 @@ class EvalRequest:
 def _actor(
     spec: ActorSpec, weights: Weights | None, policy: ActorCritic | None, vocabulary: Vocabulary
 ) -> ActorCritic | None:
-    if spec.kind == EXPERT:
+    if spec.kind in (EXPERT, ORACLE):
         return None
     if policy is None or policy.hidden_sizes != tuple(spec.hidden_sizes):
         with torch.random.fork_rng(devices=[]):  # overwritten at once; torch's global generator untouched
@@ -122,9 +125,13 @@ class EpisodePlayer:
         ret, length = np.zeros(n), np.zeros(n, np.int64)
         records: dict[tuple[int, int], EpisodeRecord] = {}
 
-        def finish(row: int, terminated: bool, final: np.ndarray, paid: bool, reason: str | None) -> None:
+        def finish(
+            row: int, terminated: bool, final: np.ndarray, paid: bool, reason: str | None, value: float = np.nan
+        ) -> None:
             i, j = playing[row][:2]  # type: ignore[index]
-            records[(i, j)] = EpisodeRecord(i, j, float(ret[row]), int(length[row]), paid, terminated, final, reason)
+            records[(i, j)] = EpisodeRecord(
+                i, j, float(ret[row]), int(length[row]), paid, terminated, final, reason, _priced(value)
+            )
             playing[row] = None
 
         def start(rows: list[int]) -> None:
@@ -151,7 +158,8 @@ class EpisodePlayer:
 
         def act(live: list[int]) -> np.ndarray:
             episodes = [playing[r] for r in live]
-            return _actions(spec, policy, experts, request, episodes, obs[live], mask[live], [rngs[r] for r in live])
+            rows = (obs[live], mask[live], [rngs[r] for r in live])
+            return _actions(spec, policy, experts, request, episodes, *rows, lambda: worker.oracle_actions(slots[live]))
 
         start(list(range(n)))
         for _ in range(request.max_steps):
@@ -170,7 +178,7 @@ class EpisodePlayer:
                     ended.append(r)
                 elif out.terminated[k] or out.truncated[k]:
                     paid = bool(out.terminated[k] and out.obs[k, goal] > 0.5)
-                    finish(r, bool(out.terminated[k]), out.obs[k].copy(), paid, reason)
+                    finish(r, bool(out.terminated[k]), out.obs[k].copy(), paid, reason, out.business_value[k])
                     ended.append(r)
                 else:
                     obs[r], mask[r] = out.obs[k], out.action_mask[k]
@@ -188,8 +196,12 @@ def _actions(
     obs: np.ndarray,
     mask: np.ndarray,
     rngs: list[np.random.Generator | None],
+    oracle: Callable[[], np.ndarray],
 ) -> np.ndarray:
-    """The actions of the live rows (``episodes``, their ``obs`` and ``mask``): expert, greedy or epsilon-greedy."""
+    """The actions of the live rows (``episodes``, their ``obs`` and ``mask``): expert, oracle (the envs'
+    own ``oracle_action``), greedy or epsilon-greedy."""
+    if spec.kind == ORACLE:
+        return oracle()
     if spec.kind == EXPERT:
         families = [request.variants[e[2]].family for e in episodes]  # type: ignore[index]
         return np.array([experts[f].act(x, y) for f, x, y in zip(families, obs, mask, strict=True)], np.int64)
@@ -201,6 +213,11 @@ def _actions(
             assert rng is not None
             actions[k : k + 1] = epsilon_greedy(actions[k : k + 1], mask[k : k + 1], spec.epsilon, rng)[0]
     return actions
+
+
+def _priced(value: float) -> float | None:
+    """An episode's business value as recorded: None where the channel reported none (NaN)."""
+    return None if np.isnan(value) else float(value)
 
 
 def actor_weights(policy: ActorCritic | None) -> Weights | None:

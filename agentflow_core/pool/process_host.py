@@ -480,6 +480,6 @@ def _place(out: WorkerBatch, rows: np.ndarray, part: WorkerBatch) -> None:
     """Write ``part`` (one child's answer) into ``out`` at positions ``rows``."""
     out.obs[rows], out.action_mask[rows], out.reward[rows] = part.obs, part.action_mask, part.reward
     out.terminated[rows], out.truncated[rows] = part.terminated, part.truncated
-    out.step_id[rows], out.risk[rows] = part.step_id, part.risk
+    out.step_id[rows], out.risk[rows], out.business_value[rows] = part.step_id, part.risk, part.business_value
     for row, reason in zip(rows.tolist(), part.failure_reason, strict=True):
         out.failure_reason[row] = reason

@@ -18,6 +18,7 @@ unaffected.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import OrderedDict, deque
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from agentflow_core.contracts import OracleEnv
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvError
 from agentflow_core.pool.base import (
@@ -63,6 +65,7 @@ class WorkerBatch:
     step_id: np.ndarray
     risk: np.ndarray
     failure_reason: list[str | None]
+    business_value: np.ndarray  # the channel's ``info["business_value"]`` of the step (NaN: none reported)
 
     @classmethod
     def empty(cls, slots: np.ndarray, vocabulary: Vocabulary) -> WorkerBatch:
@@ -78,6 +81,7 @@ class WorkerBatch:
             step_id=np.zeros(k, dtype=np.int64),
             risk=np.zeros(k, dtype=np.float32),
             failure_reason=[None] * k,
+            business_value=np.full(k, np.nan, dtype=np.float64),
         )
 
     def scatter(self, part: WorkerBatch) -> None:
@@ -86,8 +90,35 @@ class WorkerBatch:
         self.obs[s], self.action_mask[s], self.reward[s] = part.obs, part.action_mask, part.reward
         self.terminated[s], self.truncated[s] = part.terminated, part.truncated
         self.step_id[s], self.risk[s] = part.step_id, part.risk
+        self.business_value[s] = part.business_value
         for slot, reason in zip(s.tolist(), part.failure_reason, strict=True):
             self.failure_reason[slot] = reason
+
+
+def oracle_action(env: Any) -> int:
+    """The env's oracle action as a semantic action index.
+
+    An env speaking semantic actions answers with the index; a physical env behind a
+    :class:`SemanticEnv` answers with its native action's name, found in the adapter's action table
+    (the semantic action whose native action carries that name; else the semantic action so named).
+    """
+    if isinstance(env, OracleEnv):
+        return int(env.oracle_action())
+    if isinstance(env, SemanticEnv) and isinstance(env.physical, OracleEnv):
+        native = env.physical.oracle_action()
+        if not isinstance(native, str):
+            return int(native)
+        for action in range(env.vocabulary.n_actions):
+            if env.adapter.adapt_action(action).get("action") == native:
+                return action
+        return env.vocabulary.action_id(native)
+    raise TypeError(f"{type(env).__name__} has no oracle: only a process that declares one is played by it")
+
+
+def _business_value(info: Mapping[str, Any]) -> float:
+    """The step's ``info["business_value"]``, NaN when the channel reports none."""
+    value = info.get("business_value")
+    return np.nan if value is None else float(value)
 
 
 def _failure_of(out: Any) -> str:
@@ -354,7 +385,7 @@ class EnvWorker:
         # Scalars gather in lists and land in the batch's arrays once (a numpy item write per field per row costs
         # more); rows that did not answer plainly are handled after, on the filled batch.
         n = len(slot_list)
-        reward, step_id, risk = [0.0] * n, [0] * n, [0.0] * n
+        reward, step_id, risk, value = [0.0] * n, [0] * n, [0.0] * n, [math.nan] * n
         unusual: list[int] = []
         terminated, truncated, failure_reason = out.terminated, out.truncated, out.failure_reason
         pending = self._pending
@@ -372,12 +403,13 @@ class EnvWorker:
             obs, reward[row], ended_ok, cut, info, mask = res
             out.obs[row], out.action_mask[row] = obs, mask
             step_id[row], risk[row] = info.get("step_id", 0), info.get("risk", 0.0)
+            value[row] = _business_value(info)
             failure_reason[row] = info.get("failure_reason")
             if ended_ok or cut:
                 terminated[row], truncated[row] = ended_ok, cut
                 del self._active[slot]
                 self._park(active.variant_index, active.env, active.base_env_id)
-        out.reward[:], out.step_id[:], out.risk[:] = reward, step_id, risk
+        out.reward[:], out.step_id[:], out.risk[:], out.business_value[:] = reward, step_id, risk, value
         for row in unusual:
             self._unusual_row(row, slot_list[row], results[row], out)
         return out
@@ -421,6 +453,17 @@ class EnvWorker:
             return
         del self._active[slot]
         self._record_failure(row, out, res, active.env, active.variant_index)
+
+    def oracle_actions(self, slots: np.ndarray) -> np.ndarray:
+        """Each slot's env's oracle action (it reads the hidden state): evaluation only, never training.
+
+        An env without an oracle (no ``oracle_action()``) raises: the caller plays the oracle only
+        for a process that declares one.
+        """
+        return np.array(
+            [oracle_action(self._active[slot].env) for slot in np.asarray(slots, dtype=np.int64).tolist()],
+            dtype=np.int64,
+        )
 
     def _step_one(self, item: tuple[PoolEnv, int] | None) -> tuple[Any, ...] | None:
         if item is None:

@@ -1,7 +1,8 @@
 """Best-checkpoint selection and the ``policy_convergence_flag``.
 
 The catalogue's splits live in ``agentflow_core.splits``. The best checkpoint is the one with the
-highest validation process success rate (ties: higher mean return). Convergence: the last ``window``
+highest validation metric the trainer feeds :meth:`ConvergenceTracker.add` (process success, ties:
+mean return; business value where the channel prices episodes). Convergence: the last ``window``
 evaluations each improved the metric by less than ``min_rel_improvement`` relative to the one
 before, and their variance is below ``max_variance``.
 """

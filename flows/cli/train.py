@@ -19,6 +19,7 @@ from tasks.backend import backend_of
 from tasks.config_io import flatten_params
 from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
+from tasks.steps.evaluation import value_line
 
 if TYPE_CHECKING:
     from tasks.tracking import MlflowTracker
@@ -100,6 +101,9 @@ def train_command(
         f"converged={summary['policy_convergence_flag']}, stopped on {summary['stop_reason']} after "
         f"{summary['global_step']} steps -> {out}"
     )
+    value = value_line(summary)
+    if value is not None:
+        console.print(f"test split {value}")
     lost = summary["pool"]
     if lost["worker_restarts"]:
         times = ", ".join(f"{r['recovery_s']:.2f} s" for r in lost["recoveries"])

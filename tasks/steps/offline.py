@@ -29,6 +29,7 @@ import torch
 
 from agentflow_core.atomic import check_output, save_tensors, write_json
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.evaluation.paired import paired_by_key
 from agentflow_core.evaluation.policy_eval import evaluate_policy, greedy_policy, stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, offline_gate
 from agentflow_core.rl.bc import behaviour_cloning
@@ -60,6 +61,8 @@ METRIC_KEYS = (
     "offline_validation_process_success",
     "bc_validation_process_success",
     "offline_vs_bc_validation",
+    "offline_vs_bc_validation_low",
+    "offline_vs_bc_validation_high",
     "transitions",
     "heldout_transitions",
     "heldout_td_loss",
@@ -206,12 +209,19 @@ def run_offline(
     finally:
         pool.close()
     figures["time_s"]["validation_eval"] = time.perf_counter() - eval_started
+    # the paired per-episode difference (same variants, k-th episode each) with its 95% bounds: the gate reads
+    # the upper bound, so only a regression the sample shows beyond the margin stops the stage
+    offline_rows, bc_rows = ([(o.key, float(o.success)) for o in evals[name].outcomes] for name in ("offline", "bc"))
+    paired = paired_by_key(offline_rows, bc_rows)
     summary = {
         "enabled": True,
         **figures,
         "offline_validation_process_success": evals["offline"].process_success_rate,
         "bc_validation_process_success": evals["bc"].process_success_rate,
-        "offline_vs_bc_validation": evals["offline"].process_success_rate - evals["bc"].process_success_rate,
+        "offline_vs_bc_validation": paired.mean,
+        "offline_vs_bc_validation_low": paired.low,
+        "offline_vs_bc_validation_high": paired.high,
+        "offline_vs_bc_pairs": paired.pairs,
         "offline_validation_by_family": evals["offline"].process_success_by_family,
         "bc_validation_by_family": evals["bc"].process_success_by_family,
         "seed": seed,
@@ -227,7 +237,8 @@ def run_offline(
         gate=verdict.message,
         message=(
             f"{verdict.message}: validation process success BC+CQL {summary['offline_validation_process_success']:.3f} "
-            f"vs BC {summary['bc_validation_process_success']:.3f} on {o.eval_episodes} episodes; "
+            f"vs BC {summary['bc_validation_process_success']:.3f} on {o.eval_episodes} episodes (paired difference "
+            f"{paired.mean:+.3f}, 95% [{paired.low:+.3f}, {paired.high:+.3f}]); "
             f"{summary['transitions']} transitions, held-out TD loss {summary['heldout_td_loss']:.4g}"
         ),
         **budget_metrics("offline", summary["wall_s"], o.budget_s),

@@ -29,6 +29,7 @@ from agentflow_core.evaluation.consistency import (
     policy_agreement,
     probe_observation,
 )
+from agentflow_core.evaluation.paired import paired_by_key
 from agentflow_core.evaluation.records import PolicyFn
 from agentflow_core.evaluation.report import (
     build_report,
@@ -91,9 +92,26 @@ def training_summary(checkpoints: Path) -> dict[str, Any] | None:
         "updates",
     )
     out = {**{k: t[k] for k in keys}, "stop_reason": t.get("stop_reason", "step_budget")}
+    out.update(value_summary(t))
     if "tuning" in t:  # the auto-tuner's record and the loop's measured impedance (tasks.steps.tune)
         out.update(tuning=t["tuning"], impedance=t.get("impedance", {}))
     return out
+
+
+def value_summary(train: Mapping[str, Any]) -> dict[str, Any]:
+    """The test split's business value per policy (``value``: each one's breakdown) and the headline value
+    metrics, when the process prices its episodes; nothing otherwise."""
+    sources = {"trained": "test", "rules": "test_expert", "oracle": "test_oracle", "bc": "test_bc"}
+    sources["offline"] = "test_offline"
+    value = {
+        name: train[key]["business_value"]
+        for name, key in sources.items()
+        if "business_value" in (train.get(key) or {})
+    }
+    if "trained" not in value:
+        return {}
+    headline = {k: v for k, v in train.items() if k.startswith(("test_business_value", "test_regret_closed"))}
+    return {"value": value, **headline, "mean_episode_steps": train.get("mean_episode_steps")}
 
 
 def build_cycle(
@@ -255,7 +273,11 @@ def run_champion_challenger(
         )
         return {**decision.to_dict(), **context, "champion": None}
     champion = load_policy(resolve_checkpoint(ctx, champion_ckpt), ctx.process)
-    cp_stats, cp_obs, _ = _slice_eval(ctx, champion, sliced, rc.champion_episodes, pool_factory)
+    cp_stats, cp_obs, cp_rollout = _slice_eval(ctx, champion, sliced, rc.champion_episodes, pool_factory)
+    paired = paired_by_key(
+        [(e.env_id, e.evaluated_return) for e in ch_rollout.episodes],
+        [(e.env_id, e.evaluated_return) for e in cp_rollout.episodes],
+    )
     scales = cart_scales(ctx)
     ids, features, families = consistency_variants(
         ch_rollout, [v.env_id for v in sliced], cfg.stress.consistency_variants
@@ -283,6 +305,7 @@ def run_champion_challenger(
         consistency,
         rc.promote_min_consistency,
         rc.promote_min_reward_gain,
+        paired,
     )
     return {
         **decision.to_dict(),

@@ -34,6 +34,7 @@ from agentflow_core.evaluation.proportions import SuccessBreakdown
 from agentflow_core.evaluation.records import EpisodeRecord, StepRecord
 from agentflow_core.evaluation.robustness import StressAnalysis, analyze_stress
 from agentflow_core.evaluation.stress import StressRollout, stratified_sample
+from agentflow_core.evaluation.value import ValueBreakdown
 from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
@@ -171,11 +172,18 @@ def stress_summary(
 ) -> dict[str, Any]:
     """The JSON written as ``summary.json``: the analysis plus which policy ran on what (``goal``: the goal token)."""
     sample_ids = [v.env_id for v in sample]
-    breakdowns = success_breakdowns(episodes, sorted(cfg.variants.dimensions))
+    dimensions = sorted(cfg.variants.dimensions)
+    breakdowns = success_breakdowns(episodes, dimensions)
+    families, params = [e.family for e in episodes], [e.params for e in episodes]
+    value = ValueBreakdown.of([e.business_value for e in episodes], families, params, dimensions)
+    steps = {"mean_episode_steps": float(np.mean([e.length for e in episodes])) if episodes else 0.0}
     return {
         **analysis.to_dict(),
         **{name: b.to_dict() for name, b in breakdowns.items()},
-        "breakdown_metrics": {k: v for name, b in breakdowns.items() for k, v in b.metrics(name).items()},
+        **({} if value is None else {"business_value": value.to_dict()}),
+        "breakdown_metrics": {k: v for name, b in breakdowns.items() for k, v in b.metrics(name).items()}
+        | ({} if value is None else value.metrics("business_value"))
+        | steps,
         "policy": policy.name,
         "process": cfg.process,
         "goal": goal,

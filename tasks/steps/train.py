@@ -4,7 +4,8 @@ Called by ``agentflow train`` (and the DVC stage / Prefect task). Reads the vari
 and, for the BC warm start, the exploration trajectories; writes under ``out_dir``:
 
 * ``checkpoints/`` -- atomic checkpoints every ``checkpoint_every_updates`` updates and every
-  ``checkpoint_every_minutes`` minutes, plus ``best.json`` (best validation process success);
+  ``checkpoint_every_minutes`` minutes, plus ``best.json`` (best validation business value where the
+  channel prices episodes, else best validation process success: :func:`selection_metric`);
 * ``policy.safetensors`` + ``policy.json`` -- the best policy and its card (hash, metrics);
 * ``curve.json`` -- per-update training curve and validation evaluations;
 * ``validation_curve.csv`` -- validation process/payment success per evaluation (``dvc plots``);
@@ -35,9 +36,9 @@ import torch
 from agentflow_core.atomic import MIN_FREE_BYTES, check_output, save_tensors, write_json
 from agentflow_core.config import AgentFlowConfig, TrainConfig
 from agentflow_core.contracts import EnvPool
-from agentflow_core.evaluation.policy_eval import stratified_eval_variants
+from agentflow_core.evaluation.policy_eval import EvalResult, stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, train_gate
-from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, GREEDY, ActorSpec
+from agentflow_core.pool.episodes import GREEDY, ActorSpec
 from agentflow_core.pool.rollout import SlicedRollouts
 from agentflow_core.rl.bc import behaviour_cloning
 from agentflow_core.rl.checkpoint import (
@@ -62,9 +63,10 @@ from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import build_rollouts, recovery_summary, reward_function
 from tasks.context import PhaseContext
-from tasks.steps.evaluation import EXPLORATION_EPSILON, FINAL_EVAL_EPISODES
+from tasks.steps.evaluation import FINAL_EVAL_EPISODES
 from tasks.steps.offline import offline_start
 from tasks.steps.train_outputs import plot_curves, train_metrics, train_summary, write_outputs
+from tasks.steps.train_references import copy_offline_bc_actor, reference_actors, save_bc_actor
 from tasks.steps.train_state import FinalPolicy, TrainingRun, TrainingState
 from tasks.steps.validator import training_validator
 
@@ -274,10 +276,13 @@ def start_training(
     elif run.offline is not None:
         load_actor(run.policy, run.offline.actor)
         state.bc_summary = {"used": True, "source": "offline", "actor": str(run.offline.path)}
+        copy_offline_bc_actor(ckpt_root, run.offline.path)
     elif tc.bc_warm_start and trajectories_dir is not None and Path(trajectories_dir).exists():
         accepted = {v.content_hash: vocab.accepted_outcomes(v.params) for v in run.splits["train"]}
         obs, actions, masks = behaviour_cloning_arrays(Path(trajectories_dir), accepted, vocab)
         result = behaviour_cloning(run.policy, obs, actions, masks, seed=run.seed)
+        if result.samples > 0:
+            save_bc_actor(ckpt_root, run.policy)
         state.bc_summary = {
             "used": result.samples > 0,
             "samples": result.samples,
@@ -313,7 +318,7 @@ def train_loop(
             result_eval = run.evaluate(run.validation, greedy, ppo.policy, tc.eval_episodes, eval_seed + 7)
             eval_metrics = result_eval.metrics("validation/")
             state.evals.append({"global_step": float(ppo.global_step), "update": float(ppo.update), **eval_metrics})
-            new_best = state.tracker.add(ppo.update, result_eval.process_success_rate, result_eval.mean_return)
+            new_best = state.tracker.add(ppo.update, *selection_metric(result_eval))
             sink.record(ppo.global_step, {**eval_metrics, "policy_convergence_flag": float(state.tracker.converged)})
             evaluated = True
         last = ppo.update == num_updates
@@ -330,24 +335,27 @@ def train_loop(
         t_update = time.perf_counter()
 
 
+def selection_metric(result: EvalResult) -> tuple[float, float]:
+    """What picks the best checkpoint and drives convergence: validation business value (ties: process success)
+    where the channel prices its episodes, else process success (ties: mean return)."""
+    if result.value is not None:
+        return result.value.overall, result.process_success_rate
+    return result.process_success_rate, result.mean_return
+
+
 def final_evaluation(run: TrainingRun) -> FinalPolicy:
-    """The best checkpoint, the exploration policy and the scripted expert on the test split; the pool's losses."""
+    """The best checkpoint and the reference policies (:mod:`tasks.steps.train_references`) on the test split."""
     tc, vocab = run.tc, run.vocab
     best_ckpt = load_intact(run.ckpt_root, BEST, tc.hidden_sizes, vocabulary=vocab)
     assert best_ckpt is not None
     best_policy = ActorCritic(vocab.obs_dim, vocab.n_actions, tc.hidden_sizes)
     best_policy.load_state_dict(best_ckpt.model)
     greedy = ActorSpec(GREEDY, tuple(tc.hidden_sizes))
-    explorer = ActorSpec(EPSILON_GREEDY, tuple(tc.hidden_sizes), EXPLORATION_EPSILON)
-    experts = tuple((family, run.ctx.process.expert(family)) for family in sorted({v.family for v in run.test}))
     n_final, eval_seed = max(tc.eval_episodes, FINAL_EVAL_EPISODES), run.ctx.cfg.base.seed
+    # every policy plays the same episodes (variant, episode number, reset seed): the comparisons are paired
     final = {
         name: run.evaluate(run.test, actor, net, n_final, eval_seed + 11)
-        for name, actor, net in (
-            ("trained", greedy, best_policy),
-            ("exploration", explorer, run.untrained),
-            ("expert", ActorSpec(EXPERT, experts=experts), None),
-        )
+        for name, actor, net in (("trained", greedy, best_policy), *reference_actors(run))
     }
     return FinalPolicy(best_ckpt, best_policy, final, recovery_summary(run.pool))
 

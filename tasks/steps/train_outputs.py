@@ -91,6 +91,17 @@ def plot_curves(curve: list[dict[str, float]], evals: list[dict[str, float]], pa
         fig.savefig(tmp, format="png", dpi=110)
 
 
+def best_validation(state: TrainingState) -> dict[str, float]:
+    """The best checkpoint's validation figures: process success, and business value where it was measured."""
+    best = next((e for e in state.evals if int(e["update"]) == state.tracker.best_step), None)
+    if best is None:
+        return {"validation_process_success": state.tracker.best_metric}
+    out = {"validation_process_success": best["validation/process_success_rate"]}
+    if "validation/business_value" in best:
+        out["validation_business_value"] = best["validation/business_value"]
+    return out
+
+
 def train_summary(
     run: TrainingRun,
     state: TrainingState,
@@ -110,7 +121,7 @@ def train_summary(
         "train_variants": len(run.splits["train"]),
         "validation_variants": len(run.splits["validation"]),
         "test_variants": len(run.splits["test"]),
-        "validation_process_success": state.tracker.best_metric,
+        **best_validation(state),
         **test_summary(best.final),
         "policy_convergence_flag": state.tracker.converged,
         "stop_reason": state.stop_reason,
