@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +57,7 @@ from agentflow_core.envs.web_browser import (
     DEFAULT_CHROMIUM,
     BrowserHost,
     acquire_browser,
+    forget_browser,
     release_browser,
 )
 
@@ -124,6 +126,7 @@ class SiteBrowserEnv:
         self.np_random: np.random.Generator | None = None
         self._pages = [(p["name"], re.compile(p["url_regex"])) for p in site["pages"]]
         self._host: BrowserHost | None = acquire_browser(chromium_path)
+        self._thread = threading.get_ident()  # Playwright's sync objects belong to the thread that made them
         self._context: Any = None
         self._page: Any = None
         self._obs: dict[str, Any] = {}
@@ -183,10 +186,17 @@ class SiteBrowserEnv:
         self._obs, self._step_id, self._done, self._started = {}, 0, False, False
 
     def close(self) -> None:
-        """Close the browser context and release the shared browser."""
+        """Close the browser context and release the shared browser (from another thread: forget them).
+
+        A pool may close its envs from the driver's thread while they were made and stepped on its step
+        thread; Playwright's sync objects cannot be touched there, so the env only lets go of them.
+        """
         if self._host is None:
             return
         host, self._host = self._host, None
+        if threading.get_ident() != self._thread:
+            forget_browser(host)
+            return
         try:
             if self._context is not None:
                 self._context.close()
