@@ -185,12 +185,11 @@ OSCAR_TARGETS_MS = {"oscar_step_p50_ms": 150.0, "oscar_reset_p50_ms": 1000.0}
 
 def run_oscar_bench(config_dir: Path, episodes: int) -> dict[str, Any]:
     """Expert episodes (seeds 0..N-1, default variant) on a live Oscar store: step and reset latency."""
-    from tasks.oscar_site import oscar_entry, oscar_store
+    from tasks.oscar_site import live_site, site_entry_of
 
     started = time.perf_counter()
-    with oscar_store() as url:
+    with live_site(site_entry_of(config_dir), config_dir) as entry:
         store_start_s = time.perf_counter() - started
-        entry = oscar_entry(config_dir, url)
         host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))
         try:
             env = entry.make({})

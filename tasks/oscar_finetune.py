@@ -29,9 +29,10 @@ from agentflow_core.atomic import write_json
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.sim_to_real import stratify
 from agentflow_core.evaluation.stress import stratified_sample
+from agentflow_core.registry import EnvEntry
 from agentflow_core.variants import VariantSpec
 from tasks.context import PhaseContext
-from tasks.oscar_site import OSCAR_ENV_ID
+from tasks.oscar_site import site_entry_of
 from tasks.rollout import LoadedPolicy, load_policy, load_variants
 
 SUMMARY_FILE = "summary.json"
@@ -47,8 +48,8 @@ def stress_sample(ctx: PhaseContext) -> list[VariantSpec]:
     return list(stratified_sample(variants, cfg.stress.variants, dimensions, np.random.default_rng(cfg.base.seed)))
 
 
-def oscar_train_variants(ctx: PhaseContext, count: int) -> list[VariantSpec]:
-    """Train-split web_checkout variants stratified over Oscar's dimensions, re-based on the Oscar env.
+def oscar_train_variants(ctx: PhaseContext, count: int, env_id: str) -> list[VariantSpec]:
+    """Train-split web_checkout variants stratified over Oscar's dimensions, re-based on the site env ``env_id``.
 
     Only the dimensions that apply on Oscar are kept in the params (the others take the Oscar env's
     defaults), as the stress phase's Oscar episodes do.
@@ -56,7 +57,7 @@ def oscar_train_variants(ctx: PhaseContext, count: int) -> list[VariantSpec]:
     dimensions = list(ctx.cfg.stress.sim_to_real.oscar_dimensions)
     train = [v for v in load_variants(ctx, split="train") if v.family == "web_checkout"]
     return [
-        dataclasses.replace(v, base_env_id=OSCAR_ENV_ID, params={k: v.params[k] for k in dimensions if k in v.params})
+        dataclasses.replace(v, base_env_id=env_id, params={k: v.params[k] for k in dimensions if k in v.params})
         for v in stratify(train, dimensions, count)
     ]
 
@@ -80,8 +81,9 @@ def finetune_on_oscar(
     sample = stress_sample(ctx)
     champion = load_policy(checkpoint, ctx.process)
     before = run_sim_to_real_oscar(ctx, champion, sample)
-    variants = oscar_train_variants(ctx, max(settings.oscar_episodes, 8))
-    saved, curve = _ppo_on_oscar(ctx, checkpoint, variants, out_dir / "checkpoints", total_steps, on_update)
+    site = site_entry_of(Path(settings.oscar_env_config_dir))
+    variants = oscar_train_variants(ctx, max(settings.oscar_episodes, 8), site.env_id)
+    saved, curve = _ppo_on_oscar(ctx, checkpoint, variants, site, out_dir / "checkpoints", total_steps, on_update)
     tuned = load_policy(str(saved), ctx.process)
     after = run_sim_to_real_oscar(ctx, LoadedPolicy(f"{tuned.name} (Oscar fine-tune)", str(saved), tuned.act), sample)
     summary = {
@@ -112,6 +114,7 @@ def _ppo_on_oscar(
     ctx: PhaseContext,
     checkpoint: str,
     variants: list[VariantSpec],
+    site: EnvEntry,
     checkpoints: Path,
     total_steps: int,
     on_update: Callable[[int, int, dict[str, float]], None] | None,
@@ -123,7 +126,7 @@ def _ppo_on_oscar(
     from agentflow_core.rl.policy import ActorCritic
     from agentflow_core.rl.ppo import PPO
     from tasks.compose import reward_function
-    from tasks.oscar_site import oscar_entry, oscar_store
+    from tasks.oscar_site import live_site
     from tasks.steps.train import reward_transform
 
     cfg = ctx.cfg
@@ -139,10 +142,9 @@ def _ppo_on_oscar(
     pool_cfg = cfg.pool.model_copy(update={"num_workers": 1, "step_isolation": "thread", "scheduler": "round_robin"})
     manager = CheckpointManager(checkpoints, 1, 1e9, vocabulary=vocab)
     curve: list[dict[str, float]] = []
-    with oscar_store() as url:
-        factory = RegistryEnvFactory(
-            {OSCAR_ENV_ID: oscar_entry(Path(cfg.stress.sim_to_real.oscar_env_config_dir), url)}
-        )
+    config_dir = Path(cfg.stress.sim_to_real.oscar_env_config_dir)
+    with live_site(site, config_dir) as entry:
+        factory = RegistryEnvFactory({site.env_id: entry})
         pool = InProcessPool(variants, factory, 1, pool_cfg, seed=cfg.base.seed)
         try:
             with reward_function(ctx, 1) as reward_fn:
@@ -160,7 +162,7 @@ def _ppo_on_oscar(
                     )
                     if on_update is not None:
                         on_update(ppo.update, train_cfg.num_updates, metrics)
-            saved = manager.save(ppo, extra={"finetuned_on": OSCAR_ENV_ID, "warm_start": checkpoint})
+            saved = manager.save(ppo, extra={"finetuned_on": site.env_id, "warm_start": checkpoint})
         finally:
             pool.close()
     return saved, curve
