@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -210,10 +211,12 @@ def test_train_on_oscar_continues_a_policy_and_measures_the_gap_before_and_after
     from tasks.oscar_finetune import finetune_on_oscar
     from tasks.rollout import load_policy
 
-    cfg = local_config(
-        stress={"variants": 40, "sim_to_real": {"enabled": True, "oscar_episodes": 2}},
-        variants={"samples_per_combination": 1},
-    )
+    short = tmp_path / "oscar"  # the Oscar registry with short episodes: an untrained policy wanders
+    shutil.copytree(OSCAR_ENVS, short)
+    config = short / "web_site_v1_oscar.yaml"
+    config.write_text(config.read_text().replace("max_episode_steps: 50", "max_episode_steps: 8"))
+    oscar = {"enabled": True, "oscar_episodes": 2, "oscar_env_config_dir": str(short)}
+    cfg = local_config(stress={"variants": 40, "sim_to_real": oscar}, variants={"samples_per_combination": 1})
     start = save_checkpoint(
         tmp_path / "start",
         "update_00000000",
