@@ -63,7 +63,6 @@ from agentflow_core.envs.web_browser import (
 
 FAMILY = "web_site"
 VERSION = 1
-POLL_MS = 2
 READ_JS = """([elements, counts, bannerSelector, textSelector]) => {
   const present = Object.entries(elements).filter(([, s]) => document.querySelector(s)).map(([key]) => key);
   const counted = {};
@@ -133,7 +132,6 @@ class SiteBrowserEnv:
         self._pending: tuple[str, list[dict[str, Any]], int] | None = None
         self._fault: str | None = None
         self._faults_on = False
-        self._loads = 0
         self._fault_origin = ""
         self._step_id, self._retries = 0, 0
         self._done, self._started = False, False
@@ -211,11 +209,7 @@ class SiteBrowserEnv:
         self._context = self._host.browser.new_context(java_script_enabled=bool(self.site.get("javascript", True)))
         self._context.set_default_timeout(ACTION_TIMEOUT_MS)
         self._page = self._context.new_page()
-        self._page.on("domcontentloaded", self._count_load)
         self._page.route("**/*", self._route)
-
-    def _count_load(self, _page: Any) -> None:
-        self._loads += 1
 
     def _route(self, route: Any) -> None:
         """Block unneeded resources; on the fault-prone kinds inject the scenario's network faults."""
@@ -265,17 +259,20 @@ class SiteBrowserEnv:
                 raise
 
     def _click(self, selector: str, fields: Mapping[str, str] | None = None) -> None:
-        """Click (posting ``fields`` with the button's form) and wait for a new document or a recorded fault."""
-        before = self._loads
-        if not self._page.evaluate(CLICK_JS, [selector, dict(fields or {})]):
-            raise RuntimeError(f"env {self.env_id}: nothing to click at {selector!r} on {self._page.url}")
-        deadline = time.monotonic() + ACTION_TIMEOUT_MS / 1000
-        while self._loads == before and self._fault is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"env {self.env_id}: no page after clicking {selector!r}")
-            self._page.wait_for_timeout(POLL_MS)
-        if self._fault is None:
-            self._page.wait_for_load_state("domcontentloaded")
+        """Click (posting ``fields`` with the button's form) and wait for the new document or a recorded fault.
+
+        One wait for the navigation the click starts (no polling): it ends at the new document's
+        DOMContentLoaded, or with an error when the route handler aborted the request (a fault).
+        """
+        from playwright.sync_api import Error as PlaywrightError
+
+        try:
+            with self._page.expect_navigation(wait_until="domcontentloaded"):
+                if not self._page.evaluate(CLICK_JS, [selector, dict(fields or {})]):
+                    raise RuntimeError(f"env {self.env_id}: nothing to click at {selector!r} on {self._page.url}")
+        except PlaywrightError:
+            if self._fault is None:
+                raise
 
     def _run_steps(self, steps: list[dict[str, Any]], start: int) -> int | None:
         """Play ``steps`` from ``start``; the index of the step a fault stopped, or None when all ran."""
