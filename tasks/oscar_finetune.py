@@ -18,6 +18,7 @@ Writes ``<out>/checkpoints/`` (the fine-tuned policy, loadable like training's) 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -138,7 +139,7 @@ def _ppo_on_oscar(
     train_cfg = cfg.train.model_copy(
         update={"num_envs": 1, "n_steps": n_steps, "minibatch_size": n_steps, "total_steps": total_steps}
     )
-    # one worker in this thread's pool: Playwright's objects belong to the thread that made them
+    # one env worker: its env is made and stepped on the worker's step thread, where its browser lives
     pool_cfg = cfg.pool.model_copy(update={"num_workers": 1, "step_isolation": "thread", "scheduler": "round_robin"})
     manager = CheckpointManager(checkpoints, 1, 1e9, vocabulary=vocab)
     curve: list[dict[str, float]] = []
@@ -153,11 +154,11 @@ def _ppo_on_oscar(
                 )
                 while ppo.global_step < total_steps:
                     metrics = ppo.train_iteration()
-                    curve.append(
+                    curve.append(  # a rollout in which no episode ended has no success rate (NaN): left out
                         {
                             k: float(metrics[k])
                             for k in ("global_step", "rollout/success_rate", "losses/approx_kl")
-                            if k in metrics
+                            if k in metrics and math.isfinite(metrics[k])
                         }
                     )
                     if on_update is not None:
