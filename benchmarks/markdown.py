@@ -31,6 +31,7 @@ COMMANDS = {
     "soak": "agentflow bench soak",
     "soak_ray": "agentflow bench soak --backend ray",
     "browser": "agentflow bench browser",
+    "oscar": "agentflow bench oscar",
     "offline": "agentflow bench offline",
     "validator": "agentflow bench validator",
     "forgetting": "agentflow bench forgetting",
@@ -52,6 +53,7 @@ TITLES = {
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
     "soak_ray": "Soak on the Ray backend: the same sides, env workers in Ray actors",
     "browser": "Web channel in a real browser: step latency, live envs per GB, sim-to-real gap per family",
+    "oscar": "The checkout on a django-oscar store in Chromium: step and episode-reset latency",
     "validator": "Reward validator: planted reward-hacking episodes caught vs honest episodes flagged",
     "forgetting": "Forgetting: a retrain on a shifted catalogue, with and without EWC, on the previous test split",
     "forgetting_family": "Forgetting: a retrain on the SQL channel alone, with and without EWC, on the previous test split",
@@ -145,6 +147,7 @@ ORDER = (
     "soak",
     "soak_ray",
     "browser",
+    "oscar",
     "tune",
     "onboarding",
     "transfer",
@@ -165,6 +168,7 @@ OPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "train": lambda r: f" --total-steps {r['total_steps']}",
     "learning": lambda r: f" --steps {r['config']['train']['total_steps']}",
     "sql": lambda r: f" --episodes {r['episodes']}",
+    "oscar": lambda r: f" --episodes {r['episodes']}",
     "browser": lambda r: (
         f" --episodes {r['latency_episodes']} --live-envs {r['live_envs']} --gap-episodes {r['gap_episodes_per_family']}"
     ),

@@ -233,7 +233,7 @@ def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[
     """The policy on the django-oscar store (zero-shot) next to the simulator, over a stratified sample of the
     web_checkout test variants; per dimension value: success on both sides, the gap, root causes on Oscar."""
     from agentflow_core.envs.web_browser import acquire_browser, release_browser
-    from tasks.oscar_site import oscar_entry, oscar_store
+    from tasks.oscar_site import live_site, site_entry_of
 
     cfg = ctx.cfg
     settings = cfg.stress.sim_to_real
@@ -244,8 +244,7 @@ def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[
     seeds = [int(s) for s in np.random.default_rng(cfg.base.seed + 39).integers(0, 2**31 - 1, size=len(chosen))]
     sim = ctx.registry
     config_dir = Path(settings.oscar_env_config_dir)
-    with oscar_store() as url:
-        entry = oscar_entry(config_dir, url)
+    with live_site(site_entry_of(config_dir), config_dir) as entry:
         host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))
         try:
             episodes = paired_episodes(

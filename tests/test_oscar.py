@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -165,3 +166,69 @@ def test_timed_out_step_is_retried_from_where_it_stopped(entry: EnvEntry, store_
     assert actions[:5] == ["LOGIN", "VIEW_PRODUCT", "ADD_TO_CART", "CHECKOUT", "ENTER_PAYMENT"]
     assert "NETWORK_TIMEOUT" in tokens[5] and actions[5] == "RETRY"
     assert _order(store_url)["orders"] == 0  # a timed-out request never reached the store
+
+
+def test_a_503_on_placing_the_order_then_retry_places_exactly_one_verified_order(
+    entry: EnvEntry, store_url: str
+) -> None:
+    env = _with_faults(entry, {"server_error_rate": 1.0}).make({"start_stage": "payment"})
+    try:
+        _, info = env.reset(seed=6)  # the start stage is reached on a clean network
+        assert "PAYMENT_PAGE" in info["tokens"]
+        _, _, terminated, _, info = env.step(int(SemanticAction.SUBMIT_PAYMENT))
+        assert "SERVER_ERROR" in info["tokens"] and not terminated
+        assert _order(store_url)["orders"] == 0  # the 503 came from the network layer: Oscar saw nothing
+        env.physical.extra_faults = {}  # type: ignore[attr-defined]  # the server is back
+        _, reward, terminated, _, info = env.step(int(SemanticAction.RETRY))
+    finally:
+        env.close()
+    assert terminated and "PAYMENT_SUCCESS" in info["tokens"] and reward > 0
+    order = _order(store_url)
+    assert order["orders"] == 1 and order["verified"] == 1
+
+
+def test_envs_check_starts_the_store_and_audits_the_mapping_against_oscars_recorded_pages() -> None:
+    from agentflow_core.errors import RequirementError
+    from flows.cli.envs import check_config_dir, check_site_entry
+
+    (result,) = check_config_dir(OSCAR_ENVS)
+    assert result.ok, (result.errors, result.findings)
+    missing = dataclasses.replace(
+        load_registry(config_dir=OSCAR_ENVS).get("web_site_v1_oscar"),
+        kwargs={"chromium_path": "/nonexistent/chromium", "site_spec": "site/site.json"},
+    )
+    with pytest.raises(RequirementError, match="needs Chromium at /nonexistent/chromium"):
+        check_site_entry(missing, OSCAR_ENVS)
+
+
+def test_train_on_oscar_continues_a_policy_and_measures_the_gap_before_and_after(
+    tmp_path: Path, local_config: Any
+) -> None:
+    from agentflow_core.rl.checkpoint import save_checkpoint
+    from agentflow_core.rl.policy import ActorCritic
+    from agentflow_core.semantics import CHECKOUT, VOCAB_VERSION
+    from tasks.context import PhaseContext
+    from tasks.oscar_finetune import finetune_on_oscar
+    from tasks.rollout import load_policy
+
+    short = tmp_path / "oscar"  # the Oscar registry with short episodes: an untrained policy wanders
+    shutil.copytree(OSCAR_ENVS, short)
+    config = short / "web_site_v1_oscar.yaml"
+    config.write_text(config.read_text().replace("max_episode_steps: 50", "max_episode_steps: 8"))
+    oscar = {"enabled": True, "oscar_episodes": 2, "oscar_env_config_dir": str(short)}
+    cfg = local_config(stress={"variants": 40, "sim_to_real": oscar}, variants={"samples_per_combination": 1})
+    start = save_checkpoint(
+        tmp_path / "start",
+        "update_00000000",
+        ActorCritic(CHECKOUT.obs_dim, CHECKOUT.n_actions).state_dict(),
+        {},
+        {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
+    )
+    summary = finetune_on_oscar(PhaseContext.of(cfg), str(start), tmp_path / "out", total_steps=16)
+    assert summary["total_steps"] == 16 and len(summary["curve"]) == 1
+    assert summary["before"]["episodes"] == summary["after"]["episodes"] == 2
+    for side in ("before", "after"):
+        run = summary[side]
+        assert run["gap"] == pytest.approx(run["sim_process_success"] - run["real_process_success"])
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["metrics"] == summary["metrics"]
+    assert load_policy(summary["finetuned"]["checkpoint"]).checkpoint == summary["finetuned"]["checkpoint"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -149,3 +150,30 @@ def test_the_oscar_gap_is_gated_when_the_oscar_run_is_on() -> None:
     assert "sim_to_real_gap_oscar" in names
     off = AgentFlowConfig.model_validate({"stress": {"sim_to_real": {"enabled": True}}})
     assert "sim_to_real_gap_oscar" not in [c.metric for c in stress_gate(off).checks]
+
+
+def _oscar_run(success: float, gap: float) -> dict[str, Any]:
+    row = {"dimension": "network", "value": "normal", "episodes": 2, "root_causes": []}
+    row |= {"sim_process_success": 1.0, "real_process_success": success, "gap": gap}
+    run = {"episodes": 2, "sim_process_success": 1.0, "real_process_success": success, "gap": gap}
+    return run | {"real_step_ms_p50": 120.0, "per_dimension": [row]}
+
+
+def test_the_report_shows_the_oscar_fine_tune_before_and_after_for_its_own_policy(tmp_path: Path) -> None:
+    from agentflow_core.evaluation.report import _oscar_nodes, tree_text
+    from agentflow_core.evaluation.report_oscar import finetune_rows
+    from tasks.steps.report import with_oscar_finetune
+
+    finetune = {"champion": {"checkpoint": "ckpt/a"}, "total_steps": 64}
+    finetune |= {"before": _oscar_run(0.5, 0.5), "after": _oscar_run(1.0, 0.0)}
+    (tmp_path / "summary.json").write_text(json.dumps(finetune))
+    summary = {"sim_to_real_oscar": _oscar_run(0.5, 0.5)}
+    assert with_oscar_finetune(summary, tmp_path / "summary.json", "ckpt/b") is summary  # another policy's
+    report = with_oscar_finetune(summary, tmp_path / "summary.json", "ckpt/a")
+    assert finetune_rows(report) == [
+        ["all", "", 2, "100.0%", "50.0%", "100.0%", "+50.0 pts", "+0.0 pts"],
+        ["network", "normal", 2, "100.0%", "50.0%", "100.0%", "+50.0 pts", "+0.0 pts"],
+    ]
+    assert finetune_rows(summary) == []
+    lines = [line for node in _oscar_nodes(report["sim_to_real_oscar"]) for line in tree_text(node)]
+    assert any("fine-tuned on Oscar (64 steps): success 50.0% -> 100.0%, gap +50.0 pts -> +0.0 pts" in x for x in lines)

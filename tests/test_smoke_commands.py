@@ -81,6 +81,7 @@ HERE: dict[tuple[str, ...], str] = {
     ("bench", "ppo"): "test_bench_ppo",
     ("bench", "sql"): "test_bench_sql",
     ("bench", "browser"): "test_bench_browser",
+    ("bench", "oscar"): "test_bench_oscar",
     ("bench", "offline"): "test_bench_offline",
     ("bench", "onboarding"): "test_bench_onboarding",
     ("bench", "soak"): "test_bench_soak",
@@ -212,6 +213,14 @@ def test_bench_browser(checkout: Path) -> None:
     result = bench_json(checkout, "browser")
     assert result["policy"].startswith("expert") and result["live_envs_stepped"] == 1
     assert result["browser_step_p50_ms"] > 0
+
+
+@pytest.mark.slow
+def test_bench_oscar(checkout: Path) -> None:
+    agentflow(checkout, "bench", "oscar", "--episodes", "1")
+    result = bench_json(checkout, "oscar")
+    assert result["episodes"] == 1 and result["steps"] == 6  # the expert's six actions place the order
+    assert result["oscar_step_p50_ms"] > 0 and result["oscar_reset_p50_ms"] > 0
 
 
 @pytest.mark.slow

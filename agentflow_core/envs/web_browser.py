@@ -194,6 +194,18 @@ def release_browser(host: BrowserHost) -> bool:
     return True
 
 
+def forget_browser(host: BrowserHost) -> None:
+    """Drop one reference from a thread that does not own ``host``: Playwright's sync objects cannot be used
+    there, so nothing is closed; the last reference dropped forgets the browser, which then ends with this
+    process (its driver's pipe closes, and Chromium with it)."""
+    with _hosts_lock:
+        key = next((k for k, ref in _hosts.items() if ref.host is host), None)
+        if key is not None:
+            _hosts[key].refs -= 1
+            if _hosts[key].refs <= 0:
+                del _hosts[key]
+
+
 def live_browsers() -> int:
     """Browsers this process holds open."""
     with _hosts_lock:

@@ -12,8 +12,13 @@ plain data (``configs/oscar/site/site.json`` is one) that says
 * ``counts``: values counted by selector (``cart_count``), ``flags``: values that are 1 when an
   element key is present; ``banner``: where the site's flash messages are and which CSS class means
   which banner kind; ``text_selector``: whose visible text is the page's ``text``;
-* ``actions``: what each native target does, as Playwright steps (``goto``, ``fill``, ``check``, ``select``,
-  ``click`` -- a click is a navigation), optionally with ``alternatives`` chosen by element presence;
+* ``actions``: what each native target does, as browser steps (``goto``, ``fill``, ``check``, ``select``,
+  ``click`` -- a click is a navigation; its ``fields`` go with the button's form as hidden inputs),
+  optionally with ``alternatives`` chosen by element presence. Selectors are plain CSS. A run of form
+  steps is set in one evaluate and a click is the element's own activation (one round trip each, no
+  actionability waits: the pages are server-rendered forms);
+* ``javascript``: false runs the pages without their scripts (a server-rendered shop works without them,
+  and a page settles sooner); ``block_resources``: resource types never fetched (images, styles, ...);
 * ``start_stages``: the targets played (unobserved) after a reset to reach a scenario's start stage;
 * ``reset_url`` / ``outcome_url``: the site's control endpoints: a POST of the scenario restores a
   known state; at the ``goal_page`` a GET returns the business outcome read from the site's own
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -51,12 +57,12 @@ from agentflow_core.envs.web_browser import (
     DEFAULT_CHROMIUM,
     BrowserHost,
     acquire_browser,
+    forget_browser,
     release_browser,
 )
 
 FAMILY = "web_site"
 VERSION = 1
-POLL_MS = 2
 READ_JS = """([elements, counts, bannerSelector, textSelector]) => {
   const present = Object.entries(elements).filter(([, s]) => document.querySelector(s)).map(([key]) => key);
   const counted = {};
@@ -67,6 +73,35 @@ READ_JS = """([elements, counts, bannerSelector, textSelector]) => {
   return {url: location.pathname, title: document.title, present, counted, alerts,
           text: main ? main.innerText.replace(/\\s+/g, " ").trim() : ""};
 }"""
+# Sets a run of form steps in one round trip (Playwright's fill/check/select_option cost one each, with
+# actionability checks a plain server-rendered form does not need); the selector of a missing element, else null.
+FILL_JS = """(steps) => {
+  for (const step of steps) {
+    const element = document.querySelector(step.selector);
+    if (!element) return step.selector;
+    if (step.kind === "check") element.checked = true; else element.value = step.value;
+    element.dispatchEvent(new Event("input", {bubbles: true}));
+    element.dispatchEvent(new Event("change", {bubbles: true}));
+  }
+  return null;
+}"""
+# A click as the element's own activation (a submit button submits its form, a link follows): one round trip.
+# ``fields`` go with the button's form as hidden inputs (a site's own form posts ``next`` the same way).
+CLICK_JS = """([selector, fields]) => {
+  const element = document.querySelector(selector);
+  if (!element) return false;
+  for (const [name, value] of Object.entries(fields)) {
+    let input = element.form && element.form.querySelector(`input[type=hidden][name="${name}"]`);
+    if (element.form && !input) {
+      input = Object.assign(document.createElement("input"), {type: "hidden", name});
+      element.form.appendChild(input);
+    }
+    if (input) input.value = value;
+  }
+  element.click();
+  return true;
+}"""
+FORM_STEPS = ("fill", "check", "select")
 
 
 class SiteBrowserEnv:
@@ -90,13 +125,13 @@ class SiteBrowserEnv:
         self.np_random: np.random.Generator | None = None
         self._pages = [(p["name"], re.compile(p["url_regex"])) for p in site["pages"]]
         self._host: BrowserHost | None = acquire_browser(chromium_path)
+        self._thread = threading.get_ident()  # Playwright's sync objects belong to the thread that made them
         self._context: Any = None
         self._page: Any = None
         self._obs: dict[str, Any] = {}
         self._pending: tuple[str, list[dict[str, Any]], int] | None = None
         self._fault: str | None = None
         self._faults_on = False
-        self._loads = 0
         self._fault_origin = ""
         self._step_id, self._retries = 0, 0
         self._done, self._started = False, False
@@ -149,10 +184,17 @@ class SiteBrowserEnv:
         self._obs, self._step_id, self._done, self._started = {}, 0, False, False
 
     def close(self) -> None:
-        """Close the browser context and release the shared browser."""
+        """Close the browser context and release the shared browser (from another thread: forget them).
+
+        A pool may close its envs from the driver's thread while they were made and stepped on its step
+        thread; Playwright's sync objects cannot be touched there, so the env only lets go of them.
+        """
         if self._host is None:
             return
         host, self._host = self._host, None
+        if threading.get_ident() != self._thread:
+            forget_browser(host)
+            return
         try:
             if self._context is not None:
                 self._context.close()
@@ -164,14 +206,10 @@ class SiteBrowserEnv:
         assert self._host is not None
         if self._context is not None:
             self._context.close()
-        self._context = self._host.browser.new_context()
+        self._context = self._host.browser.new_context(java_script_enabled=bool(self.site.get("javascript", True)))
         self._context.set_default_timeout(ACTION_TIMEOUT_MS)
         self._page = self._context.new_page()
-        self._page.on("domcontentloaded", self._count_load)
         self._page.route("**/*", self._route)
-
-    def _count_load(self, _page: Any) -> None:
-        self._loads += 1
 
     def _route(self, route: Any) -> None:
         """Block unneeded resources; on the fault-prone kinds inject the scenario's network faults."""
@@ -220,41 +258,56 @@ class SiteBrowserEnv:
             if self._fault is None:
                 raise
 
-    def _click(self, selector: str) -> None:
-        """Click and wait until a new document loaded or the route handler recorded a fault."""
-        before = self._loads
-        self._page.locator(selector).first.click(no_wait_after=True)
-        deadline = time.monotonic() + ACTION_TIMEOUT_MS / 1000
-        while self._loads == before and self._fault is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"env {self.env_id}: no page after clicking {selector!r}")
-            self._page.wait_for_timeout(POLL_MS)
-        if self._fault is None:
-            self._page.wait_for_load_state("domcontentloaded")
+    def _click(self, selector: str, fields: Mapping[str, str] | None = None) -> None:
+        """Click (posting ``fields`` with the button's form) and wait for the new document or a recorded fault.
+
+        One wait for the navigation the click starts (no polling): it ends at the new document's
+        DOMContentLoaded, or with an error when the route handler aborted the request (a fault).
+        """
+        from playwright.sync_api import Error as PlaywrightError
+
+        try:
+            with self._page.expect_navigation(wait_until="domcontentloaded"):
+                if not self._page.evaluate(CLICK_JS, [selector, dict(fields or {})]):
+                    raise RuntimeError(f"env {self.env_id}: nothing to click at {selector!r} on {self._page.url}")
+        except PlaywrightError:
+            if self._fault is None:
+                raise
 
     def _run_steps(self, steps: list[dict[str, Any]], start: int) -> int | None:
         """Play ``steps`` from ``start``; the index of the step a fault stopped, or None when all ran."""
-        page = self._page
-        for index in range(start, len(steps)):
+        index = start
+        while index < len(steps):
             step = steps[index]
             self._fault = None
             if "goto" in step:
                 self._goto(step["goto"])
-            elif "fill" in step:
-                page.locator(step["fill"]).first.fill(str(step["value"]))
-            elif "check" in step:
-                page.locator(step["check"]).first.check()
-            elif "select" in step:
-                page.locator(step["select"]).first.select_option(str(step["value"]))
             elif "click" in step:
-                self._click(step["click"])
+                self._click(step["click"], step.get("fields"))
+            elif not set(FORM_STEPS).isdisjoint(step):
+                index = self._fill(steps, index)
+                continue
             else:
                 raise ValueError(
                     f"env {self.env_id}: unknown site step {step!r}; expected goto|fill|check|select|click"
                 )
             if self._fault is not None:
                 return index
+            index += 1
         return None
+
+    def _fill(self, steps: list[dict[str, Any]], start: int) -> int:
+        """Set the run of form steps from ``start`` in one evaluate (no request goes out); the index after it."""
+        end = start
+        batch = []
+        while end < len(steps) and not set(FORM_STEPS).isdisjoint(steps[end]):
+            kind = next(k for k in FORM_STEPS if k in steps[end])
+            batch.append({"kind": kind, "selector": steps[end][kind], "value": str(steps[end].get("value", ""))})
+            end += 1
+        missing = self._page.evaluate(FILL_JS, batch)
+        if missing is not None:
+            raise RuntimeError(f"env {self.env_id}: no form element at {missing!r} on {self._page.url}")
+        return end
 
     # ------------------------------------------------------------------ semantic actions
     def _resolve(self, target: str) -> list[dict[str, Any]]:

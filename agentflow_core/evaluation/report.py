@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentflow_core.evaluation.report_oscar import FINETUNE_COLUMNS, finetune_rows, oscar_labels, oscar_rows
 from agentflow_core.evaluation.value import value_tables
 
 SCHEMA_VERSION = 1
@@ -383,6 +384,11 @@ def section_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list
             ["dimension", "value", "episodes", "sim success", "oscar success", "gap", "root causes on Oscar"],
             oscar_rows(report),
         ),
+        (
+            "Fine-tuning on the django-oscar store (agentflow train --channel oscar): the same episodes before and after",
+            FINETUNE_COLUMNS,
+            finetune_rows(report),
+        ),
         ("By family", ["family", "episodes", "success", "mean evaluated return", "crashes"], fams),
         (
             "Success by family and dimension value (95% Wilson interval)",
@@ -418,41 +424,9 @@ def sim_to_real_rows(report: Mapping[str, Any]) -> list[list[Any]]:
     ]
 
 
-def oscar_rows(report: Mapping[str, Any]) -> list[list[Any]]:
-    """One row per dimension value of the run on the django-oscar store (none when it did not run)."""
-    return [
-        [
-            r["dimension"],
-            r["value"],
-            r["episodes"],
-            _pct(r["sim_process_success"]),
-            _pct(r["real_process_success"]),
-            f"{100 * r['gap']:+.1f} pts",
-            "; ".join(r["root_causes"]),
-        ]
-        for r in (report.get("sim_to_real_oscar") or {}).get("per_dimension", [])
-    ]
-
-
 def _oscar_nodes(oscar: Mapping[str, Any] | None) -> list[TreeNode]:
     """The django-oscar line of the tree: success on the store, in the simulator, the gap, per dimension value."""
-    if not oscar or not oscar.get("episodes"):
-        return []
-    children = [
-        TreeNode(
-            f"{r['dimension']}={r['value']}: sim {r['sim_process_success']:.1%}, Oscar {r['real_process_success']:.1%} "
-            f"over {r['episodes']} episode(s)" + (f"; {', '.join(r['root_causes'])}" if r["root_causes"] else "")
-        )
-        for r in oscar["per_dimension"]
-    ]
-    return [
-        TreeNode(
-            f"Sim-to-Real on django-oscar: success {oscar['real_process_success']:.1%} (sim "
-            f"{oscar['sim_process_success']:.1%}, gap {100 * oscar['gap']:+.1f} pts) over {oscar['episodes']} paired "
-            f"episodes; step p50 {oscar['real_step_ms_p50']:.0f} ms",
-            children,
-        )
-    ]
+    return [TreeNode(label, [TreeNode(c) for c in children]) for label, children in oscar_labels(oscar)]
 
 
 def _validator_nodes(validator: Mapping[str, Any] | None) -> list[TreeNode]:

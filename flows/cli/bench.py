@@ -184,6 +184,18 @@ def browser(
     publish("browser", result)
 
 
+@bench_app.command("oscar")
+def oscar(
+    params: Path = PARAMS_OPTION,
+    episodes: int = typer.Option(10, "--episodes", min=1, help="Expert episodes on the live store."),
+) -> None:
+    """The django-oscar store in Chromium: step and reset latency of the checkout expert (targets 150 ms / 1 s)."""
+    from benchmarks.browser_bench import run_oscar_bench
+
+    cfg = config_or_exit(params)
+    publish("oscar", run_oscar_bench(Path(cfg.stress.sim_to_real.oscar_env_config_dir), episodes))
+
+
 @bench_app.command("onboarding")
 def onboarding(
     repeats: int = typer.Option(5, "--repeat", min=1, help="Spec-to-env runs (the p50 is reported)."),
@@ -230,6 +242,7 @@ def run_all(
         pool(params, num_envs=8, steps=5, all_live=False, repeat=repeat)
         sql(params, episodes=10)
         browser(params, episodes=1, live_envs=1, gap_episodes=1, checkpoint="expert")
+        oscar(params, episodes=1)
         onboarding(repeats=1, seeds=1)
         return
     scheduler(n_variants=1000, draws=100_000, seed=0)
@@ -239,6 +252,7 @@ def run_all(
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
     sql(params, episodes=200)
     browser(params, episodes=20, live_envs=16, gap_episodes=32, checkpoint=_trained_or_expert(params))
+    oscar(params, episodes=10)
     onboarding(repeats=5, seeds=2)
 
 

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agentflow_core.adapters.audit import AuditFinding, audit_entry
+from agentflow_core.adapters.audit import AuditFinding, audit_entry, audit_mapping
 from agentflow_core.atomic import write_text
-from agentflow_core.errors import AgentFlowError, RegistryError
+from agentflow_core.errors import AgentFlowError, RegistryError, RequirementError
 from agentflow_core.registry import (
     EnvEntry,
     EnvRegistry,
@@ -106,8 +106,9 @@ class EnvCheck:
         return not self.errors and not any(f.severity == "error" for f in self.findings)
 
 
-def check_entry(entry: EnvEntry) -> EnvCheck:
-    """gymnasium's check_env on a made env plus the mapping audit."""
+def check_entry(entry: EnvEntry, raw_states: list[tuple[Any, str]] | None = None) -> EnvCheck:
+    """gymnasium's check_env on a made env plus the mapping audit (against ``raw_states`` when given, else
+    the family module's ``RAW_STATES``)."""
     result = EnvCheck(entry.source_file, entry.env_id)
     try:
         env = entry.make()
@@ -120,7 +121,10 @@ def check_entry(entry: EnvEntry) -> EnvCheck:
         hint = f" (info keys differing for one seed: {nondeterministic_info_keys(entry)})" if "info" in str(exc) else ""
         result.errors.append(f"check_env: {type(exc).__name__}: {exc}{hint}")
     try:
-        result.findings = audit_entry(entry)
+        if raw_states is None:
+            result.findings = audit_entry(entry)
+        else:
+            result.findings = audit_mapping(entry.build_adapter(), raw_states, entry.mapping_path)
     except AgentFlowError as exc:
         result.errors.append(f"audit: {exc}")
     return result
@@ -155,12 +159,30 @@ def check_config_dir(config_dir: Path) -> list[EnvCheck]:
             env_id = document.get("env_id", path.stem) if isinstance(document, dict) else path.stem
             results.append(EnvCheck(str(path), str(env_id), loaded=False, errors=[str(exc)]))
             continue
-        result = check_entry(entry)
+        result = check_site_entry(entry, config_dir) if "site_spec" in entry.kwargs else check_entry(entry)
         if entry.env_id in seen:
             result.errors.append(f"env_id {entry.env_id!r} is already declared in {seen[entry.env_id]}")
         seen.setdefault(entry.env_id, str(path))
         results.append(result)
     return results
+
+
+def check_site_entry(entry: EnvEntry, config_dir: Path) -> EnvCheck:
+    """A site channel's entry on a live site (``kwargs.base_url``, else the project's Oscar store started here),
+    audited against the site's recorded pages; what the machine lacks for it raises one line (exit 2)."""
+    from tasks.oscar_site import live_site, site_needs, site_raw_states
+
+    need = site_needs(entry)
+    if need is not None:
+        raise RequirementError([need])
+    raw_states = site_raw_states(entry, config_dir)
+    try:
+        with live_site(entry, config_dir) as bound:
+            return check_entry(bound, raw_states)
+    except RequirementError:
+        raise
+    except AgentFlowError as exc:  # the store did not start: say so, as for a missing binary
+        raise RequirementError([f"{entry.env_id}: the site did not start: {one_line(exc)}"]) from None
 
 
 INFO_OPTION = typer.Option(False, "--info", help="Also list info findings (tokens a channel never emits).")

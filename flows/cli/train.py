@@ -37,6 +37,15 @@ RESUME_OPTION = typer.Option(
     False, "--resume", help="Continue from <out>/checkpoints/latest.json (bit-identical to an uninterrupted run)."
 )
 STEPS_OPTION = typer.Option(None, "--total-steps", min=1, help="Override train.total_steps.")
+CHANNEL_OPTION = typer.Option(
+    "sim",
+    "--channel",
+    help="sim: train on the catalogue; oscar: continue from the champion on the django-oscar store "
+    "(stress.sim_to_real.oscar_env_config_dir), a small budget (--total-steps, default 256), gap before/after.",
+)
+START_OPTION = typer.Option(
+    None, "--checkpoint", help="With --channel oscar: the policy to continue from [default: the best under data/]."
+)
 
 
 def train_command(
@@ -46,6 +55,8 @@ def train_command(
     out: Path | None = OUT_OPTION,
     resume: bool = RESUME_OPTION,
     total_steps: int | None = STEPS_OPTION,
+    channel: str = CHANNEL_OPTION,
+    checkpoint: str | None = START_OPTION,
 ) -> None:
     """Train the policy with PPO (BC warm start first when enabled); --resume continues a killed run.
 
@@ -53,6 +64,12 @@ def train_command(
     reopens the interrupted one over the same checkpoints and params).
     """
     cfg = config_or_exit(params)
+    if channel not in ("sim", "oscar"):
+        err_console.print(f"[bold red]train failed[/]: --channel {escape(channel)}: expected sim or oscar")
+        raise typer.Exit(code=2)
+    if channel == "oscar":
+        train_on_oscar(cfg, out, total_steps, checkpoint)
+        return
     if total_steps is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"total_steps": total_steps})})
     # First, before training's modules (torch, MLflow) import: a cluster address is checked at once, and
@@ -138,3 +155,35 @@ def open_train_run(cfg: AgentFlowConfig, out: Path, resume: bool) -> tuple[Mlflo
         run_id = tracker.start_cycle(f"{cfg.base.run_name}-train", flatten_params(cfg), tags, kind="train")
     tracker.set_tags(run_id, {**git_tags(), **determinism_tags()})
     return tracker, run_id
+
+
+def train_on_oscar(cfg: AgentFlowConfig, out: Path | None, total_steps: int | None, checkpoint: str | None) -> None:
+    """``--channel oscar``: fine-tune the champion on the Oscar store; print success and gap before and after."""
+    from tasks.oscar_finetune import DEFAULT_STEPS, finetune_on_oscar
+    from tasks.rollout import resolve_checkpoint
+
+    ctx = PhaseContext.of(cfg)
+    out = out or Path(cfg.base.data_dir) / "oscar_finetune"
+    steps = total_steps or DEFAULT_STEPS
+    try:
+        start = resolve_checkpoint(ctx, checkpoint)
+        if start == "expert":
+            raise AgentFlowError("--channel oscar continues a trained policy: the scripted expert has no weights")
+        with phase_progress("train on Oscar", console) as progress:
+            task = progress.add_task("train", total=None, status="before: the champion on Oscar")
+
+            def on_update(update: int, total: int, m: dict[str, float]) -> None:
+                status = f"success {m.get('rollout/success_rate', float('nan')):.2f} {m['time/sps']:.1f} sps"
+                progress.update(task, completed=update, total=total, status=status)
+
+            summary = finetune_on_oscar(ctx, start, out, steps, on_update)
+    except AgentFlowError as exc:
+        err_console.print(f"[bold red]train failed[/]: {one_line(exc)}")
+        raise typer.Exit(code=1) from None
+    before, after = summary["before"], summary["after"]
+    console.print(
+        f"Oscar fine-tune from {escape(start)}: {summary['total_steps']} steps in {summary['seconds']:.0f} s; "
+        f"over {before['episodes']} paired episodes: Oscar success {before['real_process_success']:.3f} -> "
+        f"{after['real_process_success']:.3f}, gap {100 * before['gap']:+.1f} -> {100 * after['gap']:+.1f} pts "
+        f"-> {out}"
+    )

@@ -61,6 +61,18 @@ def load_stress_summary(stress_dir: Path) -> dict[str, Any] | None:
 TRAIN_CURVE = "train_curves.png"
 
 
+def with_oscar_finetune(summary: dict[str, Any], finetune_file: Path, checkpoint: str) -> dict[str, Any]:
+    """The stress summary with the Oscar fine-tune's before/after (``agentflow train --channel oscar``) added
+    under ``sim_to_real_oscar.finetune`` when one exists for this checkpoint and the Oscar run is in it."""
+    oscar = summary.get("sim_to_real_oscar")
+    if not oscar or not oscar.get("episodes") or not finetune_file.is_file():
+        return summary
+    finetune = json.loads(finetune_file.read_text(encoding="utf-8"))
+    if finetune.get("champion", {}).get("checkpoint") != checkpoint:
+        return summary  # a fine-tune of another policy: not this report's
+    return {**summary, "sim_to_real_oscar": {**oscar, "finetune": finetune}}
+
+
 def gate_rows(cfg: AgentFlowConfig, metrics_dir: Path) -> list[dict[str, Any]]:
     """Every declared gate with what it enforces and its outcome, judged on the phases' metrics files."""
     rows = []
@@ -187,6 +199,7 @@ def run_report(
     summary = load_stress_summary(stress_dir)
     if summary is None or summary.get("checkpoint") != ref:
         raise AgentFlowError(f"no stress summary of {ref} in {stress_dir}: run `agentflow stress` for it first")
+    summary = with_oscar_finetune(summary, Path(cfg.base.data_dir) / "oscar_finetune" / "summary.json", ref)
     cycle = build_cycle(ctx, summary, champion, links or {})
     train_curve = paths.checkpoints / "plots" / TRAIN_CURVE
     report = write_report(summary, out_dir, cfg.report.formats, champion, cycle, train_curve)

@@ -35,7 +35,7 @@ import torch
 
 from agentflow_core.atomic import MIN_FREE_BYTES, check_output, save_tensors, write_json
 from agentflow_core.config import AgentFlowConfig, TrainConfig
-from agentflow_core.contracts import EnvPool
+from agentflow_core.contracts import EnvPool, RolloutSource
 from agentflow_core.evaluation.policy_eval import EvalResult, stratified_eval_variants
 from agentflow_core.gates import evaluate_gate, train_gate
 from agentflow_core.pool.episodes import GREEDY, ActorSpec
@@ -80,7 +80,9 @@ CURVE_KEYS = (
 )
 
 
-def reward_transform(cfg: AgentFlowConfig, pool: EnvPool | SlicedRollouts, reward_fn: RewardFunction) -> TrainingReward:
+def reward_transform(
+    cfg: AgentFlowConfig, pool: EnvPool | RolloutSource[Any], reward_fn: RewardFunction
+) -> TrainingReward:
     """The reward PPO trains on over ``pool`` (normalised per base env); `agentflow bench learning` uses it too."""
     base_of = {i: v.base_env_id for i, v in enumerate(pool.variants)}
     normalizer = PerEnvRewardNormalizer() if cfg.train.reward.normalize else None
