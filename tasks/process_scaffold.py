@@ -4,6 +4,10 @@ The scaffold is a small process of its own (subscription cancellation: own token
 fields and dimensions, rules, probes) with two channels written as data -- the core's state-machine
 simulator and its SQL channel -- their env configs and mappings, and ``params-NAME.yaml`` with small
 budgets. ``agentflow run --params params-NAME.yaml`` trains it as it stands (docs/adding-a-process.md).
+
+With ``forms=True`` (``agentflow process new NAME --forms``) it also writes the machine's three other
+raw forms -- a web form, SQL rows and the machine HTTP service -- each an env config naming the same
+machine document and a mapping of its own, and adds them to the process's channels and the catalogue.
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ LAYOUT = (
     ("sql.yaml", "configs/{name}/envs/channels/sql.yaml"),
     ("params.yaml", "params-{name}.yaml"),
 )
+# the machine's other raw forms (forms=True): family suffix -> (template stem)
+FORMS = ("web", "rows", "http")
+FORMS_LAYOUT = tuple(
+    item
+    for form in FORMS
+    for item in (
+        (f"{form}_env.yaml", f"configs/{{name}}/envs/{{name}}_{form}_v1.yaml"),
+        (f"{form}_mapping.json", f"configs/{{name}}/envs/{{name}}_{form}_v1.json"),
+    )
+)
+DB_CHANNEL = "  __NAME___db: {env: __NAME___db_v1, mapping: __NAME___db_v1.json}\n"
+BASE_ENVS = "base_envs: [__NAME___sim_v1, __NAME___db_v1]"
 
 
 class ScaffoldError(ValueError):
@@ -49,7 +65,7 @@ def check_name(name: str, root: Path) -> None:
             f"process name {name!r}: expected 2 to 31 lowercase letters, digits and '_', starting with a letter "
             "(not checkout, processes, envs, real_envs)"
         )
-    for _, target in LAYOUT:
+    for _, target in LAYOUT + FORMS_LAYOUT:
         path = root / target.format(name=name)
         if path.exists():
             raise ScaffoldError(f"process {name!r} exists already: {path} (choose another name)")
@@ -57,12 +73,26 @@ def check_name(name: str, root: Path) -> None:
         raise ScaffoldError(f"process {name!r} exists already: {root / 'configs' / name} (choose another name)")
 
 
-def write_scaffold(name: str, root: Path = Path()) -> Scaffold:
-    """Write the scaffold of process ``name`` under ``root``; a ScaffoldError before anything is written."""
+def with_forms(template: str, text: str) -> str:
+    """A template's text with the machine's other raw forms added to the channels and the catalogue."""
+    if template == "process.yaml":
+        extra = "".join(f"  __NAME___{f}: {{env: __NAME___{f}_v1, mapping: __NAME___{f}_v1.json}}\n" for f in FORMS)
+        return text.replace(DB_CHANNEL, DB_CHANNEL + extra)
+    if template == "params.yaml":
+        return text.replace(BASE_ENVS, BASE_ENVS[:-1] + "".join(f", __NAME___{f}_v1" for f in FORMS) + "]")
+    return text
+
+
+def write_scaffold(name: str, root: Path = Path(), *, forms: bool = False) -> Scaffold:
+    """Write the scaffold of process ``name`` under ``root``; a ScaffoldError before anything is written.
+
+    ``forms``: also the machine's web-form, SQL-rows and HTTP-service channels (module docstring).
+    """
     check_name(name, root)
     written = []
-    for template, target in LAYOUT:
-        text = (TEMPLATES / template).read_text(encoding="utf-8").replace(PLACEHOLDER, name)
+    for template, target in LAYOUT + (FORMS_LAYOUT if forms else ()):
+        text = (TEMPLATES / template).read_text(encoding="utf-8")
+        text = (with_forms(template, text) if forms else text).replace(PLACEHOLDER, name)
         path = root / target.format(name=name)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, text)

@@ -16,10 +16,15 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 @process_app.command("new")
-def new_command(name: str = typer.Argument(..., help="The process name: lowercase letters, digits and '_'.")) -> None:
+def new_command(
+    name: str = typer.Argument(..., help="The process name: lowercase letters, digits and '_'."),
+    forms: bool = typer.Option(
+        False, "--forms", help="Also the machine as a web form, SQL rows and an HTTP service (three more channels)."
+    ),
+) -> None:
     """Write a working process scaffold: the process file, two channels as data, their mappings, params-NAME.yaml."""
     try:
-        scaffold = write_scaffold(name, Path())
+        scaffold = write_scaffold(name, Path(), forms=forms)
     except ScaffoldError as exc:
         err_console.print(f"[bold red]error[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from None
