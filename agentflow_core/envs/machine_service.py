@@ -45,6 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from agentflow_core.envs.state_machine import NATIVE_TYPE, StateMachineEnv
+from agentflow_core.errors import ConfigError
 
 MAX_BODY_BYTES = 256 * 1024
 MAX_SESSIONS = 4096
@@ -192,7 +193,7 @@ class MachineState:
             raise Refusal(HTTPStatus.BAD_REQUEST, "scenario: expected an object of numbers and strings")
         try:
             env = StateMachineEnv(scenario, f"machine_{machine[:8]}", document)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ConfigError) as exc:
             raise Refusal(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc)[:200]) from None
         env.reset(seed)
         faults = frozenset(f.reason for f in env.machine.faults if f.reason is not None)
@@ -326,6 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(*self._route(method))
         except Refusal as exc:
             self._reply(exc.status, {"error": {"code": "refused", "message": exc.reason}})
+        except Exception as exc:  # noqa: BLE001 - a machine that crashes (an undefined expression) answers 500, not a reset
+            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"code": "crashed", "message": str(exc)[:200]}})
 
     def _route(self, method: str) -> tuple[int, dict[str, Any]]:
         path = self.path.split("?", 1)[0]
