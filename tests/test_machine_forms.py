@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
 
 from agentflow_core.adapters.audit import audit_entry, errors_only
 from agentflow_core.envs.machine_http import MachineHttpEnv
@@ -116,12 +117,38 @@ def test_every_form_gives_the_simulator_s_episode_for_a_seed_with_faults_on(
             assert _run(registry, f"scaffold_{form}_v1", names, actions, seed) == reference, (form, seed)
 
 
-def test_the_forms_pass_the_mapping_audit(scaffold: tuple[ProcessSpec, EnvRegistry]) -> None:
+def test_the_forms_pass_the_mapping_audit_and_gymnasium_s_checks(scaffold: tuple[ProcessSpec, EnvRegistry]) -> None:
     _, registry = scaffold
     for form in FORMS:
-        findings = audit_entry(registry.get(f"scaffold_{form}_v1"))
+        entry = registry.get(f"scaffold_{form}_v1")
+        env = entry.make({"network": "packet_loss_5%", "plan": "annual"})
+        check_env(env, skip_render_check=True)  # spaces, and reset/step deterministic for a seed
+        env.close()
+        findings = audit_entry(entry)
         assert errors_only(findings) == [], (form, findings)
         assert not [f for f in findings if f.kind == "unproducible_token"], form
+
+
+def test_each_form_s_compiled_mapping_is_its_reference_on_random_steps(
+    scaffold: tuple[ProcessSpec, EnvRegistry],
+) -> None:
+    _, registry = scaffold
+    rng = np.random.default_rng(1)
+    for form in FORMS:
+        sem = registry.get(f"scaffold_{form}_v1").make({"network": "packet_loss_5%", "plan": "annual"})
+        try:
+            for seed in range(4):
+                sem.reset(seed=seed)
+                for _ in range(10):
+                    _, _, terminated, truncated, _ = sem.step(int(rng.integers(sem.vocabulary.n_actions)))
+                    raw, adapter = sem._raw, sem.adapter
+                    reference, fast = adapter.reference_observation(raw, {}), adapter.adapt_observation(raw, {})
+                    assert fast.tokens == reference.tokens and fast.features == reference.features, (form, raw)
+                    assert np.array_equal(adapter.action_mask(raw), adapter.reference_action_mask(raw)), (form, raw)
+                    if terminated or truncated:
+                        break
+        finally:
+            sem.close()
 
 
 def _toy(form: str, drop: float = 0.0) -> Any:
@@ -251,3 +278,17 @@ def test_scaffold_forms_are_written_only_on_request(tmp_path: Path) -> None:
     text = (tmp_path / "b/configs/processes/formflow.yaml").read_text()
     assert all(f"formflow_{form}: {{env: formflow_{form}_v1" in text for form in FORMS)
     assert "formflow_http_v1]" in (tmp_path / "b/params-formflow.yaml").read_text()
+
+
+def test_the_api_template_compares_numbers_at_a_json_path(scaffold: tuple[ProcessSpec, EnvRegistry]) -> None:
+    from agentflow_core.adapters.api import APISchemaAdapter
+
+    process, registry = scaffold
+    mapping = dict(registry.get("scaffold_http_v1").mapping)
+    rule = {"id": "dear", "when": {"json_path": "$.record.price", "op": ">=", "value": 50}, "emit": ["PLAN_FOUND"]}
+    adapter = APISchemaAdapter({**mapping, "token_rules": [rule]}, vocabulary=process.vocabulary)
+    for price, expected in ((50, True), (49.5, False), (80.0, True), (True, False), ("90", False), (None, False)):
+        raw = {"status_code": 200, "json": {"record": {"price": price}}}
+        assert adapter.holds(rule["when"], raw) is expected, price
+        assert ("PLAN_FOUND" in adapter.adapt_observation(raw, {}).tokens) is expected, price
+    assert not adapter.holds(rule["when"], {"status_code": 200, "json": {}})
