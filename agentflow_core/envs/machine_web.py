@@ -28,6 +28,8 @@ from agentflow_core.semantics import Vocabulary
 
 FORM = "process"
 RUNNING_PAGE = "form"
+# the page's own keys: a variable of one of these names would be read as the page value, not its field
+RESERVED_NAMES = frozenset({"page", "title", "text", "fields", "buttons", "links", "forms", "banner", "data"})
 
 
 def button_id(action: str) -> str:
