@@ -9,6 +9,7 @@ The raw data must look like the form's own (a page, rows, an HTTP exchange with 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from typer.testing import CliRunner
 
+from agentflow_core.adapters.api import APISchemaAdapter
 from agentflow_core.adapters.audit import audit_entry, errors_only
 from agentflow_core.envs.machine_http import MachineHttpEnv
 from agentflow_core.envs.machine_service import MachineService, machine_id, openapi_document
@@ -25,8 +28,11 @@ from agentflow_core.envs.machine_web import MachineWebEnv
 from agentflow_core.envs.state_machine import StateMachineEnv
 from agentflow_core.process import ProcessSpec
 from agentflow_core.registry import EnvRegistry
+from flows.cli.app import app
 from tasks.config_io import parse_config
+from tasks.machine_forms import FormsError, translate_condition
 from tasks.process_io import load_process
+from tasks.process_scaffold import write_scaffold
 from tasks.registry_io import load_registry
 from tests.test_channel_equivalence import scaffold_env_dir
 
@@ -270,8 +276,6 @@ def _call(base: str, method: str, path: str, body: Any = None) -> tuple[int, dic
 
 
 def test_scaffold_forms_are_written_only_on_request(tmp_path: Path) -> None:
-    from tasks.process_scaffold import write_scaffold
-
     plain = write_scaffold("plainflow", tmp_path / "a")
     forms = write_scaffold("formflow", tmp_path / "b", forms=True)
     assert len(forms.files) == len(plain.files) + 6
@@ -281,8 +285,6 @@ def test_scaffold_forms_are_written_only_on_request(tmp_path: Path) -> None:
 
 
 def test_the_api_template_compares_numbers_at_a_json_path(scaffold: tuple[ProcessSpec, EnvRegistry]) -> None:
-    from agentflow_core.adapters.api import APISchemaAdapter
-
     process, registry = scaffold
     mapping = dict(registry.get("scaffold_http_v1").mapping)
     rule = {"id": "dear", "when": {"json_path": "$.record.price", "op": ">=", "value": 50}, "emit": ["PLAN_FOUND"]}
@@ -292,3 +294,44 @@ def test_the_api_template_compares_numbers_at_a_json_path(scaffold: tuple[Proces
         assert adapter.holds(rule["when"], raw) is expected, price
         assert ("PLAN_FOUND" in adapter.adapt_observation(raw, {}).tokens) is expected, price
     assert not adapter.holds(rule["when"], {"status_code": 200, "json": {}})
+
+
+def test_rules_translate_into_each_form_and_an_untranslatable_one_is_refused() -> None:
+    when = {"not": {"column": "state.stage", "in": [1, 2]}}
+    assert translate_condition("rows", when) == {
+        "not": {
+            "any": [
+                {"column": "machine_variable.stage.value", "op": "==", "value": 1},
+                {"column": "machine_variable.stage.value", "op": "==", "value": 2},
+            ]
+        }
+    }
+    failed = {"column": "last.failure_reason", "is_null": False}
+    assert translate_condition("web", failed) == {"banner": "error"}
+    assert translate_condition("http", failed) == {"json_path": "$.error", "exists": True}
+    assert translate_condition("http", {"column": "last.failure_reason", "equals": "down"}) == {
+        "json_path": "$.error.code",
+        "equals": "down",
+    }
+    with pytest.raises(FormsError, match="state.NAME and last.failure_reason"):
+        translate_condition("web", {"column": "last.applied", "op": "==", "value": 1})
+    with pytest.raises(FormsError, match="no counterpart"):
+        translate_condition("rows", {"column": "state.stage", "is_null": True})
+
+
+def test_process_forms_writes_the_three_channels_of_a_machine_process(tmp_path: Path) -> None:
+    write_scaffold("formless", tmp_path)
+    before = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        runner = CliRunner()
+        result = runner.invoke(app, ["process", "forms", "formless"])
+        assert result.exit_code == 0, result.output
+        for form in FORMS:
+            assert (tmp_path / f"configs/formless/envs/formless_{form}_v1.json").is_file()
+            assert f"formless_{form}: {{env: formless_{form}_v1" in result.output
+        again = runner.invoke(app, ["process", "forms", "formless"])
+        assert again.exit_code == 2 and "exists already" in again.output
+        assert runner.invoke(app, ["process", "forms", "nosuch"]).exit_code == 2
+    finally:
+        os.chdir(before)
