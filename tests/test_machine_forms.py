@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from agentflow_core.adapters.api import APISchemaAdapter
 from agentflow_core.adapters.audit import audit_entry, errors_only
 from agentflow_core.envs.machine_http import MachineHttpEnv
-from agentflow_core.envs.machine_service import MachineService, machine_id, openapi_document
+from agentflow_core.envs.machine_service import MachineService, machine_id, openapi_document, shared_service
 from agentflow_core.envs.machine_sql import SELECT_ALL, MachineSQLEnv
 from agentflow_core.envs.machine_web import MachineWebEnv
 from agentflow_core.envs.state_machine import StateMachineEnv
@@ -191,6 +191,10 @@ def test_the_raw_forms_look_nothing_alike_and_hide_hidden_variables() -> None:
                 break
         assert page["page"] == "goal" and rows.sim.values["stage"] == 2.0
         assert reply.terminated and reply.obs["json"]["result"]["outcome"] == "goal"
+        service = shared_service().state
+        live = len(service)
+        http.reset(seed=5)  # the last session is ended, the new one opened
+        assert len(service) == live
     finally:
         web.close(), rows.close(), http.close()
 

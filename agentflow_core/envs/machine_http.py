@@ -146,6 +146,7 @@ class MachineHttpEnv:
 
     def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Open a session: with ``seed``, the machine's generator is seeded by it (the simulator's episode)."""
+        self._end_session()
         request = dict(self.settings["reset"])
         if seed is not None:
             request["body"] = {**request["body"], "seed": int(seed)}
@@ -167,5 +168,12 @@ class MachineHttpEnv:
         return result
 
     def close(self) -> None:
-        """Release the client's connections (the service expires the session)."""
+        """End the open session and release the client's connections."""
+        self._end_session()
         self.http.close()
+
+    def _end_session(self) -> None:
+        """Tell the service the last session is over (it would expire anyway): its memory stays bounded by the envs."""
+        session = self.http.saved.pop("session", None)
+        if isinstance(session, str):
+            self.http.client.request("DELETE", f"/sessions/{session}", faults=False)
