@@ -28,7 +28,9 @@ from tasks.registry_io import load_registry
 REPO = Path(__file__).resolve().parents[1]
 FEATURE_TOLERANCE = 0.01
 SEEDS = (0, 7)
-SCAFFOLD = "scaffold"  # the process `agentflow process new` writes (its channels: a state machine and SQL, as data)
+# the process `agentflow process new --forms` writes: its machine as the simulator, a web form, SQL rows and an HTTP
+# service, and a hand-written SQL channel, all as data
+SCAFFOLD = "scaffold"
 ENV_DIRS: dict[str, Path | None] = {
     "checkout": REPO / "configs/envs",
     "refund": REPO / "configs/refund/envs",
@@ -68,7 +70,7 @@ def scaffold_env_dir(root: Path) -> Path:
     """The scaffold written under ``root``, its process file also beside its env configs (found without a chdir)."""
     from tasks.process_scaffold import write_scaffold
 
-    write_scaffold(SCAFFOLD, root)
+    write_scaffold(SCAFFOLD, root, forms=True)
     env_dir = root / "configs" / SCAFFOLD / "envs"
     (env_dir.parent / "processes").mkdir()
     shutil.copy(root / "configs/processes" / f"{SCAFFOLD}.yaml", env_dir.parent / "processes")

@@ -5,7 +5,9 @@ A raw observation of an API channel is the last exchange (see
 
 * ``{"status": 402}`` or ``{"status": [401, 403]}`` -- the response status code;
 * ``{"status_range": [500, 599]}`` -- inclusive range;
-* ``{"json_path": "$.order.status", "equals": "paid"}`` / ``"in": [...]`` / ``"exists": true``.
+* ``{"json_path": "$.order.status", "equals": "paid"}`` / ``"in": [...]`` / ``"exists": true``;
+* ``{"json_path": "$.record.attempts", "op": ">=", "value": 2}`` -- a number compared (false when
+  the value is absent or not a number).
 
 Paths starting ``$.`` read the response body; paths starting ``@.`` read the exchange envelope
 (``@.client.outcome``, ``@.client.retries``, ``@.endpoint``, ``@.latency_s``). Feature sources use
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
+from agentflow_core.adapters.schema import COMPARISONS
 from agentflow_core.semantics import Vocabulary
 
 _PATH_PATTERN = r"^[$@](\.[A-Za-z0-9_\-]+)+$"
@@ -94,6 +97,16 @@ class APISchemaAdapter(BaseSemanticAdapter):
                     "exists": {"type": "boolean"},
                 },
             },
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["json_path", "op", "value"],
+                "properties": {
+                    "json_path": {"type": "string", "pattern": _PATH_PATTERN},
+                    "op": {"enum": sorted(COMPARISONS)},
+                    "value": {"type": "number"},
+                },
+            },
         ]
     }
 
@@ -121,6 +134,9 @@ class APISchemaAdapter(BaseSemanticAdapter):
             return lambda values: (status := values[i]) is not None and low <= status <= high
         json_path = when["json_path"]
         i = self.reader(("json_path", json_path), _path_reader(self._path(json_path)))
+        if "op" in when:
+            compare, target = COMPARISONS[when["op"]], float(when["value"])
+            return lambda values: _is_number(v := values[i]) and compare(v, target)
         if "exists" in when:
             exists = when["exists"]
             return lambda values: ((v := values[i]) is not _MISSING and v is not None) == exists
@@ -162,6 +178,8 @@ class APISchemaAdapter(BaseSemanticAdapter):
             return (value is not _MISSING and value is not None) == when["exists"]
         if value is _MISSING:
             return False
+        if "op" in when:
+            return _is_number(value) and COMPARISONS[when["op"]](float(value), float(when["value"]))
         if "equals" in when:
             return bool(value == when["equals"])
         return value in when["in"]
@@ -172,6 +190,10 @@ class APISchemaAdapter(BaseSemanticAdapter):
         if value is _MISSING or value is None or isinstance(value, (dict, list, str)):
             return None
         return float(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float))  # booleans included, as ``extract`` reads them
 
 
 def _status_code(raw: Any) -> Any:
