@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tiny import tiny_params
+from tiny import tiny_params, tiny_refund_params
 
 from agentflow_core.config import AgentFlowConfig
 from agentflow_core.evaluation.report import sim_to_real_rows
@@ -95,6 +95,30 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
         "100.0%",
     ]
     assert sim_to_real_rows({}) == []
+
+
+def test_a_data_process_pairs_the_real_channels_its_file_names(tmp_path: Path) -> None:
+    """Refund's process file names its real channels: the SQL channel on PostgreSQL (pgserver) and the refund
+    service started in its own process; the stress phase reports real success, the gap and each dimension value."""
+    params = tiny_refund_params(tmp_path)
+    params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 4, "max_gap": 0.02}
+    cfg = parse_config(params)
+    summary = run_stress(PhaseContext.of(cfg), "expert")
+    report = summary["sim_to_real"]
+    assert [f["family"] for f in report["families"]] == ["refund_api", "refund_db"]
+    names = {f["family"]: f["real_channel"] for f in report["families"]}
+    assert names == {
+        "refund_api": "the refund service in its own process",
+        "refund_db": "the case store on PostgreSQL (pgserver)",
+    }
+    for family in report["families"]:  # the same rules, the same draws: the real system takes the same paths
+        assert family["episodes"] == 4 and family["identical_fraction"] == 1.0 and family["gap"] == 0.0
+    dimensions = {(r["dimension"], r["value"]) for r in report["per_dimension"]}
+    assert ("account", "flagged") in dimensions or ("account", "ok") in dimensions
+    written = json.loads((tmp_path / "data" / "metrics" / "stress.json").read_text())
+    assert written["sim_to_real_max_gap"] == 0.0 and 0.0 <= written["real_process_success_refund_db"] <= 1.0
+    assert all(written[f"sim_to_real_gap/{d}/{v}"] == 0.0 for d, v in dimensions)
+    assert [r[0] for r in sim_to_real_rows(summary)] == ["refund_api", "refund_db"]
 
 
 def test_payment_api_process_serves_until_its_parent_closes_the_pipe() -> None:

@@ -375,6 +375,11 @@ def section_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list
             sim_to_real,
         ),
         (
+            "Sim-to-real by dimension value",
+            ["dimension", "value", "episodes", "sim success", "real success", "gap", "root causes on the real side"],
+            oscar_rows(report, "sim_to_real"),
+        ),
+        (
             "Sim-to-real on the django-oscar store, by dimension value",
             ["dimension", "value", "episodes", "sim success", "oscar success", "gap", "root causes on Oscar"],
             oscar_rows(report),
@@ -414,8 +419,8 @@ def sim_to_real_rows(report: Mapping[str, Any]) -> list[list[Any]]:
     ]
 
 
-def oscar_rows(report: Mapping[str, Any]) -> list[list[Any]]:
-    """One row per dimension value of the run on the django-oscar store (none when it did not run)."""
+def oscar_rows(report: Mapping[str, Any], key: str = "sim_to_real_oscar") -> list[list[Any]]:
+    """One row per dimension value of the run on the django-oscar store (``key``: another sim-to-real run's)."""
     return [
         [
             r["dimension"],
@@ -426,7 +431,7 @@ def oscar_rows(report: Mapping[str, Any]) -> list[list[Any]]:
             f"{100 * r['gap']:+.1f} pts",
             "; ".join(r["root_causes"]),
         ]
-        for r in (report.get("sim_to_real_oscar") or {}).get("per_dimension", [])
+        for r in (report.get(key) or {}).get("per_dimension", [])
     ]
 
 
