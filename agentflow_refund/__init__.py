@@ -1,5 +1,7 @@
-"""The refund process's channels, outside the core: a SQL case store, a loopback HTTP service and its client env.
+"""The refund process's systems, outside the core: its business rules and a loopback HTTP service.
 
-The process itself is data (configs/processes/refund.yaml); these modules are the channel adapters
-it needs, registered through the ``agentflow.envs`` entry points ``refund_db`` and ``refund_api``.
+The process itself is data (configs/processes/refund.yaml), and so is its SQL channel
+(configs/refund/envs/refund_db_v1.yaml on the core's generic SQL channel, which writes the rules of
+``case`` as SQL). The service runs ``case``; its client env is registered through the ``agentflow.envs``
+entry point ``refund_api``.
 """
