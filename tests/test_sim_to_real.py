@@ -10,13 +10,14 @@ import pytest
 from tiny import tiny_params, tiny_refund_params
 
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import sim_to_real_rows
 from agentflow_core.evaluation.sim_to_real import EpisodeTrace, PairedEpisode, select_pairs, summarize
 from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.variants import VariantSpec
 from tasks.config_io import parse_config
 from tasks.context import PhaseContext
-from tasks.real_channels import REAL_CHANNELS, payment_api_process
+from tasks.real_channels import REAL_CHANNELS, payment_api_process, server_process
 from tasks.steps.stress import run_stress
 
 
@@ -119,6 +120,13 @@ def test_a_data_process_pairs_the_real_channels_its_file_names(tmp_path: Path) -
     assert written["sim_to_real_max_gap"] == 0.0 and 0.0 <= written["real_process_success_refund_db"] <= 1.0
     assert all(written[f"sim_to_real_gap/{d}/{v}"] == 0.0 for d, v in dimensions)
     assert [r[0] for r in sim_to_real_rows(summary)] == ["refund_api", "refund_db"]
+
+
+def test_a_service_process_starts_only_an_installed_service() -> None:
+    """``python -m tasks.service_process NAME`` looks NAME up among the agentflow.services entry points."""
+    refused = pytest.raises(AgentFlowError, match="nosuch process exited before announcing its URL")
+    with refused, server_process(["tasks.service_process", "nosuch"], "nosuch"):
+        pass
 
 
 def test_payment_api_process_serves_until_its_parent_closes_the_pipe() -> None:
