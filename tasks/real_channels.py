@@ -4,7 +4,7 @@ A process names its real channels in its file (``real_channels``, :class:`~agent
 per family, the env its variants also run on (the channel's own unless ``env`` names another) with
 ``kwargs`` replaced -- ``url: pgserver`` puts a SQL channel on a real PostgreSQL server, held for the
 whole run -- and, with ``service``, an installed service started in a process of its own (:mod:`tasks.service_process`)
-whose URL the env gets as ``base_url``. Checkout's three, written before processes were data, stay here:
+whose URL the env gets as ``base_url``. Checkout's three are built here:
 
 * ``web_checkout`` -> ``web_browser_v1`` of the real-env registry (``stress.sim_to_real.env_config_dir``):
   headless Chromium on the storefront web app;

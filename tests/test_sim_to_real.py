@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from tiny import tiny_params, tiny_refund_params
 
@@ -181,3 +182,35 @@ def test_the_oscar_gap_is_gated_when_the_oscar_run_is_on() -> None:
     assert "sim_to_real_gap_oscar" in names
     off = AgentFlowConfig.model_validate({"stress": {"sim_to_real": {"enabled": True}}})
     assert "sim_to_real_gap_oscar" not in [c.metric for c in stress_gate(off).checks]
+
+
+def test_a_real_channel_can_run_the_simulators_variants_on_another_env(tmp_path: Path) -> None:
+    """``real_channels.<sim>.env``: the state-machine simulator's variants played on the SQL channel instead."""
+    from agentflow_core.evaluation.sim_to_real import paired_episodes
+    from tasks.process_scaffold import write_scaffold
+    from tasks.real_channels import open_real_channels
+
+    write_scaffold("demo", tmp_path)
+    text = (tmp_path / "configs/processes/demo.yaml").read_text()
+    beside = tmp_path / "configs/demo/processes/demo.yaml"  # found beside the env configs, without a chdir
+    beside.parent.mkdir()
+    beside.write_text(text.replace("real_channels:", "real_channels:\n  demo_sim: {description: db, env: demo_db_v1}"))
+    cfg = parse_config({"process": "demo", "base": {"env_config_dir": str(tmp_path / "configs/demo/envs")}})
+    ctx = PhaseContext.of(cfg)
+    expert = ctx.process.expert("demo_sim")
+    variants = [
+        VariantSpec(f"demo_sim_v1_{i}", "demo_sim_v1", "demo_sim", p, f"h{i}")
+        for i, p in enumerate([{}, {"plan": "annual"}, {"account": "disputed"}])
+    ]
+    with open_real_channels(ctx, ["demo_sim"], {"demo_sim": "demo_sim_v1"}) as channels:
+        assert channels.real["demo_sim"].env_id == "demo_db_v1"  # the SQL channel's entry
+        episodes = paired_episodes(
+            variants,
+            [0, 1, 2],
+            channels.make_sim,
+            channels.make_real,
+            lambda obs, mask: np.array([expert.act(obs[0], mask[0])]),
+            lambda: 0.0,
+            channels,
+        )
+    assert all(e.identical and e.sim.success for e in episodes)  # one process, two channels, the same paths
