@@ -23,6 +23,8 @@ One document per process (``configs/processes/<name>.yaml``, parsed at the edge 
       - {dimension: user_tier, value: blocked, tokens: [ESCALATED]}
     channels:                          # env family -> its base env and mapping file
       web_checkout: {env: web_checkout_v2, mapping: web_checkout_v2.json}
+    real_channels:                     # sim-to-real: a channel's counterpart on a real system (RealChannelSpec)
+      order_db: {description: PostgreSQL (pgserver), kwargs: {url: pgserver}}   # or service: <name>
     escape_action: ESCALATE            # legal whenever a channel maps no other action
     exclusive_tokens:                  # token groups no state may hold two of (the mapping audit checks)
       - [LOGGED_OUT, LOGGED_IN]
@@ -69,6 +71,7 @@ TOP_KEYS = frozenset(
         "goal",
         "handled_outcomes",
         "channels",
+        "real_channels",
         "expert",
         "probes",
         "escape_action",
@@ -111,6 +114,18 @@ class ChannelSpec:
 
 
 @dataclass(frozen=True)
+class RealChannelSpec:
+    """A channel's real counterpart (sim-to-real): ``env`` (else the channel's) with ``kwargs`` replaced; a
+    ``service`` (entry point group ``agentflow.services``) runs in its own process, the env gets its ``base_url``."""
+
+    family: str
+    description: str
+    env: str | None = None
+    kwargs: tuple[tuple[str, str | float | bool], ...] = ()
+    service: str | None = None
+
+
+@dataclass(frozen=True)
 class ProcessSpec:
     """A validated business process (see the module docstring for the document it comes from)."""
 
@@ -122,6 +137,7 @@ class ProcessSpec:
     probes: tuple[CanonicalState, ...]
     source: str = "<process>"
     description: str = ""
+    real_channels: tuple[RealChannelSpec, ...] = ()
 
     def expert(self, family: str = "any") -> ScriptedExpert:
         """The scripted expert of this process for ``family`` (the same rules on every channel)."""
@@ -224,15 +240,17 @@ class _Parser:
             str(version), tokens, actions, features, risks, goal, outcomes, escape, exclusive, scenario, contract
         )
         rules, fallback = self.expert(doc["expert"], tokens, actions)
+        channels = self.channels(doc.get("channels"))
         return ProcessSpec(
             name=name,
             vocabulary=vocabulary,
-            channels=self.channels(doc.get("channels")),
+            channels=channels,
             expert_rules=rules,
             expert_fallback=fallback,
             probes=self.probes(doc.get("probes"), tokens, features),
             source=self.source,
             description=str(doc.get("description", "")),
+            real_channels=self.real_channels(doc.get("real_channels"), channels),
         )
 
     def features(self, value: Any, tokens: tuple[str, ...]) -> tuple[FeatureSpec, ...]:
@@ -407,6 +425,23 @@ class _Parser:
             if not env.startswith(family):
                 raise self.fail(f"channels.{family}.env", env, f"a base env id of family {family!r}")
             out.append(ChannelSpec(family, env, mapping))
+        return tuple(out)
+
+    def real_channels(self, value: Any, channels: tuple[ChannelSpec, ...]) -> tuple[RealChannelSpec, ...]:
+        out, keys, value = [], frozenset({"description", "env", "kwargs", "service"}), value or {}
+        families = frozenset(value) if isinstance(value, Mapping) else frozenset()
+        for family, entry in self.mapping("real_channels", value, families, frozenset()).items():
+            key = f"real_channels.{self.member('real_channels', family, tuple(c.family for c in channels), 'channel')}"
+            item, kwargs = self.mapping(key, entry, keys, frozenset()), entry.get("kwargs") or {}
+            names = frozenset(kwargs) if isinstance(kwargs, Mapping) else frozenset()
+            for name, v in self.mapping(f"{key}.kwargs", kwargs, names, frozenset()).items():
+                if not _NAME.match(str(name)) or not (isinstance(v, str | bool) or _finite(v)):
+                    raise self.fail(f"{key}.kwargs.{name}", v, "text, a finite number or true/false")
+            if item.get("service") is not None and not _NAME.match(str(item["service"])):
+                raise self.fail(f"{key}.service", item["service"], "an installed service's name (agentflow.services)")
+            env = None if item.get("env") is None else self.text(f"{key}.env", item["env"])
+            description = self.text(f"{key}.description", item.get("description", f"{family} on a real system"))
+            out.append(RealChannelSpec(family, description, env, tuple(kwargs.items()), item.get("service")))
         return tuple(out)
 
     def expert(

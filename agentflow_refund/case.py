@@ -1,12 +1,14 @@
-"""The refund case: the business rules both refund channels apply, independent of how they are stored.
+"""The refund case: the business rules of the refund service (the SQL channel writes the same rules as data).
 
 A case belongs to one customer and one order. It moves draft -> submitted -> issued; a refund above
 ``EVIDENCE_THRESHOLD`` needs evidence attached before it can be submitted (submitting without it
 returns the request with ``evidence_required``). The review issues the refund on a status check with
 probability ``1 - review_pending_rate``. A flagged account (``account: flagged``) can do nothing but
 escalate to support; a session expires after ``session_timeout_steps``; a network drop (the scenario's
-``network``) fails a request without applying it, and RETRY sends it again. The channel decides how the
-case is stored (SQL rows, a service's memory) and what the client sees; this module decides what happens.
+``network``) fails a request without applying it, and RETRY sends it again. The service keeps the case in
+memory and decides what the client sees; this module decides what happens. configs/refund/envs/refund_db_v1.yaml
+states the same rules as SQL statements and outcomes (tests/test_refund_db_channel.py replays episodes of
+both and tests/test_channel_equivalence.py holds the two channels to one path per seed).
 
 The refund system's parameters are :data:`SCENARIO` (configs/processes/refund.yaml declares the same
 fields, which the variant catalogue varies); a case starts at ``entry_stage`` with an order worth

@@ -211,11 +211,20 @@ def _cycle_entries(cfg: AgentFlowConfig) -> Iterator[EnvEntry]:
     real = cfg.stress.sim_to_real
     if "stress" not in cfg.phases or not real.enabled:
         return
+    from tasks.process_io import load_process
+    from tasks.real_channels import sim_to_real_families
+
+    process = load_process(cfg)
+    declared = {r.family: r for r in process.real_channels}
     families = {e.family: e for e in base}
-    for family in real.families:
+    for family in sim_to_real_families(cfg, process):
         if family not in families:
             continue  # the stress sample holds no variant of it: its real channel is never opened
-        if family == "web_checkout":
+        if family in declared:
+            spec = declared[family]
+            entry = registry.get(spec.env) if spec.env is not None and spec.env in registry else families[family]
+            yield _with_kwargs(entry, f"{entry.env_id} (stress sim-to-real)", **dict(spec.kwargs))
+        elif family == "web_checkout":
             entry = load_registry(config_dir=Path(real.env_config_dir)).get(REAL_BROWSER_ENV)
             yield _with_kwargs(entry, f"{entry.env_id} (stress sim-to-real)")
         elif family == "order_db":

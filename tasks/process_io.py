@@ -106,7 +106,7 @@ def check_config(cfg: AgentFlowConfig, source: str = "params.yaml") -> None:
     """
     from agentflow_core.errors import AgentFlowError
     from agentflow_core.variants import validate_generator
-    from tasks.real_channels import REAL_CHANNELS
+    from tasks.real_channels import real_channel_names
     from tasks.registry_io import load_registry
 
     process, v = load_process(cfg), cfg.variants
@@ -127,15 +127,18 @@ def check_config(cfg: AgentFlowConfig, source: str = "params.yaml") -> None:
         expected = f"a dimension of process {process.name!r} ({list(scenario.with_role('dimension'))})"
         raise ConfigError(source, "stress.coverage_group", group, expected)
     if cfg.stress.sim_to_real.enabled:
-        families = {c.family for c in process.channels}
-        for i, family in enumerate(cfg.stress.sim_to_real.families):
-            if family not in families or family not in REAL_CHANNELS:
+        real = real_channel_names(process)
+        for i, family in enumerate(cfg.stress.sim_to_real.families or ()):
+            if family not in real:
                 raise ConfigError(
                     source,
                     f"stress.sim_to_real.families.{i}",
                     family,
-                    f"a channel of process {process.name!r} with a real counterpart ({sorted(REAL_CHANNELS)})",
+                    f"a channel of process {process.name!r} with a real counterpart ({sorted(real)})",
                 )
+        for channel in process.real_channels:
+            if channel.env is not None and channel.env not in registry:
+                raise ConfigError(process.source, f"real_channels.{channel.family}.env", channel.env, "an env id")
 
 
 def known_vocabularies(env_config_dir: Path | str = "configs/envs") -> dict[str, Vocabulary]:

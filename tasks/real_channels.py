@@ -1,6 +1,10 @@
 """The real channels of the sim-to-real run, opened and closed at the edge.
 
-Per simulated family, the env the same variant gets on its real counterpart:
+A process names its real channels in its file (``real_channels``, :class:`~agentflow_core.process.RealChannelSpec`):
+per family, the env its variants also run on (the channel's own unless ``env`` names another) with
+``kwargs`` replaced -- ``url: pgserver`` puts a SQL channel on a real PostgreSQL server, held for the
+whole run -- and, with ``service``, an installed service started in a process of its own (:mod:`tasks.service_process`)
+whose URL the env gets as ``base_url``. Checkout's three are built here:
 
 * ``web_checkout`` -> ``web_browser_v1`` of the real-env registry (``stress.sim_to_real.env_config_dir``):
   headless Chromium on the storefront web app;
@@ -29,6 +33,7 @@ import numpy as np
 import psutil
 
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.sim_to_real import (
@@ -39,6 +44,7 @@ from agentflow_core.evaluation.sim_to_real import (
     stratify,
     summarize,
 )
+from agentflow_core.process import ProcessSpec, RealChannelSpec
 from agentflow_core.registry import EnvEntry, EnvRegistry
 from agentflow_core.variants import VariantSpec
 from tasks.child_reaper import start_reaper
@@ -61,17 +67,23 @@ def payment_api_process(on_start: Callable[[subprocess.Popen[str]], None] | None
 
     ``on_start`` receives the process (the real channels watch it to notice its death).
     """
+    with server_process(["tasks.payment_api_process"], "payment API", on_start) as url:
+        yield url
+
+
+@contextmanager
+def server_process(
+    module: list[str], what: str, on_start: Callable[[subprocess.Popen[str]], None] | None = None
+) -> Iterator[str]:
+    """``python -m <module...>``, a server announcing its URL on stdout's first line; stopped on exit."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tasks.payment_api_process"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", *module], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip()
         if not url.startswith("http://"):
-            raise AgentFlowError(f"payment API process exited before announcing its URL (rc {process.poll()})")
+            raise AgentFlowError(f"{what} process exited before announcing its URL (rc {process.poll()})")
         if on_start is not None:
             on_start(process)
         yield url
@@ -165,24 +177,46 @@ def _open_browser(cfg: AgentFlowConfig, stack: ExitStack, channels: RealChannels
     channels.starters["web_checkout"] = start
 
 
-def _open_postgres(stack: ExitStack, channels: RealChannels, base: EnvEntry) -> None:
-    from agentflow_core.envs.order_db.postgres import (
-        EMBEDDED_POSTGRES,
-        acquire_embedded,
-        release_embedded,
-        restart_embedded,
-    )
+def _open_postgres(stack: ExitStack, channels: RealChannels, family: str, entry: EnvEntry) -> None:
+    """Hold the embedded PostgreSQL server for the run; ``entry`` (its ``url: pgserver``) is the family's real env."""
+    from agentflow_core.envs.order_db.postgres import acquire_embedded, release_embedded, restart_embedded
 
     def start() -> None:
         restart_embedded()
-        channels.pids["order_db"] = _postmaster_pid() or 0
+        channels.pids[family] = _postmaster_pid() or 0
 
     acquire_embedded()
-    channels.pids["order_db"] = _postmaster_pid() or 0
+    channels.pids[family] = _postmaster_pid() or 0
     stack.callback(release_embedded)
-    channels.real["order_db"] = dataclasses.replace(base, kwargs={**base.kwargs, "url": EMBEDDED_POSTGRES})
-    channels.probes["order_db"] = _postmaster_alive
-    channels.starters["order_db"] = start
+    channels.real[family] = entry
+    channels.probes[family] = _postmaster_alive
+    channels.starters[family] = start
+
+
+def _open_service(stack: ExitStack, channels: RealChannels, family: str, service: str, entry: EnvEntry) -> None:
+    """Start the installed ``service`` in its own process; the family's real env is ``entry`` with its ``base_url``."""
+    processes: list[subprocess.Popen[str]] = []
+
+    def start() -> None:
+        url = stack.enter_context(server_process(["tasks.service_process", service], service, processes.append))
+        channels.pids[family] = processes[-1].pid
+        channels.real[family] = dataclasses.replace(entry, kwargs={**entry.kwargs, "base_url": url})
+
+    start()
+    channels.probes[family] = lambda: processes[-1].poll() is None
+    channels.starters[family] = start
+
+
+def _open_declared(stack: ExitStack, channels: RealChannels, spec: RealChannelSpec, base_env_id: str) -> None:
+    """A process's declared real channel: the env, its kwargs replaced, and the service or server it needs."""
+    base = channels.sim.get(spec.env or base_env_id)
+    entry = dataclasses.replace(base, kwargs={**base.kwargs, **dict(spec.kwargs)})
+    if spec.service is not None:
+        _open_service(stack, channels, spec.family, spec.service, entry)
+    elif entry.kwargs.get("url") == EMBEDDED_POSTGRES:
+        _open_postgres(stack, channels, spec.family, entry)
+    else:
+        channels.real[spec.family] = entry
 
 
 def _open_payment(stack: ExitStack, channels: RealChannels, base: EnvEntry) -> None:
@@ -198,18 +232,40 @@ def _open_payment(stack: ExitStack, channels: RealChannels, base: EnvEntry) -> N
     channels.starters["payment_api"] = start
 
 
+def real_channel_names(process: ProcessSpec) -> dict[str, str]:
+    """Family -> its real channel's description, for every channel of ``process`` that has one."""
+    declared = {r.family: r.description for r in process.real_channels}
+    return {
+        c.family: declared.get(c.family) or REAL_CHANNELS[c.family]
+        for c in process.channels
+        if c.family in {**REAL_CHANNELS, **declared}
+    }
+
+
+def sim_to_real_families(cfg: AgentFlowConfig, process: ProcessSpec) -> list[str]:
+    """The families the sim-to-real run pairs: ``stress.sim_to_real.families``, else every one with a real channel."""
+    chosen = cfg.stress.sim_to_real.families
+    return list(real_channel_names(process)) if chosen is None else list(chosen)
+
+
 @contextmanager
 def open_real_channels(ctx: PhaseContext, families: list[str], base_env_ids: dict[str, str]) -> Iterator[RealChannels]:
     """Start the real services the families need; yield the env makers; stop every service on exit."""
     cfg = ctx.cfg
     channels = RealChannels(ctx.registry, {})
+    declared = {r.family: r for r in ctx.process.real_channels}
     start_reaper()  # Chromium, PostgreSQL and the server process end with this command, even a killed one
     with ExitStack() as stack:
         for family in families:
-            if family == "web_checkout":
+            if family in declared:
+                _open_declared(stack, channels, declared[family], base_env_ids[family])
+            elif family == "web_checkout":
                 _open_browser(cfg, stack, channels)
             elif family == "order_db":
-                _open_postgres(stack, channels, channels.sim.get(base_env_ids[family]))
+                base = channels.sim.get(base_env_ids[family])
+                _open_postgres(
+                    stack, channels, family, dataclasses.replace(base, kwargs={**base.kwargs, "url": EMBEDDED_POSTGRES})
+                )
             elif family == "payment_api":
                 _open_payment(stack, channels, channels.sim.get(base_env_ids[family]))
         yield channels
@@ -220,13 +276,26 @@ def run_sim_to_real(ctx: PhaseContext, policy: LoadedPolicy, sample: list[Varian
     cfg = ctx.cfg
     settings = cfg.stress.sim_to_real
     present = {v.family: v.base_env_id for v in sample}
-    families: list[str] = [f for f in settings.families if f in present]
+    families: list[str] = [f for f in sim_to_real_families(cfg, ctx.process) if f in present]
     variants, seeds = select_pairs(sample, families, settings.episodes_per_family, cfg.base.seed)
     with open_real_channels(ctx, families, present) as channels:
         episodes = paired_episodes(
             variants, seeds, channels.make_sim, channels.make_real, policy.act, time.perf_counter, channels
         )
-    return summarize(episodes, {f: REAL_CHANNELS[f] for f in families})
+    names = real_channel_names(ctx.process)
+    return summarize(episodes, {f: names[f] for f in families})
+
+
+def sim_to_real_by_dimension(
+    report: SimToRealReport, sample: list[VariantSpec], dimensions: list[str]
+) -> dict[str, Any]:
+    """The paired episodes per dimension value (success on both sides, the gap) and their flat metrics."""
+    rows = per_dimension(report.episodes, {v.env_id: v.params for v in sample}, dimensions)
+    metrics = {f"real_process_success_{f.family}": f.real_success for f in report.families}
+    for row in rows:
+        metrics[f"sim_to_real_gap/{row['dimension']}/{row['value']}"] = row["gap"]
+        metrics[f"sim_to_real_real_process_success/{row['dimension']}/{row['value']}"] = row["real_process_success"]
+    return {"per_dimension": rows, "metrics": metrics}
 
 
 def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 The guide's commands write the scaffold, validate it and run the whole cycle with the scaffold's own
 budgets; the trained policy must then reach what the rules reach on the test split: the goal on every
-account that can be cancelled and the handled outcome (escalation) on every disputed one.
+account that can be cancelled and the handled outcome (escalation) on every disputed one -- and the same
+on the real system the process file names (its SQL channel on PostgreSQL), per dimension value.
 """
 
 from __future__ import annotations
@@ -68,3 +69,9 @@ def test_following_the_guide_trains_a_policy_as_good_as_the_rules(tmp_path: Path
     assert metrics["test/process_success/account/disputed"] == 1.0  # escalated: the handled outcome
     report = (project / "data" / name / "reports/report.md").read_text()
     assert "CANCELLED" in report
+    # sim-to-real: the SQL channel on PostgreSQL, as the process file names it (real success, gap, per dimension)
+    stress = json.loads((project / "data" / name / "metrics/stress.json").read_text())
+    assert stress[f"real_process_success_{name}_db"] == 1.0 and stress["sim_to_real_max_gap"] == 0.0
+    assert stress["sim_to_real_gap/account/disputed"] == 0.0 == stress["sim_to_real_gap/account/ok"]
+    assert stress["sim_to_real_real_process_success/plan/annual"] == 1.0
+    assert "Sim-to-real by dimension value" in report and "on PostgreSQL (pgserver)" in report

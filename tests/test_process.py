@@ -23,7 +23,7 @@ from agentflow_core.errors import ConfigError, MappingError
 from agentflow_core.evaluation.consistency import CANONICAL_STATES
 from agentflow_core.process import ProcessSpec
 from tasks.config_io import load_config, parse_config
-from tasks.process_io import check_channels, load_process, process_path
+from tasks.process_io import check_channels, check_config, load_process, process_path
 from tasks.yaml_io import load_yaml_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,8 +228,10 @@ def test_validate_refuses_what_later_phases_would(tmp_path: Path) -> None:
     assert "variants.dimensions.account: got 'vip', expected one of ['ok', 'flagged']" in validate(value)
     # sim-to-real on a family without a real channel; a coverage group that is no dimension
     real = copy.deepcopy(base)
-    real["stress"]["sim_to_real"] = {"enabled": True, "families": ["refund_db"]}
-    assert "stress.sim_to_real.families.0: got 'refund_db'" in validate(real)
+    real["stress"]["sim_to_real"] = {"enabled": True, "families": ["web_checkout"]}  # checkout's, not refund's
+    assert "stress.sim_to_real.families.0: got 'web_checkout'" in validate(real)
+    real["stress"]["sim_to_real"]["families"] = ["refund_db"]  # refund's file names its real channels
+    check_config(parse_config(real))
     group = copy.deepcopy(base)
     group["stress"]["coverage_group"] = "user_tier"
     assert "stress.coverage_group: got 'user_tier'" in validate(group)
@@ -241,3 +243,24 @@ def test_validate_refuses_what_later_phases_would(tmp_path: Path) -> None:
     orphan = copy.deepcopy(base)
     orphan["base"]["env_config_dir"] = str(envs)
     assert "refund_db_v1.yaml: process: missing" in validate(orphan)
+
+
+@pytest.mark.parametrize(
+    ("patch", "key"),
+    [
+        ({"nosuch_db": {"kwargs": {"url": "pgserver"}}}, "real_channels"),
+        ({"refund_db": {"kwargs": {"url": ["x"]}}}, "real_channels.refund_db.kwargs.url"),
+        ({"refund_db": {"python": "import os"}}, "real_channels.refund_db.python"),
+        ({"refund_api": {"service": "os:system"}}, "real_channels.refund_api.service"),
+    ],
+)
+def test_a_process_names_its_real_channels_as_data(patch: dict[str, Any], key: str) -> None:
+    document = load_yaml_file(REPO / "configs/processes/refund.yaml")
+    real = ProcessSpec.from_document(document).real_channels
+    assert [(r.family, r.kwargs, r.service) for r in real] == [
+        ("refund_db", (("url", "pgserver"),), None),
+        ("refund_api", (), "refund"),
+    ]
+    with pytest.raises(ConfigError) as info:
+        ProcessSpec.from_document({**document, "real_channels": patch})
+    assert info.value.key == key

@@ -2,7 +2,8 @@
 
 The tiny refund cycle, then a retrain (EWC toward its champion), runs as the Prefect flow over both
 refund channels (SQL case store, refund HTTP service) through every phase -- offline (BC + CQL), the
-reward validator, the auto-tuner, train, stress with the process's own consistency probes, report --
+reward validator, the auto-tuner, train, stress with the process's own consistency probes and sim-to-real on
+the real channels its file names, report --
 over refund's own scenario dimensions; it must learn: the trained policy's test-split process success beats the exploration policy's and, on
 the SQL channel, reaches its scripted expert's, measured by the train phase on the same held-out episodes.
 """
@@ -65,6 +66,10 @@ def test_refund_cycle_runs_every_phase_and_learns(tmp_path: Path, prefect_harnes
     assert summary_file["goal"] == "REFUND_ISSUED"
     # variants, splits and breakdowns in refund's own dimensions, not checkout's renamed fields
     assert set(summary_file["process_success"]["by_dimension"]) == {"entry_stage", "account", "network"}
+    # sim-to-real on refund's real channels (SQL on PostgreSQL, the service in its own process): the same paths
+    real = summary_file["sim_to_real"]
+    assert [f["family"] for f in real["families"]] == ["refund_api", "refund_db"] and real["max_gap"] == 0.0
+    assert {r["dimension"] for r in real["per_dimension"]} == {"entry_stage", "account", "network"}
     report = json.loads((tmp_path / "data" / "reports" / "report.json").read_text())
     assert report["process"] == "refund" and report["goal"] == "REFUND_ISSUED"
     assert "goal success (REFUND_ISSUED)" in (tmp_path / "data" / "reports" / "report.md").read_text()

@@ -7,17 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
-from tiny import tiny_params
+from tiny import tiny_params, tiny_refund_params
 
 from agentflow_core.config import AgentFlowConfig
+from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.report import sim_to_real_rows
 from agentflow_core.evaluation.sim_to_real import EpisodeTrace, PairedEpisode, select_pairs, summarize
 from agentflow_core.gates import evaluate_gate, stress_gate
 from agentflow_core.variants import VariantSpec
 from tasks.config_io import parse_config
 from tasks.context import PhaseContext
-from tasks.real_channels import REAL_CHANNELS, payment_api_process
+from tasks.real_channels import REAL_CHANNELS, payment_api_process, server_process
 from tasks.steps.stress import run_stress
 
 
@@ -96,6 +98,37 @@ def test_stress_phase_runs_the_real_channels_and_gates_the_gap(browser_session: 
         "100.0%",
     ]
     assert sim_to_real_rows({}) == []
+
+
+def test_a_data_process_pairs_the_real_channels_its_file_names(tmp_path: Path) -> None:
+    """Refund's process file names its real channels: the SQL channel on PostgreSQL (pgserver) and the refund
+    service started in its own process; the stress phase reports real success, the gap and each dimension value."""
+    params = tiny_refund_params(tmp_path)
+    params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 4, "max_gap": 0.02}
+    cfg = parse_config(params)
+    summary = run_stress(PhaseContext.of(cfg), "expert")
+    report = summary["sim_to_real"]
+    assert [f["family"] for f in report["families"]] == ["refund_api", "refund_db"]
+    names = {f["family"]: f["real_channel"] for f in report["families"]}
+    assert names == {
+        "refund_api": "the refund service in its own process",
+        "refund_db": "the case store on PostgreSQL (pgserver)",
+    }
+    for family in report["families"]:  # the same rules, the same draws: the real system takes the same paths
+        assert family["episodes"] == 4 and family["identical_fraction"] == 1.0 and family["gap"] == 0.0
+    dimensions = {(r["dimension"], r["value"]) for r in report["per_dimension"]}
+    assert ("account", "flagged") in dimensions or ("account", "ok") in dimensions
+    written = json.loads((tmp_path / "data" / "metrics" / "stress.json").read_text())
+    assert written["sim_to_real_max_gap"] == 0.0 and 0.0 <= written["real_process_success_refund_db"] <= 1.0
+    assert all(written[f"sim_to_real_gap/{d}/{v}"] == 0.0 for d, v in dimensions)
+    assert [r[0] for r in sim_to_real_rows(summary)] == ["refund_api", "refund_db"]
+
+
+def test_a_service_process_starts_only_an_installed_service() -> None:
+    """``python -m tasks.service_process NAME`` looks NAME up among the agentflow.services entry points."""
+    refused = pytest.raises(AgentFlowError, match="nosuch process exited before announcing its URL")
+    with refused, server_process(["tasks.service_process", "nosuch"], "nosuch"):
+        pass
 
 
 def test_payment_api_process_serves_until_its_parent_closes_the_pipe() -> None:
@@ -177,3 +210,35 @@ def test_the_report_shows_the_oscar_fine_tune_before_and_after_for_its_own_polic
     assert finetune_rows(summary) == []
     lines = [line for node in _oscar_nodes(report["sim_to_real_oscar"]) for line in tree_text(node)]
     assert any("fine-tuned on Oscar (64 steps): success 50.0% -> 100.0%, gap +50.0 pts -> +0.0 pts" in x for x in lines)
+
+
+def test_a_real_channel_can_run_the_simulators_variants_on_another_env(tmp_path: Path) -> None:
+    """``real_channels.<sim>.env``: the state-machine simulator's variants played on the SQL channel instead."""
+    from agentflow_core.evaluation.sim_to_real import paired_episodes
+    from tasks.process_scaffold import write_scaffold
+    from tasks.real_channels import open_real_channels
+
+    write_scaffold("demo", tmp_path)
+    text = (tmp_path / "configs/processes/demo.yaml").read_text()
+    beside = tmp_path / "configs/demo/processes/demo.yaml"  # found beside the env configs, without a chdir
+    beside.parent.mkdir()
+    beside.write_text(text.replace("real_channels:", "real_channels:\n  demo_sim: {description: db, env: demo_db_v1}"))
+    cfg = parse_config({"process": "demo", "base": {"env_config_dir": str(tmp_path / "configs/demo/envs")}})
+    ctx = PhaseContext.of(cfg)
+    expert = ctx.process.expert("demo_sim")
+    variants = [
+        VariantSpec(f"demo_sim_v1_{i}", "demo_sim_v1", "demo_sim", p, f"h{i}")
+        for i, p in enumerate([{}, {"plan": "annual"}, {"account": "disputed"}])
+    ]
+    with open_real_channels(ctx, ["demo_sim"], {"demo_sim": "demo_sim_v1"}) as channels:
+        assert channels.real["demo_sim"].env_id == "demo_db_v1"  # the SQL channel's entry
+        episodes = paired_episodes(
+            variants,
+            [0, 1, 2],
+            channels.make_sim,
+            channels.make_real,
+            lambda obs, mask: np.array([expert.act(obs[0], mask[0])]),
+            lambda: 0.0,
+            channels,
+        )
+    assert all(e.identical and e.sim.success for e in episodes)  # one process, two channels, the same paths

@@ -162,7 +162,14 @@ FIELDS = {"network": "normal", "customer": "ann", "amount": 1.0, "max_episode_st
         ({"observe": {"last": "SELECT 1"}}, "observe.last"),
         ({"params": {"amount": "1"}}, "params.amount"),
         ({"faults": [{"p": "network + 1", "reason": "x"}]}, "faults.0.p"),
-        ({"faults": [{"p": "1", "set": {"x": "1"}}]}, "faults.0.set.x"),
+        ({"faults": [{"p": "1", "set": {"x": "1"}}]}, "faults.0.set"),  # a fault writes with statements
+        ({"faults": [{"p": "1", "applied": "no"}]}, "faults.0.applied"),
+        (
+            {"actions": {"PAY": {"outcomes": [{"applicable": False, "statements": ["SELECT 1"]}]}}},
+            "actions.PAY.outcomes.0",
+        ),
+        ({"actions": {"R": {"retry": True, "when": "SELECT 1"}}}, "actions.R"),
+        ({"reward": {"terminal": "0"}}, "reward.terminal"),
         ({"actions": {"PAY": {"statements": "UPDATE ticket SET paid = 1"}}}, "actions.PAY.statements"),
         ({"terminals": [{"when": "SELECT 1", "outcome": "won"}]}, "terminals.0.outcome"),
     ],
@@ -247,3 +254,57 @@ def test_the_same_episodes_on_postgresql() -> None:
         assert found == []
     finally:
         release_embedded()
+
+
+OUTCOMES: dict[str, Any] = {
+    "schema": ["CREATE TABLE job (id INTEGER PRIMARY KEY, state TEXT NOT NULL, ticks INTEGER NOT NULL, tries INTEGER)"],
+    "seed": ["INSERT INTO job VALUES (1, 'queued', 0, 0)"],
+    "before": ["UPDATE job SET ticks = ticks + 1 WHERE id = 1"],
+    "observe": {"job": "SELECT state, ticks, tries FROM job WHERE id = 1"},
+    "faults": [{"p": "network == 'flaky'", "reason": "lost", "applied": False}],
+    "actions": {
+        "RUN": {
+            "faults": False,
+            "outcomes": [
+                {"when": "SELECT 1 FROM job WHERE state <> 'queued'", "reason": "not_queued", "applicable": False},
+                {"p": "0.0", "reason": "busy", "applied": False},  # never fires, but draws
+                {"statements": ["UPDATE job SET state = 'done' WHERE id = 1"]},
+            ],
+        },
+        "PING": {"statements": ["UPDATE job SET state = state WHERE id = 1"]},
+        "RETRY": {"retry": True, "statements": ["UPDATE job SET tries = tries + 1 WHERE id = 1"]},
+    },
+    "terminals": [{"when": "SELECT 1 FROM job WHERE state = 'done'", "outcome": "goal", "value": "100"}],
+    "reward": {"scale": 0.1, "terminal": 0.0},
+}
+
+
+def test_outcomes_retries_the_clock_and_the_ending_reward() -> None:
+    env = make(OUTCOMES, network="flaky")
+    env.reset(seed=0)
+    lost = env.step(act("PING"))  # the fault loses it: the step reward, but not applied
+    assert (lost.info["failure_reason"], lost.info["applied"], lost.reward) == ("lost", False, -0.01)
+    again = env.step(act("RETRY"))  # PING again (its clock, its fault), the retry counted first
+    assert (again.obs["job"]["tries"], again.obs["job"]["ticks"], again.info["failure_reason"]) == (1, 2, "lost")
+    env.reconfigure(SCENARIO.build({}), "toy_db_v1")
+    env.reset(seed=0)
+    nothing = env.step(act("RETRY"))  # nothing lost: not applicable, no clock
+    assert (nothing.info["failure_reason"], nothing.reward, nothing.obs["job"]["ticks"]) == ("not_applicable", -0.05, 0)
+    done = env.step(act("RUN"))
+    assert done.terminated and done.reward == pytest.approx(10.0) and done.info["business_value"] == 100.0
+    env.reset(seed=0)
+    env.db.action(["UPDATE job SET state = 'held' WHERE id = 1"], env.values)
+    refused = env.step(act("RUN"))  # an inapplicable outcome: no cost, the inapplicable reward, nothing written
+    assert (refused.info["failure_reason"], refused.info["applied"], refused.reward) == ("not_queued", False, -0.05)
+    env.close()
+
+
+def test_a_probability_draws_whatever_its_value() -> None:
+    env = make(OUTCOMES)
+    env.reset(seed=5)
+    env.step(act("RUN"))  # the p = 0 outcome drew one number
+    after = env.np_random.random()
+    env.reset(seed=5)
+    env.np_random.random()
+    assert env.np_random.random() == after
+    env.close()

@@ -146,4 +146,4 @@ def test_code_version_names_an_installed_distribution() -> None:
     from tasks.provenance import code_version
 
     assert code_version("numpy.random:Generator").startswith("numpy==")
-    assert code_version("agentflow_refund.db:RefundDBEnv").startswith("sha256:")
+    assert code_version("agentflow_refund.service:RefundService").startswith("sha256:")

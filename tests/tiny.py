@@ -130,6 +130,8 @@ def tiny_refund_params(root: Path, **section_overrides: dict[str, Any]) -> dict[
     params["tune"] = {"enabled": True, "envs_per_worker": [8], "probe_steps": 4, "max_num_envs": 8, "max_n_steps": 64}
     # the refund probes (configs/processes/refund.yaml) on a few updates' policy: recorded, not gated
     params["stress"] = {**params["stress"], "consistency_target": 0.0}
+    # sim-to-real on the real channels refund's process file names: PostgreSQL, the service in its own process
+    params["stress"]["sim_to_real"] = {"enabled": True, "episodes_per_family": 2, "max_gap": 0.02}
     for section, values in section_overrides.items():
         params.setdefault(section, {}).update(values)
     return params

@@ -22,7 +22,7 @@ class SimToRealConfig(_Section):
     Per family, the first ``episodes_per_family`` variants of the stress sample (test split) run once on
     the simulated channel and once on its real counterpart with the same seed (web_checkout: headless
     Chromium on the storefront web app; order_db: PostgreSQL through pgserver; payment_api: the HTTP
-    server in a separately started process).
+    server in a separately started process; any process's channel: what its ``real_channels`` declare).
     """
 
     enabled: bool = False
@@ -30,9 +30,10 @@ class SimToRealConfig(_Section):
     max_gap: Fraction = Field(
         0.02, description="Gate: sim minus real process success, per family, at most this (when enabled)."
     )
-    families: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] = Field(
-        ["web_checkout", "order_db", "payment_api"],
-        description="Families to pair with their real channel (each needs one: see tasks/real_channels.py).",
+    families: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] | None = Field(
+        None,
+        description="Families to pair with their real channel (null: every channel of the process that has one: "
+        "its process file's real_channels; checkout's three in tasks/real_channels.py).",
     )
     env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
     oscar_env_config_dir: str = Field("configs/oscar", description="Registry of the django-oscar store's env.")

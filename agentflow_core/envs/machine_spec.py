@@ -27,7 +27,7 @@ The document (YAML or JSON, named by an env config's ``spec:``; see docs/adding-
     oracle:                          # reads every variable, hidden ones included: evaluation only
       rules: [{when: "outage > 0", act: WAIT}]
       fallback: SUBMIT
-    reward: {scale: 0.1}             # optional: scale, step (-0.01), inapplicable (-0.05)
+    reward: {scale: 0.1}             # optional: scale, step (-0.01), inapplicable (-0.05), terminal (default: step)
     audit:                           # labelled raw states for the mapping audit (agentflow_core/adapters/audit.py)
       states:                        # visible variables not set read 0; failure_reason: the last step's
         - {token: SUBMITTED, set: {stage: 3}}
@@ -45,7 +45,8 @@ An expression undefined at run time (a division by zero) raises
 
 The business value of an episode is the terminal ``value`` minus the sum of the applicable actions'
 costs; the step reward is ``scale * (value change of the step) + step`` for an applicable action and
-``scale * (value change) + inapplicable`` otherwise, so the undiscounted return is ``scale`` times the
+``scale * (value change) + inapplicable`` otherwise (``terminal`` instead of ``step`` on the step a
+terminal ends, where the section sets it), so the undiscounted return is ``scale`` times the
 business value plus the per-step penalties (with ``scale: 0.1`` a goal worth 100 pays +10, the shared
 scale of :mod:`agentflow_core.envs.base`).
 """
@@ -97,6 +98,13 @@ class Reward:
     scale: float = 1.0
     step: float = STEP_REWARD
     inapplicable: float = INAPPLICABLE_REWARD
+    terminal: float | None = None  # the step reward of an applicable step a terminal ends (None: ``step``)
+
+    def base(self, applicable: bool, terminated: bool) -> float:
+        """The step's reward before the value change: ``inapplicable``, ``terminal`` or ``step``."""
+        if not applicable:
+            return self.inapplicable
+        return self.terminal if terminated and self.terminal is not None else self.step
 
 
 Assignments = tuple[tuple[str, Condition], ...]
@@ -259,12 +267,14 @@ class SpecReader:
         return tuple(out)
 
     def reward(self, value: Any) -> Reward:
-        """The ``reward`` section (scale, step, inapplicable)."""
-        item = self.mapping("reward", value or {}, ("scale", "step", "inapplicable"))
+        """The ``reward`` section (scale, step, inapplicable, terminal)."""
+        item = self.mapping("reward", value or {}, ("scale", "step", "inapplicable", "terminal"))
+        terminal = item.get("terminal")
         return Reward(
             self.number("reward.scale", item.get("scale"), 1.0),
             self.number("reward.step", item.get("step"), STEP_REWARD),
             self.number("reward.inapplicable", item.get("inapplicable"), INAPPLICABLE_REWARD),
+            None if terminal is None else self.number("reward.terminal", terminal, 0.0),
         )
 
     def action_name(self, key: str, value: Any) -> str:

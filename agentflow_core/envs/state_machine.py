@@ -138,7 +138,7 @@ class StateMachineEnv:
         truncated = not terminated and self.step_id >= self.max_steps
         self.business_value += delta
         self.done = terminated or truncated
-        reward = machine.reward.scale * delta + (machine.reward.step if applied else machine.reward.inapplicable)
+        reward = machine.reward.scale * delta + machine.reward.base(applied, terminated)
         info = {
             "env_id": self.env_id,
             "step_id": self.step_id,

@@ -380,6 +380,11 @@ def section_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list
             sim_to_real,
         ),
         (
+            "Sim-to-real by dimension value",
+            ["dimension", "value", "episodes", "sim success", "real success", "gap", "root causes on the real side"],
+            oscar_rows(report, "sim_to_real"),
+        ),
+        (
             "Sim-to-real on the django-oscar store, by dimension value",
             ["dimension", "value", "episodes", "sim success", "oscar success", "gap", "root causes on Oscar"],
             oscar_rows(report),

@@ -30,8 +30,9 @@ def _pts(gap: float) -> str:
     return f"{100 * gap:+.1f} pts"
 
 
-def oscar_rows(report: Mapping[str, Any]) -> list[list[Any]]:
-    """One row per dimension value of the run on the django-oscar store (none when it did not run)."""
+def oscar_rows(report: Mapping[str, Any], key: str = "sim_to_real_oscar") -> list[list[Any]]:
+    """One row per dimension value of the run on the django-oscar store (``key``: another sim-to-real run's; none
+    when it did not run)."""
     return [
         [
             r["dimension"],
@@ -42,7 +43,7 @@ def oscar_rows(report: Mapping[str, Any]) -> list[list[Any]]:
             _pts(r["gap"]),
             "; ".join(r["root_causes"]),
         ]
-        for r in (report.get("sim_to_real_oscar") or {}).get("per_dimension", [])
+        for r in (report.get(key) or {}).get("per_dimension", [])
     ]
 
 

@@ -41,7 +41,7 @@ from tasks.budgets import budget_metrics
 from tasks.compose import PoolFactory, build_pool, reachable_tokens
 from tasks.context import PhaseContext
 from tasks.plots import write_plots
-from tasks.real_channels import run_sim_to_real, run_sim_to_real_oscar
+from tasks.real_channels import run_sim_to_real, run_sim_to_real_oscar, sim_to_real_by_dimension
 from tasks.rollout import LoadedPolicy, cart_scales, load_policy, load_variants, resolve_checkpoint, stress_rollout
 
 METRIC_KEYS = (
@@ -230,8 +230,9 @@ def run_stress(
     summary["metrics"].update(paired)
     if cfg.stress.sim_to_real.enabled:  # the same policy on the real channels (same variants and seeds)
         real = run_sim_to_real(ctx, policy, sample)
-        summary["sim_to_real"] = real.to_dict()
-        summary["metrics"].update(real.metrics())
+        by_dimension = sim_to_real_by_dimension(real, sample, sorted(cfg.variants.dimensions))
+        summary["sim_to_real"] = real.to_dict() | {"per_dimension": by_dimension["per_dimension"]}
+        summary["metrics"].update(real.metrics() | by_dimension["metrics"])
     if cfg.stress.sim_to_real.enabled and cfg.stress.sim_to_real.oscar_episodes > 0:  # a store nobody here wrote
         oscar = run_sim_to_real_oscar(ctx, policy, sample)
         summary["sim_to_real_oscar"] = oscar
