@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from agentflow_core.envs.state_machine import StateMachineEnv
+from agentflow_core.pool.batch import oracle_action
 from agentflow_core.pool.episodes import EXPERT, ORACLE, ActorSpec, EpisodePlayer, EvalRequest, episode_seed
-from agentflow_core.pool.worker import EnvWorker, oracle_action
+from agentflow_core.pool.worker import EnvWorker
 from tasks.config_io import load_config
 from tasks.context import PhaseContext
 

@@ -28,8 +28,8 @@ from agentflow_core.pool.base import (
     VariantLike,
     as_variant_list,
 )
+from agentflow_core.pool.batch import WorkerBatch
 from agentflow_core.pool.scheduler import EpisodeStats
-from agentflow_core.pool.worker import WorkerBatch
 from agentflow_core.semantics import Vocabulary
 from agentflow_core.variants import stable_worker
 

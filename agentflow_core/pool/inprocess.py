@@ -16,10 +16,11 @@ import numpy as np
 
 from agentflow_core.config import PoolConfig
 from agentflow_core.pool.base import EnvFactory, VariantLike, factory_vocabulary
+from agentflow_core.pool.batch import WorkerBatch
 from agentflow_core.pool.driver import PoolDriver
 from agentflow_core.pool.process_host import ProcessWorker
 from agentflow_core.pool.strategies import make_scheduler
-from agentflow_core.pool.worker import EnvWorker, WorkerBatch
+from agentflow_core.pool.worker import EnvWorker
 
 
 def default_scheduler(config: PoolConfig, n_variants: int, seed: int) -> Any:

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.pool.base import WORKER_LOST, EnvFactory, PoolError, VariantLike, factory_vocabulary
+from agentflow_core.pool.batch import WorkerBatch
 from agentflow_core.pool.watchdog import LOAD_GRACE
-from agentflow_core.pool.worker import EnvWorker, WorkerBatch
+from agentflow_core.pool.worker import EnvWorker
 
 logger = logging.getLogger("agentflow.pool")
 

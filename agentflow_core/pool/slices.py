@@ -20,8 +20,9 @@ import torch
 
 from agentflow_core.config import PoolConfig
 from agentflow_core.contracts import RolloutSlice
+from agentflow_core.pool.batch import WorkerBatch
 from agentflow_core.pool.driver import PoolDriver
-from agentflow_core.pool.worker import EnvWorker, WorkerBatch
+from agentflow_core.pool.worker import EnvWorker
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.rollout import collect_slice
 

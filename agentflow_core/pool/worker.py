@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.contracts import OracleEnv
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import EnvError
 from agentflow_core.pool.base import (
@@ -43,82 +42,13 @@ from agentflow_core.pool.base import (
     VariantLike,
     factory_vocabulary,
 )
+from agentflow_core.pool.batch import WorkerBatch, business_value, oracle_action
 from agentflow_core.pool.watchdog import TIMED_OUT, BatchWatchdog, DetachedStep
-from agentflow_core.semantics import Vocabulary
 
 logger = logging.getLogger("agentflow.pool")
 
 # Failures a worker's stats keep, newest last (``recent_failures``).
 RECENT_FAILURES = 10
-
-
-@dataclass
-class WorkerBatch:
-    """Rows of one worker call, aligned with ``slots`` (plain arrays: cheap to pickle through Ray)."""
-
-    slots: np.ndarray
-    obs: np.ndarray
-    action_mask: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    step_id: np.ndarray
-    risk: np.ndarray
-    failure_reason: list[str | None]
-    business_value: np.ndarray  # the channel's ``info["business_value"]`` of the step (NaN: none reported)
-
-    @classmethod
-    def empty(cls, slots: np.ndarray, vocabulary: Vocabulary) -> WorkerBatch:
-        """Rows for ``slots`` before anything ran: zero observations and rewards, every action legal."""
-        k = len(slots)
-        return cls(
-            slots=np.asarray(slots, dtype=np.int64),
-            obs=np.zeros((k, vocabulary.obs_dim), dtype=np.float32),
-            action_mask=np.ones((k, vocabulary.n_actions), dtype=bool),
-            reward=np.zeros(k, dtype=np.float32),
-            terminated=np.zeros(k, dtype=bool),
-            truncated=np.zeros(k, dtype=bool),
-            step_id=np.zeros(k, dtype=np.int64),
-            risk=np.zeros(k, dtype=np.float32),
-            failure_reason=[None] * k,
-            business_value=np.full(k, np.nan, dtype=np.float64),
-        )
-
-    def scatter(self, part: WorkerBatch) -> None:
-        """Write ``part``'s rows into this batch at ``part.slots`` (``self`` spans every slot of the pool)."""
-        s = part.slots
-        self.obs[s], self.action_mask[s], self.reward[s] = part.obs, part.action_mask, part.reward
-        self.terminated[s], self.truncated[s] = part.terminated, part.truncated
-        self.step_id[s], self.risk[s] = part.step_id, part.risk
-        self.business_value[s] = part.business_value
-        for slot, reason in zip(s.tolist(), part.failure_reason, strict=True):
-            self.failure_reason[slot] = reason
-
-
-def oracle_action(env: Any) -> int:
-    """The env's oracle action as a semantic action index.
-
-    An env speaking semantic actions answers with the index; a physical env behind a
-    :class:`SemanticEnv` answers with its native action's name, found in the adapter's action table
-    (the semantic action whose native action carries that name; else the semantic action so named).
-    """
-    if isinstance(env, OracleEnv):
-        return int(env.oracle_action())
-    if isinstance(env, SemanticEnv) and isinstance(env.physical, OracleEnv):
-        native = env.physical.oracle_action()
-        if not isinstance(native, str):
-            return int(native)
-        for action in range(env.vocabulary.n_actions):
-            if env.adapter.adapt_action(action).get("action") == native:
-                return action
-        return env.vocabulary.action_id(native)
-    raise TypeError(f"{type(env).__name__} has no oracle: only a process that declares one is played by it")
-
-
-def _business_value(info: Mapping[str, Any]) -> float:
-    """The step's ``info["business_value"]``, NaN when the channel reports none."""
-    value = info.get("business_value")
-    return np.nan if value is None else float(value)
 
 
 def _failure_of(out: Any) -> str:
@@ -403,7 +333,7 @@ class EnvWorker:
             obs, reward[row], ended_ok, cut, info, mask = res
             out.obs[row], out.action_mask[row] = obs, mask
             step_id[row], risk[row] = info.get("step_id", 0), info.get("risk", 0.0)
-            value[row] = _business_value(info)
+            value[row] = business_value(info)
             failure_reason[row] = info.get("failure_reason")
             if ended_ok or cut:
                 terminated[row], truncated[row] = ended_ok, cut

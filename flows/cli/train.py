@@ -19,7 +19,6 @@ from tasks.backend import backend_of
 from tasks.config_io import flatten_params
 from tasks.context import PhaseContext
 from tasks.determinism import make_deterministic
-from tasks.steps.evaluation import value_line
 
 if TYPE_CHECKING:
     from tasks.tracking import MlflowTracker
@@ -118,6 +117,8 @@ def train_command(
         f"converged={summary['policy_convergence_flag']}, stopped on {summary['stop_reason']} after "
         f"{summary['global_step']} steps -> {out}"
     )
+    from tasks.steps.evaluation import value_line  # pulls in the evaluation stack: only once a run is done
+
     value = value_line(summary)
     if value is not None:
         console.print(f"test split {value}")

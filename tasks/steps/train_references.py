@@ -24,8 +24,8 @@ from agentflow_core.adapters import load_object
 from agentflow_core.atomic import save_tensors
 from agentflow_core.contracts import OracleEnv
 from agentflow_core.errors import ConfigError
+from agentflow_core.pool.batch import oracle_action
 from agentflow_core.pool.episodes import EPSILON_GREEDY, EXPERT, ORACLE, ActorSpec
-from agentflow_core.pool.worker import oracle_action
 from agentflow_core.rl.cql import actor_state, load_actor
 from agentflow_core.rl.policy import ActorCritic
 from tasks.context import PhaseContext
