@@ -66,17 +66,17 @@ from tasks.steps.variants import run_variants
 # (bound, higher is better): the learning benchmark's targets (docs/learning.md "Side by side with MaskablePPO").
 TARGETS: dict[str, tuple[float, bool]] = {
     "test_process_success": (0.98, True),
-    "min_family_process_success_vs_expert": (1.0, True),
-    "time_to_expert_vs_maskableppo": (0.5, False),
+    "min_family_process_success_vs_rules": (1.0, True),
+    "time_to_rules_vs_maskableppo": (0.5, False),
 }
 DEFAULT_EVAL_EVERY_UPDATES = 4
 # AgentFlow's figures under their own names; every other figure is prefixed by its learner.
 HEADLINE = (
     "test_process_success",
-    "test_payment_success",
-    "test_process_success_vs_expert",
+    "test_goal_success",
+    "test_process_success_vs_rules",
     "test_success_by_family",
-    "min_family_process_success_vs_expert",
+    "min_family_process_success_vs_rules",
 )
 NESTED = ("setup_s", "test", "curve")
 
@@ -111,7 +111,7 @@ class Checkpoint:
     train_s: float
     validation_process_success: float
     test_process_success: float
-    test_payment_success: float
+    test_goal_success: float
     test_process_success_by_family: dict[str, float]
 
 
@@ -173,7 +173,7 @@ class Evaluator:
                 train_s=clock.elapsed,
                 validation_process_success=validation.process_success_rate,
                 test_process_success=test.process_success_rate,
-                test_payment_success=test.success_rate,
+                test_goal_success=test.success_rate,
                 test_process_success_by_family=test.process_success_by_family,
             )
         )
@@ -326,17 +326,15 @@ def _learner_figures(run: LearnerRun, expert: EvalResult, oracle: EvalResult | N
     reached = _reach(run, expert.process_success_rate)
     return {
         "test_process_success": test.process_success_rate,
-        "test_payment_success": test.success_rate,
-        "test_process_success_vs_expert": _ratio(test.process_success_rate, expert.process_success_rate),
+        "test_goal_success": test.success_rate,
+        "test_process_success_vs_rules": _ratio(test.process_success_rate, expert.process_success_rate),
         "test_success_by_family": by_family,
-        "min_family_process_success_vs_expert": min(
-            _ratio(by_family[f], expert_by_family[f]) for f in expert_by_family
-        ),
+        "min_family_process_success_vs_rules": min(_ratio(by_family[f], expert_by_family[f]) for f in expert_by_family),
         "selected_checkpoint_env_steps": run.checkpoints[best].env_steps,
         "final_test_process_success": run.checkpoints[-1].test_process_success,
-        "reached_expert": reached is not None,
-        "time_to_expert_s": None if reached is None else reached.train_s,
-        "steps_to_expert": None if reached is None else reached.env_steps,
+        "reached_rules": reached is not None,
+        "time_to_rules_s": None if reached is None else reached.train_s,
+        "steps_to_rules": None if reached is None else reached.env_steps,
         "train_s": run.train_s,
         "env_steps": run.env_steps,
         "explore_steps": run.explore_steps,
@@ -351,7 +349,7 @@ def _vs(ours: dict[str, Any], peer: dict[str, Any], what: str, budget: str) -> f
     """Our figure to reach the expert over the peer's; against the peer's whole budget if it never reached it."""
     if ours[what] is None:
         return None  # we did not reach it: no figure to report
-    theirs = float(peer[what] if peer["reached_expert"] else peer[budget])
+    theirs = float(peer[what] if peer["reached_rules"] else peer[budget])
     return float(ours[what]) / theirs if theirs > 0 else None  # the peer there at once: no ratio
 
 
@@ -401,10 +399,10 @@ def run_learning_bench(
     ours, peer = _learner_figures(agentflow, expert, oracle), _learner_figures(maskable, expert, oracle)
     result: dict[str, Any] = {
         **{k: ours[k] for k in HEADLINE},
-        "time_to_expert_vs_maskableppo": _vs(ours, peer, "time_to_expert_s", "train_s"),
-        "steps_to_expert_vs_maskableppo": _vs(ours, peer, "steps_to_expert", "env_steps"),
-        "test_process_success_expert": expert.process_success_rate,
-        "test_success_by_family_expert": expert.process_success_by_family,
+        "time_to_rules_vs_maskableppo": _vs(ours, peer, "time_to_rules_s", "train_s"),
+        "steps_to_rules_vs_maskableppo": _vs(ours, peer, "steps_to_rules", "env_steps"),
+        "test_process_success_rules": expert.process_success_rate,
+        "test_success_by_family_rules": expert.process_success_by_family,
         **{
             f"test_business_value_{name}": result.value.overall
             for name, result in (("rules", expert), ("oracle", oracle))
@@ -445,20 +443,20 @@ def _notes(result: dict[str, Any]) -> list[str]:
         f"on the same {cfg['validation_episodes']} validation and {cfg['test_episodes']} test episodes (stratified "
         "over family and every dimension value); the reported policy is each learner's best validation checkpoint.",
         "Process success: the goal, or the handled outcome accepted for the variant (escalation for a blocked user).",
-        "time_to_expert_*: training wall time (evaluations excluded) to the first checkpoint at or above the "
+        "time_to_rules_*: training wall time (evaluations excluded) to the first checkpoint at or above the "
         "scripted expert's test process success; AgentFlow's includes exploration, BC and pool start-up, "
-        "MaskablePPO's its vector env and model. steps_to_expert_*: env steps to that checkpoint, AgentFlow's "
+        "MaskablePPO's its vector env and model. steps_to_rules_*: env steps to that checkpoint, AgentFlow's "
         "exploration steps included (its first checkpoint, after BC, is at agentflow_explore_steps).",
         f"Load average (1/5/15 min) before: {_loads(machine['load_avg_before'])}, after: "
         f"{_loads(machine['load_avg_1_5_15'])} on {machine['cpus']} CPUs.",
     ]
-    if result["agentflow_reached_expert"] and not result["maskableppo_reached_expert"]:
+    if result["agentflow_reached_rules"] and not result["maskableppo_reached_rules"]:
         notes.append(
-            "MaskablePPO never reached the expert within its budget: the *_to_expert_vs_maskableppo ratios divide "
+            "MaskablePPO never reached the rules within its budget: the *_to_rules_vs_maskableppo ratios divide "
             "by its whole training time / steps, so they are upper bounds."
         )
-    if not result["agentflow_reached_expert"]:
-        notes.append("AgentFlow never reached the expert within its budget: no *_to_expert_vs_maskableppo figure.")
+    if not result["agentflow_reached_rules"]:
+        notes.append("AgentFlow never reached the rules within its budget: no *_to_rules_vs_maskableppo figure.")
     return notes
 
 

@@ -101,8 +101,8 @@ def _figures(run: LearnerRun, expert: float) -> dict[str, Any]:
         "start_test_process_success": run.checkpoints[0].test_process_success,
         "start_test_success_by_family": run.checkpoints[0].test_process_success_by_family,
         "final_test_process_success": run.checkpoints[-1].test_process_success,
-        "reached_expert": reached is not None,
-        "steps_to_expert": None if reached is None else reached.env_steps,
+        "reached_rules": reached is not None,
+        "steps_to_rules": None if reached is None else reached.env_steps,
         "ppo_steps": run.env_steps,
         "ppo_s": run.train_s,
         "setup_s": run.setup_s,
@@ -167,7 +167,7 @@ def run_setting(
         "explore_goal_episodes": explored.get("goal_episodes"),
         "bc_samples": offline["bc_samples"],
         "cql_transitions": offline["transitions"],
-        "test_process_success_expert": expert,
+        "test_process_success_rules": expert,
         "start_gain": ours["start_test_process_success"] - base["start_test_process_success"],
         "q_greedy_test_process_success": q_greedy,
         "bc": base,
@@ -192,8 +192,8 @@ def run_offline_bench(
     for name, s in runs.items():
         for learner in ("bc", "bc_cql"):
             result[f"{name}/{learner}/start_test_process_success"] = s[learner]["start_test_process_success"]
-            result[f"{name}/{learner}/steps_to_expert"] = s[learner]["steps_to_expert"]
-        result[f"{name}/expert_test_process_success"] = s["test_process_success_expert"]
+            result[f"{name}/{learner}/steps_to_rules"] = s[learner]["steps_to_rules"]
+        result[f"{name}/expert_test_process_success"] = s["test_process_success_rules"]
         result[f"{name}/start_gain"] = s["start_gain"]
         result[f"{name}/q_greedy_test_process_success"] = s["q_greedy_test_process_success"]
     result["config"] = {
@@ -212,7 +212,7 @@ def notes(result: dict[str, Any]) -> list[str]:
     load_before = result["machine"]["load_avg_before"]
     out = [
         "Starting test process success: greedy on the test split before PPO's first update (BC actor vs BC+CQL actor).",
-        "steps_to_expert: PPO env steps to the first test checkpoint at or above the scripted expert (checkpoints every "
+        "steps_to_rules: PPO env steps to the first test checkpoint at or above the scripted expert (checkpoints every "
         f"{eval_every} updates); 0 means the starting actor is already there. None: not reached within the budget.",
         "Settings: BEHAVIOUR_N = N exploration steps (no remediation) epsilon-greedy around BEHAVIOUR: expert is "
         f"the shipped explore section; {HARDER_BEHAVIOUR} (around the untrained network) is the harder setting, "
@@ -221,7 +221,7 @@ def notes(result: dict[str, Any]) -> list[str]:
         "when above the CPU count: times are noisy, steps and success are not).",
     ]
     for name, setting in result["settings"].items():
-        bc, cql, expert = setting["bc"], setting["bc_cql"], setting["test_process_success_expert"]
+        bc, cql, expert = setting["bc"], setting["bc_cql"], setting["test_process_success_rules"]
         if bc["start_test_process_success"] >= expert:
             out.append(
                 f"{name}: BC alone already starts at the expert ({bc['start_test_process_success']:.3f} vs "
@@ -232,6 +232,6 @@ def notes(result: dict[str, Any]) -> list[str]:
             out.append(
                 f"{name}: BC starts at {bc['start_test_process_success']:.3f}, BC+CQL at "
                 f"{cql['start_test_process_success']:.3f} (expert {expert:.3f}); PPO steps to the expert: BC "
-                f"{bc['steps_to_expert']}, BC+CQL {cql['steps_to_expert']} (budget {bc['ppo_steps']} / {cql['ppo_steps']})."
+                f"{bc['steps_to_rules']}, BC+CQL {cql['steps_to_rules']} (budget {bc['ppo_steps']} / {cql['ppo_steps']})."
             )
     return out

@@ -234,7 +234,7 @@ def cycle_markdown(results: dict[str, Any]) -> str:
         ("train", "policy_convergence_flag", results.get("train", {}).get("policy_convergence_flag")),
         ("train", "stop_reason", results.get("train", {}).get("stop_reason")),
         ("train", "test_process_success", results.get("train", {}).get("test_process_success")),
-        ("train", "test_payment_success", results.get("train", {}).get("test_payment_success")),
+        ("train", "test_goal_success", results.get("train", {}).get("test_goal_success")),
         ("stress", "robustness_score", results.get("stress", {}).get("robustness_score")),
     ]
     lines = ["| phase | exit metric | value |", "|---|---|---|"]

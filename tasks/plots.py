@@ -91,7 +91,7 @@ def plot_learning_bench(result: Mapping[str, Any], path: Path) -> Path:
         for name in ("agentflow", "maskableppo"):
             curve = result[name]["curve"]
             ax.plot([c[x] for c in curve], [c["test_process_success"] for c in curve], "o-", ms=3, label=name)
-        ax.axhline(result["test_process_success_expert"], color="tab:green", ls=":", label="scripted expert")
+        ax.axhline(result["test_process_success_rules"], color="tab:green", ls=":", label="scripted expert")
         ax.set(xlabel=label, ylabel="test process success (greedy)")
         ax.grid(alpha=0.3)
         ax.legend()

@@ -22,16 +22,16 @@ from tests.tiny import write_tiny_params
 
 KEYS = (
     "test_process_success",
-    "test_process_success_vs_expert",
+    "test_process_success_vs_rules",
     "test_success_by_family",
-    "time_to_expert_vs_maskableppo",
-    "steps_to_expert_vs_maskableppo",
-    "agentflow_reached_expert",
-    "maskableppo_reached_expert",
+    "time_to_rules_vs_maskableppo",
+    "steps_to_rules_vs_maskableppo",
+    "agentflow_reached_rules",
+    "maskableppo_reached_rules",
     "maskableppo_test_process_success",
-    "maskableppo_test_process_success_vs_expert",
+    "maskableppo_test_process_success_vs_rules",
     "maskableppo_test_success_by_family",
-    "test_process_success_expert",
+    "test_process_success_rules",
 )
 
 
@@ -69,8 +69,8 @@ def test_bench_learning_end_to_end_on_a_tiny_config(tmp_path: Path, monkeypatch:
     assert out["config"]["maskableppo"]["batch_size"] == cfg.train.minibatch_size
     assert set(out["targets_met"]) == {
         "test_process_success",
-        "min_family_process_success_vs_expert",
-        "time_to_expert_vs_maskableppo",
+        "min_family_process_success_vs_rules",
+        "time_to_rules_vs_maskableppo",
     }
     assert "## Learning: AgentFlow vs sb3-contrib MaskablePPO" in (tmp_path / "BENCHMARKS.md").read_text()
 
@@ -80,16 +80,16 @@ def test_bench_learning_rejects_a_bad_step_count(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
-def test_time_to_expert_ratio_never_invents_a_figure() -> None:
-    ours = {"reached_expert": True, "time_to_expert_s": 30.0, "train_s": 100.0}
-    peer_reached = {"reached_expert": True, "time_to_expert_s": 120.0, "train_s": 300.0}
-    peer_never = {"reached_expert": False, "time_to_expert_s": None, "train_s": 300.0}
-    assert _vs(ours, peer_reached, "time_to_expert_s", "train_s") == pytest.approx(0.25)
-    assert _vs(ours, peer_never, "time_to_expert_s", "train_s") == pytest.approx(0.1)  # against its whole budget
-    never = {"reached_expert": False, "time_to_expert_s": None, "train_s": 100.0}
-    assert _vs(never, peer_reached, "time_to_expert_s", "train_s") is None
-    at_once = {"reached_expert": True, "time_to_expert_s": 0.0, "train_s": 300.0}  # its first checkpoint reached it
-    assert _vs(ours, at_once, "time_to_expert_s", "train_s") is None
+def test_time_to_rules_ratio_never_invents_a_figure() -> None:
+    ours = {"reached_rules": True, "time_to_rules_s": 30.0, "train_s": 100.0}
+    peer_reached = {"reached_rules": True, "time_to_rules_s": 120.0, "train_s": 300.0}
+    peer_never = {"reached_rules": False, "time_to_rules_s": None, "train_s": 300.0}
+    assert _vs(ours, peer_reached, "time_to_rules_s", "train_s") == pytest.approx(0.25)
+    assert _vs(ours, peer_never, "time_to_rules_s", "train_s") == pytest.approx(0.1)  # against its whole budget
+    never = {"reached_rules": False, "time_to_rules_s": None, "train_s": 100.0}
+    assert _vs(never, peer_reached, "time_to_rules_s", "train_s") is None
+    at_once = {"reached_rules": True, "time_to_rules_s": 0.0, "train_s": 300.0}  # its first checkpoint reached it
+    assert _vs(ours, at_once, "time_to_rules_s", "train_s") is None
 
 
 def test_sb3_step_batch_keeps_terminated_truncated_and_final_obs_apart() -> None:

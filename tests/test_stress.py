@@ -117,7 +117,7 @@ def test_real_envs_with_the_scripted_expert(repo_root: Path, tmp_path: Path) -> 
     # process success counts the expert's escalation of blocked users; payment success cannot
     blocked = summary["process_success"]["by_dimension"]["user_tier"]["blocked"]
     assert blocked["n"] > 0 and blocked["rate"] > 0.8 and blocked["ci95"][0] <= blocked["rate"] <= blocked["ci95"][1]
-    assert summary["payment_success"]["by_dimension"]["user_tier"]["blocked"]["rate"] == 0.0
+    assert summary["goal_success"]["by_dimension"]["user_tier"]["blocked"]["rate"] == 0.0
     assert metrics["process_success/user_tier/blocked"] == blocked["rate"]
     assert set(summary["process_success"]["by_family"]) == {"web_checkout", "order_db", "payment_api"}
     assert summary["sample"]["split"] == "test"

@@ -1,11 +1,11 @@
-"""Roll a policy out on a pool of evaluation variants: payment and process success, returns.
+"""Roll a policy out on a pool of evaluation variants: goal and process success, returns.
 
 Evaluations are stratified: :func:`stratified_eval_variants` draws an equal number of variants
 per family, spread over every dimension value, and :func:`evaluate_policy` counts the first
 ``ceil(n_episodes / len(variants))`` finished episodes *of every variant* (a round-robin pool
 hands variants out in order), so each family gets the same number of episodes and short
 episodes (often the successful ones) are not over-represented. Two outcomes are measured per
-episode: goal success (the process's goal token reached; metric keys ``payment_success``) and process
+episode: goal success (the process's goal token reached; metric keys ``goal_success``) and process
 success (the goal or a handled outcome the process accepts for the variant), each overall,
 per family and per dimension value with Wilson intervals. The reference policies the trained one
 is judged against live here too: the exploration policy (epsilon-greedy around the untrained
@@ -43,7 +43,7 @@ class EvalResult:
     mean_return: float
     std_return: float
     mean_length: float
-    payment: SuccessBreakdown
+    goal: SuccessBreakdown
     process: SuccessBreakdown
     value: ValueBreakdown | None = None  # mean business value, when the channel prices every episode
     # per episode, keyed "<variant env_id>:<k>" (its k-th episode here): what a paired comparison pairs on
@@ -51,8 +51,8 @@ class EvalResult:
 
     @property
     def success_by_family(self) -> dict[str, float]:
-        """Payment success rate per family."""
-        return {family: p.rate for family, p in self.payment.by_family.items()}
+        """Goal success rate per family."""
+        return {family: p.rate for family, p in self.goal.by_family.items()}
 
     @property
     def process_success_by_family(self) -> dict[str, float]:
@@ -65,7 +65,7 @@ class EvalResult:
             f"{prefix}{name}": float(getattr(self, name))
             for name in ("episodes", "success_rate", "process_success_rate", "mean_return", "std_return", "mean_length")
         }
-        out.update(self.payment.metrics(f"{prefix}payment_success"))
+        out.update(self.goal.metrics(f"{prefix}goal_success"))
         out.update(self.process.metrics(f"{prefix}process_success"))
         if self.value is not None:
             out.update(self.value.metrics(f"{prefix}business_value"))
@@ -76,7 +76,7 @@ class EvalResult:
         return {
             "episodes": self.episodes,
             "mean_return": self.mean_return,
-            "payment_success": self.payment.to_dict(),
+            "goal_success": self.goal.to_dict(),
             "process_success": self.process.to_dict(),
             "mean_length": self.mean_length,
             **({} if self.value is None else {"business_value": self.value.to_dict()}),
@@ -206,16 +206,16 @@ def _summary(
     families = [v.family for v in played]
     params = [v.params for v in played]
     n = len(returns)
-    payment = SuccessBreakdown.of(list(paid), families, params, dimensions)
+    goal = SuccessBreakdown.of(list(paid), families, params, dimensions)
     process = SuccessBreakdown.of(list(processed), families, params, dimensions)
     return EvalResult(
         episodes=n,
-        success_rate=payment.overall.rate,
+        success_rate=goal.overall.rate,
         process_success_rate=process.overall.rate,
         mean_return=float(np.mean(returns)) if n else 0.0,
         std_return=float(np.std(returns)) if n else 0.0,
         mean_length=float(np.mean(lengths)) if n else 0.0,
-        payment=payment,
+        goal=goal,
         process=process,
         value=ValueBreakdown.of(values, families, params, dimensions) if len(values) == n else None,
         outcomes=tuple(EpisodeOutcome(k, ok, r) for k, ok, r in zip(keys, processed, returns, strict=False)),

@@ -28,7 +28,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "metrics",
     "by_family",
     "process_success",
-    "payment_success",
+    "goal_success",
     "coverage",
     "consistency",
     "root_causes",
@@ -79,7 +79,7 @@ def build_report(
         "metrics": dict(analysis["metrics"]),
         "by_family": analysis.get("by_family", {}),
         "process_success": analysis.get("process_success"),
-        "payment_success": analysis.get("payment_success"),
+        "goal_success": analysis.get("goal_success"),
         "coverage": analysis["coverage"],
         "consistency": analysis["consistency"],
         "root_causes": analysis["root_causes"],
@@ -140,13 +140,13 @@ def headline_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], lis
             [
                 "trained policy (best checkpoint)",
                 _pct(train["test_process_success"]),
-                _pct(train["test_payment_success"]),
+                _pct(train["test_goal_success"]),
             ],
-            ["rules", _pct(train["test_process_success_expert"]), _pct(train["test_payment_success_expert"])],
+            ["rules", _pct(train["test_process_success_rules"]), _pct(train["test_goal_success_rules"])],
             [
                 "exploration policy",
                 _pct(train["test_process_success_exploration"]),
-                _pct(train["test_payment_success_exploration"]),
+                _pct(train["test_goal_success_exploration"]),
             ],
         ]
         headers = ["policy", "process success", _goal_success(report)]
@@ -213,7 +213,7 @@ def opening_lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def _goal_success(report: Mapping[str, Any]) -> str:
-    """The goal-success column's name: it names the process's goal token (metrics keep the key payment_success)."""
+    """The goal-success column's name: it names the process's goal token (metrics keep the key goal_success)."""
     goal = report.get("goal")
     return f"goal success ({goal})" if goal else "goal success"
 
@@ -239,7 +239,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
         TreeNode(
             f"Episodes: {m['episodes']} on {m['variants']} test-split variants; process success "
             f"{_with_ci(report.get('process_success'), m['success_rate'])}, {_goal_success(report)} "
-            f"{_with_ci(report.get('payment_success'), m['payment_success_rate'])}, "
+            f"{_with_ci(report.get('goal_success'), m['goal_success_rate'])}, "
             f"mean evaluated return {m['mean_evaluated_return']:.2f}, crash episodes {m['crash_episodes']}"
         ),
         TreeNode(f"State Coverage: {cov['state_coverage']:.1%} of reachable tokens (long tail / unseen: {rare})"),
@@ -315,12 +315,12 @@ def _with_ci(breakdown: Mapping[str, Any] | None, rate: float) -> str:
 
 def _strata_rows(report: Mapping[str, Any]) -> list[list[Any]]:
     """Per family and per dimension value: episodes, process and goal success with 95% Wilson intervals."""
-    process, payment = report.get("process_success"), report.get("payment_success")
-    if not process or not payment:
+    process, goal = report.get("process_success"), report.get("goal_success")
+    if not process or not goal:
         return []
-    cells = [(f"family {k}", v, payment["by_family"][k]) for k, v in process["by_family"].items()]
+    cells = [(f"family {k}", v, goal["by_family"][k]) for k, v in process["by_family"].items()]
     cells += [
-        (f"{dim} {value}", v, payment["by_dimension"][dim][value])
+        (f"{dim} {value}", v, goal["by_dimension"][dim][value])
         for dim, values in process["by_dimension"].items()
         for value, v in values.items()
     ]

@@ -186,7 +186,7 @@ def analyze_stress(
         "steps": len(steps),
         "variants": len(rollout.variants),
         "success_rate": success_rate,
-        "payment_success_rate": sum(e.reached_goal for e in episodes) / n,
+        "goal_success_rate": sum(e.reached_goal for e in episodes) / n,
         "crash_episodes": crash_episodes,
         "crash_rate": crash_episodes / n,
         "consistency": consistency_score,

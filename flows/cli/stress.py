@@ -92,7 +92,7 @@ def stress_command(
         f"robustness_score [bold]{m['robustness_score']:.3f}[/], consistency {m['consistency']:.3f} "
         f"(random policy {m['consistency_random']:.3f}), "
         f"process success {m['success_rate']:.3f}, goal success ({summary.get('goal')}) "
-        f"{m['payment_success_rate']:.3f}, "
+        f"{m['goal_success_rate']:.3f}, "
         f"crash episodes {m['crash_episodes']} -> {out or Path(cfg.base.data_dir) / 'stress'}"
     )
     if strict and not summary["passed"]:

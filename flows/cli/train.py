@@ -109,10 +109,10 @@ def train_command(
             raise typer.Exit(code=1) from None
     console.print(
         f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): test process success "
-        f"[bold]{summary['test_process_success']:.3f}[/] (goal {summary['test_payment_success']:.3f}) vs "
+        f"[bold]{summary['test_process_success']:.3f}[/] (goal {summary['test_goal_success']:.3f}) vs "
         f"exploration {summary['test_process_success_exploration']:.3f} "
         f"(x{summary['test_process_success_vs_exploration']:.1f}) and expert "
-        f"{summary['test_process_success_expert']:.3f} ({summary['test_process_success_vs_expert']:.0%}); "
+        f"{summary['test_process_success_rules']:.3f} ({summary['test_process_success_vs_rules']:.0%}); "
         f"by family {', '.join(f'{k} {v:.3f}' for k, v in summary['test_process_success_by_family'].items())}; "
         f"converged={summary['policy_convergence_flag']}, stopped on {summary['stop_reason']} after "
         f"{summary['global_step']} steps -> {out}"

@@ -94,11 +94,11 @@ def training_summary(checkpoints: Path) -> dict[str, Any] | None:
     t = json.loads(path.read_text(encoding="utf-8"))
     keys = (
         "test_process_success",
-        "test_payment_success",
-        "test_process_success_expert",
-        "test_payment_success_expert",
+        "test_goal_success",
+        "test_process_success_rules",
+        "test_goal_success_rules",
         "test_process_success_exploration",
-        "test_payment_success_exploration",
+        "test_goal_success_exploration",
         "policy_convergence_flag",
         "global_step",
         "updates",
@@ -113,7 +113,7 @@ def training_summary(checkpoints: Path) -> dict[str, Any] | None:
 def value_summary(train: Mapping[str, Any]) -> dict[str, Any]:
     """The test split's business value per policy (``value``: each one's breakdown) and the headline value
     metrics, when the process prices its episodes; nothing otherwise."""
-    sources = {"trained": "test", "rules": "test_expert", "oracle": "test_oracle", "bc": "test_bc"}
+    sources = {"trained": "test", "rules": "test_rules", "oracle": "test_oracle", "bc": "test_bc"}
     sources["offline"] = "test_offline"
     value = {
         name: train[key]["business_value"]

@@ -6,7 +6,7 @@ Called by ``agentflow stress`` (and so by the DVC stage) and by the Prefect task
 records), ``coverage_heatmap.png`` and ``consistency_matrix.png``. The exit metrics
 (robustness_score, consistency, success_rate, crash_episodes, ...) also go to
 ``data/metrics/stress.json``, with process and goal success per family and per dimension value (95%
-Wilson bounds), as in ``summary.json``'s ``process_success`` / ``payment_success`` (the goal token reached;
+Wilson bounds), as in ``summary.json``'s ``process_success`` / ``goal_success`` (the goal token reached;
 the key is kept for the committed metrics).
 
 The policy is a reference :func:`tasks.rollout.resolve_checkpoint` understands (default: the best
@@ -54,7 +54,7 @@ METRIC_KEYS = (
     "consistency_random",
     "cross_channel_consistency",
     "cross_channel_consistency_random",
-    "payment_success_rate",
+    "goal_success_rate",
     "state_coverage",
     "mean_evaluated_return",
     "failure_rate",
@@ -158,7 +158,7 @@ def success_breakdowns(episodes: Sequence[EpisodeRecord], dimensions: Sequence[s
     families, params = [e.family for e in episodes], [e.params for e in episodes]
     return {
         "process_success": SuccessBreakdown.of([e.success for e in episodes], families, params, dimensions),
-        "payment_success": SuccessBreakdown.of([e.reached_goal for e in episodes], families, params, dimensions),
+        "goal_success": SuccessBreakdown.of([e.reached_goal for e in episodes], families, params, dimensions),
     }
 
 
@@ -176,7 +176,7 @@ def stress_summary(
     breakdowns = success_breakdowns(episodes, dimensions)
     families, params = [e.family for e in episodes], [e.params for e in episodes]
     value = ValueBreakdown.of([e.business_value for e in episodes], families, params, dimensions)
-    steps = {"mean_episode_steps": float(np.mean([e.length for e in episodes])) if episodes else 0.0}
+    steps = {"stress_mean_episode_steps": float(np.mean([e.length for e in episodes])) if episodes else 0.0}
     return {
         **analysis.to_dict(),
         **{name: b.to_dict() for name, b in breakdowns.items()},

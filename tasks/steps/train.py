@@ -391,7 +391,7 @@ def finish_training(
         "hidden_sizes": list(tc.hidden_sizes),
         "vocab_version": run.vocab.version,
         "test_process_success": summary["test_process_success"],
-        "test_payment_success": summary["test_payment_success"],
+        "test_goal_success": summary["test_goal_success"],
         "checkpoint": best.checkpoint.path.name,
     }
     write_outputs(out_dir, summary, card, state.curve, state.evals)

@@ -14,12 +14,12 @@ from tasks.steps.train_state import FinalPolicy, TrainingRun, TrainingState
 
 METRIC_KEYS = (
     "test_process_success",
-    "test_payment_success",
+    "test_goal_success",
     "test_return",
     "test_process_success_vs_exploration",
-    "test_process_success_vs_expert",
-    "test_payment_success_vs_exploration",
-    "test_payment_success_vs_expert",
+    "test_process_success_vs_rules",
+    "test_goal_success_vs_exploration",
+    "test_goal_success_vs_rules",
     "validation_process_success",
     "policy_convergence_flag",
     "stopped_on_convergence",
@@ -38,7 +38,7 @@ def train_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:
     """Validation success/return per evaluation, the training curve ``dvc plots show`` draws."""
-    lines = ["step,validation_process_success,validation_payment_success,validation_return"]
+    lines = ["step,validation_process_success,validation_goal_success,validation_return"]
     lines += [
         f"{int(e['global_step'])},{e['validation/process_success_rate']:.6f},"
         f"{e['validation/success_rate']:.6f},{e['validation/mean_return']:.6f}"
