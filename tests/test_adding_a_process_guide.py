@@ -64,10 +64,13 @@ def test_following_the_guide_trains_a_policy_as_good_as_the_rules(tmp_path: Path
     name = guide_commands()[0].split()[-1]
     metrics = json.loads((project / "data" / name / "metrics/train.json").read_text())
     assert metrics["test/process_success"] == 1.0
-    goal = next(k for k in ("test/goal_success", "test/goal_success") if k in metrics)  # the goal token's success
+    goal = "test/goal_success"  # the goal token's success
     assert metrics[f"{goal}/account/ok"] == 1.0 and metrics[f"{goal}/account/disputed"] == 0.0
     assert metrics["test/process_success/account/disputed"] == 1.0  # escalated: the handled outcome
     report = (project / "data" / name / "reports/report.md").read_text()
+    # the guide's last command retrains from the champion: a decision, promote or keep, with its reason
+    champion = json.loads((project / "data" / name / "reports/report.json").read_text())["champion"]
+    assert isinstance(champion["promote"], bool) and champion["reason"] and champion["model_version"] >= 2
     assert "CANCELLED" in report
     # sim-to-real: the SQL channel on PostgreSQL, as the process file names it (real success, gap, per dimension)
     stress = json.loads((project / "data" / name / "metrics/stress.json").read_text())
