@@ -217,3 +217,66 @@ def test_template_overrides_are_honoured_by_adapt_step() -> None:
     assert step.vec.tobytes() == encode(step.tokens, step.obs.features).tobytes() and math.isfinite(
         float(step.vec[N_TOKENS])
     )
+
+
+# ---------------------------------------------------------------- the step plan: shared per mapping, outcomes kept per values
+class _RowDict(dict):  # type: ignore[type-arg]
+    """A table that is a dict subclass: read through the column readers, not the plain-dict pass."""
+
+
+def _variants(raw: Mapping[str, Any]) -> list[Any]:
+    """One recorded order_db state with its numeric columns as equal values of other types (one dict key, but
+    a numeric rule reads ``np.int64`` as no number) and signed zeros, plus tables that are not plain dicts."""
+    out: list[Any] = []
+    for shown in (1, 1.0, True, np.int64(1), np.float64(1.0), "1", None):
+        for ratio in (0.0, -0.0, 0, 2.5, float("nan")):
+            state = {table: dict(row) if isinstance(row, Mapping) else row for table, row in raw.items()}
+            state["product"] = {**state.get("product", {}), "shown": shown, "stock": shown}
+            state["wallet"] = {"balance_ratio": ratio}
+            state["session"] = {"status": "active", "active": shown}
+            out.append(state)
+    out.append({**raw, "cart": None})
+    out.append({**raw, "cart": _RowDict(items=2)})
+    return out
+
+
+def test_kept_outcomes_tell_equal_values_of_different_types_apart() -> None:
+    entry = next(e for e in ENTRIES if e.family == "order_db")
+    adapter = entry.build_adapter()
+    states = [s for raw in _raw_states(entry)[:6] for s in _variants(raw)]
+    for ordering in (states, states[::-1], states):  # each type first once: a kept outcome never leaks across types
+        for raw in ordering:
+            assert_equivalent(adapter, raw)
+
+
+def test_adapters_of_one_mapping_share_their_step_plan() -> None:
+    entry = next(e for e in ENTRIES if e.family == "order_db")
+    first, second = entry.build_adapter(), entry.build_adapter()
+    assert first._step_plan is second._step_plan
+    other = DBAdapter(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT)
+    assert other._step_plan is not first._step_plan
+
+
+class _RawLeaf(DBAdapter):
+    """A template whose leaves read the raw observation itself: its own plan, and no outcome kept per values."""
+
+    template: ClassVar[str] = "db"
+    calls = 0
+
+    def compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Any:
+        match = self.match
+
+        def leaf(values: list[Any]) -> bool:
+            _RawLeaf.calls += 1
+            return match(when, values[0])
+
+        return leaf
+
+
+def test_a_template_overriding_a_compile_hook_gets_its_own_plan_without_kept_outcomes() -> None:
+    adapters = [_RawLeaf(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT) for _ in range(2)]
+    assert adapters[0]._step_plan is not adapters[1]._step_plan
+    for raw in (EDGE_RAWS[0], EDGE_RAWS[0]):
+        before = _RawLeaf.calls
+        assert_equivalent(adapters[0], raw)
+        assert _RawLeaf.calls > before  # evaluated on every step

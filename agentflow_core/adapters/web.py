@@ -51,6 +51,7 @@ class WebAdapter(BaseSemanticAdapter):
     """Semantic adapter for the DOM-like pages of the web channel."""
 
     template: ClassVar[str] = "web"
+    SHARED_PLAN: ClassVar[bool] = True  # page values are lists and dicts: no per-values memo (MEMO_STEPS)
     WHEN_SCHEMA: ClassVar[dict[str, Any]] = {
         "type": "object",
         "additionalProperties": False,
