@@ -13,6 +13,7 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -280,3 +281,30 @@ def test_a_template_overriding_a_compile_hook_gets_its_own_plan_without_kept_out
         before = _RawLeaf.calls
         assert_equivalent(adapters[0], raw)
         assert _RawLeaf.calls > before  # evaluated on every step
+
+
+def _page_variants(raw: Mapping[str, Any]) -> list[Any]:
+    """One recorded web page with its banner, element lists and fields in other shapes: read-only mappings,
+    tuples, names that are not strings, absent values (kept outcomes must not leak between them)."""
+    banners: tuple[Any, ...] = (None, {"kind": "error"}, MappingProxyType({"kind": "error"}), {}, {"kind": None})
+    buttons = (list(raw.get("buttons", [])), tuple(raw.get("buttons", [])), [1, "#x"], None)
+    fields = (dict(raw.get("fields", {})), MappingProxyType(dict(raw.get("fields", {}))), {"card": 1})
+    out: list[Any] = []
+    for banner, button, field in zip(banners * 3, buttons * 4, fields * 5, strict=False):
+        page = {**raw, "banner": banner, "fields": field}
+        if button is None:
+            page.pop("buttons", None)
+        else:
+            page["buttons"] = button
+        out.append(page)
+    out.append({k: v for k, v in raw.items() if k not in ("fields", "banner", "links")})
+    return out
+
+
+def test_kept_web_outcomes_tell_page_shapes_apart() -> None:
+    entry = next(e for e in ENTRIES if e.family == "web_checkout")
+    adapter = entry.build_adapter()
+    states = [s for raw in _raw_states(entry)[:8] for s in _page_variants(raw)]
+    for ordering in (states, states[::-1]):
+        for raw in ordering:
+            assert_equivalent(adapter, raw)

@@ -11,7 +11,8 @@ and the context features (``step_fraction``).
 The key is the values *and their types*: ``1``, ``1.0``, ``True`` and ``np.int64(1)`` are one dict
 key, but a numeric rule reads ``np.int64(1)`` as no number and a string comparison reads ``str(1.0)``
 as ``"1.0"``, so each type keys its own entry. Only values of plain scalar types (``str``, ``int``,
-``float`` but NaN, ``bool``, ``None`` and the templates' own absent marker) are kept; anything else
+``float`` but NaN and zero, ``bool``, ``None``, the templates' own absent marker, and tuples and
+frozensets of strings: a page's element names) are kept; anything else
 (a list, a numpy scalar, a row object) is evaluated afresh on every step, as is every step of a
 template whose predicates may read the raw observation itself (``memo`` off).
 """
@@ -188,5 +189,7 @@ def _keepable(values: list[Any]) -> bool:
     for value in values[1:]:
         kind = value.__class__
         if kind not in _KEPT_TYPES or (kind is float and (value != value or value == 0.0)):
+            if (kind is tuple or kind is frozenset) and all(item.__class__ is str for item in value):
+                continue  # a page's elements: equal only when every name is equal
             return False
     return True
