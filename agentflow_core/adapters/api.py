@@ -122,10 +122,14 @@ class APISchemaAdapter(BaseSemanticAdapter):
             low, high = when["status_range"]
             return lambda values: (status := values[i]) is not None and low <= status <= high
         json_path = when["json_path"]
-        i = self.reader(("json_path", json_path), _path_reader(self._path(json_path)))
-        if "exists" in when:
+        read = _path_reader(self._path(json_path))
+        if "exists" in when:  # its own read, a bool: the value may be an object (a step keyed by it is not kept)
             exists = when["exists"]
-            return lambda values: ((v := values[i]) is not _MISSING and v is not None) == exists
+            i = self.reader(
+                ("json_path_present", json_path), lambda raw: (v := read(raw)) is not _MISSING and v is not None
+            )
+            return lambda values: values[i] == exists
+        i = self.reader(("json_path", json_path), read)
         if "equals" in when:
             expected = when["equals"]
             return self.keyed_leaf(
