@@ -14,6 +14,7 @@ action is masked out wherever it does not hold, and the entry handed to the chan
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any, ClassVar
 
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
@@ -89,15 +90,19 @@ def _table_reader(columns: tuple[tuple[str, str], ...], readers: tuple[Reader, .
     ``values[0]`` is the raw observation; a table that is absent reads every column as absent, one that
     is not a plain dict (None, a row object, a dict subclass) sends the step to the column readers.
     """
-    tables, names = tuple(t for t, _ in columns), tuple(c for _, c in columns)
-    absent_tables, absent_values = (_NO_TABLE,) * len(columns), (_MISSING,) * len(columns)
+    tables = tuple(dict.fromkeys(t for t, _ in columns))  # each table read once
+    rows_of = itemgetter(
+        *(tables.index(t) for t, _ in columns), 0
+    )  # every column's row (one more: a tuple even for one column)
+    names, absent_tables = tuple(c for _, c in columns), (_NO_TABLE,) * len(tables)
+    absent_values = (_MISSING,) * len(names)
     get = dict.get
 
     def read_all(raw: Any) -> list[Any]:
         if raw.__class__ is dict:
             rows = [*map(raw.get, tables, absent_tables)]
             if _PLAIN_ROWS.issuperset(map(type, rows)):
-                return [raw, *map(get, rows, names, absent_values)]
+                return [raw, *map(get, rows_of(rows), names, absent_values)]
         return [read(raw) for read in readers]
 
     return read_all
@@ -202,7 +207,7 @@ class DBAdapter(BaseSemanticAdapter):
         """All columns in one call when every one is ``table.column`` (the shape every mapping uses)."""
         keys: list[tuple[int, Any]] = sorted((index, key) for key, index in self._reader_index.items())
         columns = tuple(key[1] for _, key in keys)
-        if [index for index, _ in keys] != list(range(1, len(keys) + 1)) or any(len(c) != 2 for c in columns):
+        if not columns or [i for i, _ in keys] != list(range(1, len(keys) + 1)) or any(len(c) != 2 for c in columns):
             return None
         return _table_reader(columns, tuple(self._readers))
 
