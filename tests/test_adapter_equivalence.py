@@ -13,6 +13,7 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -217,3 +218,93 @@ def test_template_overrides_are_honoured_by_adapt_step() -> None:
     assert step.vec.tobytes() == encode(step.tokens, step.obs.features).tobytes() and math.isfinite(
         float(step.vec[N_TOKENS])
     )
+
+
+# ---------------------------------------------------------------- the step plan: shared per mapping, outcomes kept per values
+class _RowDict(dict):  # type: ignore[type-arg]
+    """A table that is a dict subclass: read through the column readers, not the plain-dict pass."""
+
+
+def _variants(raw: Mapping[str, Any]) -> list[Any]:
+    """One recorded order_db state with its numeric columns as equal values of other types (one dict key, but
+    a numeric rule reads ``np.int64`` as no number) and signed zeros, plus tables that are not plain dicts."""
+    out: list[Any] = []
+    for shown in (1, 1.0, True, np.int64(1), np.float64(1.0), "1", None):
+        for ratio in (0.0, -0.0, 0, 2.5, float("nan")):
+            state = {table: dict(row) if isinstance(row, Mapping) else row for table, row in raw.items()}
+            state["product"] = {**state.get("product", {}), "shown": shown, "stock": shown}
+            state["wallet"] = {"balance_ratio": ratio}
+            state["session"] = {"status": "active", "active": shown}
+            out.append(state)
+    out.append({**raw, "cart": None})
+    out.append({**raw, "cart": _RowDict(items=2)})
+    return out
+
+
+def test_kept_outcomes_tell_equal_values_of_different_types_apart() -> None:
+    entry = next(e for e in ENTRIES if e.family == "order_db")
+    adapter = entry.build_adapter()
+    states = [s for raw in _raw_states(entry)[:6] for s in _variants(raw)]
+    for ordering in (states, states[::-1], states):  # each type first once: a kept outcome never leaks across types
+        for raw in ordering:
+            assert_equivalent(adapter, raw)
+
+
+def test_adapters_of_one_mapping_share_their_step_plan() -> None:
+    entry = next(e for e in ENTRIES if e.family == "order_db")
+    first, second = entry.build_adapter(), entry.build_adapter()
+    assert first._step_plan is second._step_plan
+    other = DBAdapter(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT)
+    assert other._step_plan is not first._step_plan
+
+
+class _RawLeaf(DBAdapter):
+    """A template whose leaves read the raw observation itself: its own plan, and no outcome kept per values."""
+
+    template: ClassVar[str] = "db"
+    calls = 0
+
+    def compile_leaf(self, when: Mapping[str, Any], path: list[Any]) -> Any:
+        match = self.match
+
+        def leaf(values: list[Any]) -> bool:
+            _RawLeaf.calls += 1
+            return match(when, values[0])
+
+        return leaf
+
+
+def test_a_template_overriding_a_compile_hook_gets_its_own_plan_without_kept_outcomes() -> None:
+    adapters = [_RawLeaf(EDGE_MAPPING, "edge.json", vocabulary=CHECKOUT) for _ in range(2)]
+    assert adapters[0]._step_plan is not adapters[1]._step_plan
+    for raw in (EDGE_RAWS[0], EDGE_RAWS[0]):
+        before = _RawLeaf.calls
+        assert_equivalent(adapters[0], raw)
+        assert _RawLeaf.calls > before  # evaluated on every step
+
+
+def _page_variants(raw: Mapping[str, Any]) -> list[Any]:
+    """One recorded web page with its banner, element lists and fields in other shapes: read-only mappings,
+    tuples, names that are not strings, absent values (kept outcomes must not leak between them)."""
+    banners: tuple[Any, ...] = (None, {"kind": "error"}, MappingProxyType({"kind": "error"}), {}, {"kind": None})
+    buttons = (list(raw.get("buttons", [])), tuple(raw.get("buttons", [])), [1, "#x"], None)
+    fields = (dict(raw.get("fields", {})), MappingProxyType(dict(raw.get("fields", {}))), {"card": 1})
+    out: list[Any] = []
+    for banner, button, field in zip(banners * 3, buttons * 4, fields * 5, strict=False):
+        page = {**raw, "banner": banner, "fields": field}
+        if button is None:
+            page.pop("buttons", None)
+        else:
+            page["buttons"] = button
+        out.append(page)
+    out.append({k: v for k, v in raw.items() if k not in ("fields", "banner", "links")})
+    return out
+
+
+def test_kept_web_outcomes_tell_page_shapes_apart() -> None:
+    entry = next(e for e in ENTRIES if e.family == "web_checkout")
+    adapter = entry.build_adapter()
+    states = [s for raw in _raw_states(entry)[:8] for s in _page_variants(raw)]
+    for ordering in (states, states[::-1]):
+        for raw in ordering:
+            assert_equivalent(adapter, raw)

@@ -18,7 +18,7 @@ closure over its path's per-step value (one walk per distinct path per step); :m
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
@@ -52,6 +52,8 @@ class APISchemaAdapter(BaseSemanticAdapter):
     """Semantic adapter of HTTP JSON API channels (template ``api``)."""
 
     template: ClassVar[str] = "api"
+    SHARED_PLAN: ClassVar[bool] = True
+    MEMO_STEPS: ClassVar[bool] = True
     WHEN_SCHEMA: ClassVar[dict[str, Any]] = {
         "oneOf": [
             {
@@ -133,13 +135,17 @@ class APISchemaAdapter(BaseSemanticAdapter):
             low, high = when["status_range"]
             return lambda values: (status := values[i]) is not None and low <= status <= high
         json_path = when["json_path"]
-        i = self.reader(("json_path", json_path), _path_reader(self._path(json_path)))
+        read = _path_reader(self._path(json_path))
+        if "exists" in when:  # its own read, a bool: the value may be an object (a step keyed by it is not kept)
+            exists = when["exists"]
+            i = self.reader(
+                ("json_path_present", json_path), lambda raw: (v := read(raw)) is not _MISSING and v is not None
+            )
+            return lambda values: values[i] == exists
+        i = self.reader(("json_path", json_path), read)
         if "op" in when:
             compare, target = COMPARISONS[when["op"]], float(when["value"])
             return lambda values: _is_number(v := values[i]) and compare(v, target)
-        if "exists" in when:
-            exists = when["exists"]
-            return lambda values: ((v := values[i]) is not _MISSING and v is not None) == exists
         if "equals" in when:
             expected = when["equals"]
             return self.keyed_leaf(
@@ -151,16 +157,11 @@ class APISchemaAdapter(BaseSemanticAdapter):
     def compile_feature(self, source: str) -> Reader:
         """The number at a JSON path as ``extract`` reads it, plain floats without the generic checks."""
         read = _path_reader(self._path(source))
+        return lambda raw: _number(read(raw))
 
-        def number(raw: Any) -> float | None:
-            value = read(raw)
-            if value.__class__ is float or value.__class__ is int:
-                return value
-            if value is _MISSING or value is None or isinstance(value, (dict, list, str)):
-                return None
-            return float(value)
-
-        return number
+    def compile_feature_read(self, source: str) -> tuple[int, Callable[[Any], Any] | None]:
+        """A feature source is a JSON path: read once per step with the rules' paths, then taken as a number."""
+        return self.reader(("json_path", source), _path_reader(self._path(source))), _number
 
     # ------------------------------------------------------------------ reference engine
     def match(self, when: Mapping[str, Any], raw: Any) -> bool:
@@ -194,6 +195,15 @@ class APISchemaAdapter(BaseSemanticAdapter):
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float))  # booleans included, as ``extract`` reads them
+
+
+def _number(value: Any) -> Any:
+    """A path's value as a feature reads it: ints and floats as they are, absent or non-numeric as None."""
+    if value.__class__ is float or value.__class__ is int:
+        return value
+    if value is _MISSING or value is None or isinstance(value, (dict, list, str)):
+        return None
+    return float(value)
 
 
 def _status_code(raw: Any) -> Any:

@@ -23,9 +23,10 @@ Decision logging uses the ``agentflow.adapter`` logger at DEBUG level; the CLI t
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from typing import Any, ClassVar
 
 import jsonschema
@@ -40,20 +41,27 @@ from agentflow_core.adapters.compiled import (
     disjunction,
     dispatchable,
     identity,
-    rule_bits,
 )
 from agentflow_core.adapters.schema import _json_path, validate_mapping
+from agentflow_core.adapters.step_plan import StepPlan
 from agentflow_core.errors import MappingError
 from agentflow_core.semantics import SemanticObs, Vocabulary
 
 logger = logging.getLogger("agentflow.adapter")
 
 
-_FLOAT32_SAFE = 3.0e38  # |x| below this stays finite as float32; beyond it the exact numpy check runs
-_CACHE_LIMIT = 4096  # distinct token sets / masks kept per adapter (a handful occur in practice)
-
-# (tokens, sorted tokens, multi-hot block, legal mask, features presented as unknown) per token set
-TokenEntry = tuple[frozenset[str], tuple[str, ...], np.ndarray, np.ndarray, tuple[tuple[int, int, float], ...]]
+_PLAN_LIMIT = 256  # step plans kept (one per distinct mapping document, source and vocabulary)
+_PLANS: dict[tuple[Any, ...], tuple[Vocabulary, StepPlan]] = {}
+# what a template's compiled plan is made by (see BaseSemanticAdapter._declares)
+_COMPILE_HOOKS = (
+    "compile_leaf",
+    "compile_feature",
+    "compile_feature_read",
+    "compile_values",
+    "compile_available",
+    "holds",
+    "check_mapping",
+)
 
 
 class BaseSemanticAdapter:
@@ -66,17 +74,27 @@ class BaseSemanticAdapter:
     ``extract``/``available``, :meth:`reference_observation`, :meth:`reference_action_mask`)
     interprets the mapping document directly and logs every decision at DEBUG. The *compiled*
     engine (:meth:`adapt_step`, and ``adapt_observation``/``action_mask`` while DEBUG is off) turns
-    every token rule, feature rule and action condition into closures once, at load: a step reads
-    each raw value a rule needs once (:meth:`reader`), ORs precomputed token bits, and looks the
-    token set and mask up in caches that hold the multi-hot block, the sorted token tuple and the
-    mask array. Templates speed a leaf up by overriding :meth:`compile_leaf`,
+    every token rule, feature rule and action condition into closures once, at load, held by a
+    :class:`~agentflow_core.adapters.step_plan.StepPlan`: a step reads each raw value a rule or
+    feature needs once (:meth:`reader`, all at once where the template has :meth:`compile_values`)
+    and looks the step's whole outcome (tokens, mask, the vector without its context features) up
+    by those values; a new key ORs precomputed token bits and reads the token set's multi-hot block,
+    sorted tuple and mask from caches. Templates speed a leaf up by overriding :meth:`compile_leaf`,
     :meth:`compile_feature` and :meth:`compile_available`; by default those call ``match``,
     ``extract`` and ``available``, so a new template needs only the two hooks.
     ``tests/test_adapter_equivalence.py`` checks both engines agree bit for bit.
+
+    ``SHARED_PLAN``: the template's compiled closures depend on nothing but the mapping, its source and
+    the vocabulary, so adapters built from the same ones share one plan (and its caches).
+    ``MEMO_STEPS``: its compiled predicates read only the per-step reader values (never ``values[0]``,
+    the raw observation), so a step's outcome may be kept per distinct values. The defaults of the
+    hooks read ``values[0]``: both are off unless a template turns them on.
     """
 
     template: ClassVar[str] = ""
     WHEN_SCHEMA: ClassVar[dict[str, Any]] = {"type": "object"}
+    SHARED_PLAN: ClassVar[bool] = False
+    MEMO_STEPS: ClassVar[bool] = False
 
     def __init__(self, mapping: Mapping[str, Any], source: str = "<mapping>", *, vocabulary: Vocabulary) -> None:
         self.source = source
@@ -126,6 +144,19 @@ class BaseSemanticAdapter:
         """A feature source as ``raw -> float | None``; default: ``extract``."""
         extract = self.extract
         return lambda raw: extract(source, raw)
+
+    def compile_feature_read(self, source: str) -> tuple[int, Callable[[Any], Any] | None]:
+        """A feature source as (reader index, reader value -> number or None; None: the value is the number).
+
+        Default: :meth:`compile_feature` as its own reader. A template whose feature sources are values its
+        rules read too (a column) returns that reader and the conversion, so a step reads it once.
+        """
+        return self.reader(("feature", source), self.compile_feature(source)), None
+
+    def compile_values(self) -> Callable[[Any], list[Any]] | None:
+        """Called once the rules are compiled: one function computing every reader's value (the list a
+        predicate indexes) from a raw observation, or None to call the readers one by one."""
+        return None
 
     def compile_available(self, native_action: Mapping[str, Any], path: list[Any]) -> Predicate | None:
         """Availability of one native action as a predicate (None: always available); default: ``available``."""
@@ -246,11 +277,45 @@ class BaseSemanticAdapter:
 
     # ------------------------------------------------------------------ compiled engine
     def _compile(self) -> None:
+        """The mapping's :class:`StepPlan`, built once per (template, source, mapping, vocabulary) when the
+        template declares ``SHARED_PLAN``: envs over the same mapping share its closures and caches."""
+        key = self._plan_key()
+        shared = _PLANS.get(key) if key is not None else None
+        if shared is not None and shared[0] is self.vocabulary:
+            plan = shared[1]
+        else:
+            plan = self._build_plan()
+            if key is not None:
+                if len(_PLANS) >= _PLAN_LIMIT:
+                    _PLANS.clear()
+                _PLANS[key] = (self.vocabulary, plan)
+        self._step_plan = plan
+        cls = type(self)
+        self._compiled_step_ok = cls.adapt_observation is BaseSemanticAdapter.adapt_observation
+        self._plain_reward = cls.adapt_reward is BaseSemanticAdapter.adapt_reward
+
+    def _declares(self, flag: str) -> bool:
+        """Is ``flag`` on, and are the compile hooks those of the class that turned it on? (A subclass that
+        overrides one may read the raw observation or its own state: it gets neither sharing nor the memo.)"""
+        cls = type(self)
+        owner = next(c for c in cls.__mro__ if flag in c.__dict__)
+        return bool(getattr(cls, flag)) and all(getattr(cls, hook) is getattr(owner, hook) for hook in _COMPILE_HOOKS)
+
+    def _plan_key(self) -> tuple[Any, ...] | None:
+        if not self._declares("SHARED_PLAN"):
+            return None
+        try:
+            document = json.dumps(self.mapping, sort_keys=True)
+        except (TypeError, ValueError):  # a value JSON cannot write: this adapter compiles its own
+            return None
+        return type(self), self.source, document, id(self.vocabulary)  # the entry holds the vocabulary itself
+
+    def _build_plan(self) -> StepPlan:
         self._readers: list[Reader] = [identity]
         self._reader_index: dict[Hashable, int] = {}
         self._keyed: dict[int, tuple[Predicate, int, tuple[Any, ...]]] = {}
         own_holds = type(self).holds is not BaseSemanticAdapter.holds
-        self._token_tables, self._token_plan = self._plan(
+        token_rules = self._plan(
             [
                 (
                     self._compile_holds(rule["when"])
@@ -261,20 +326,15 @@ class BaseSemanticAdapter:
                 for i, rule in enumerate(self.token_rules)
             ]
         )
-        self._feature_names: tuple[str, ...] = tuple(r["feature"] for r in self.feature_rules) + self.unobservable
-        self._feature_plan: tuple[tuple[int, Reader, float, float, Any, Any], ...] = tuple(
+        features = tuple(
             (
                 self._feature_index[r["feature"]],
-                self.compile_feature(r["source"]),
+                *self.compile_feature_read(r["source"]),
                 float(r.get("scale", 1.0)),
                 float(r.get("default", 0.0)),
                 *r.get("clip", (0.0, 1.0)),
             )
             for r in self.feature_rules
-        )
-        # Clip bounds a float32 cannot hold leave the finiteness of the vector to the exact numpy check.
-        self._wide_clip = not all(
-            -_FLOAT32_SAFE <= b <= _FLOAT32_SAFE for *_, lo, hi in self._feature_plan for b in (lo, hi)
         )
         always, plan = 0, []
         for action, native in sorted(self.native_actions.items()):
@@ -283,13 +343,18 @@ class BaseSemanticAdapter:
                 always |= 1 << action
             else:
                 plan.append((predicate, 1 << action))
-        self._mask_always = always
-        self._mask_tables, self._mask_plan = self._plan(plan)
-        self._token_cache: dict[int, TokenEntry] = {}
-        self._mask_cache: dict[int, np.ndarray] = {}
-        cls = type(self)
-        self._compiled_step_ok = cls.adapt_observation is BaseSemanticAdapter.adapt_observation
-        self._plain_reward = cls.adapt_reward is BaseSemanticAdapter.adapt_reward
+        return StepPlan(
+            self.vocabulary,
+            self._readers,
+            self.compile_values(),
+            token_rules,
+            (always, self._plan(plan)),
+            self.process_masks,
+            features,
+            tuple(r["feature"] for r in self.feature_rules) + self.unobservable,
+            self.unobservable,
+            memo=self._declares("MEMO_STEPS"),
+        )
 
     def _plan(
         self, entries: list[tuple[Predicate, int]]
@@ -327,85 +392,6 @@ class BaseSemanticAdapter:
             return lambda values: not inner(values)
         return self.compile_leaf(when, path)
 
-    def _token_entry(self, bits: int) -> TokenEntry:
-        entry = self._token_cache.get(bits)
-        if entry is None:
-            tokens = self.contract.canonical(
-                frozenset(t for i, t in enumerate(self.vocabulary.tokens) if bits >> i & 1)
-            )
-            block = np.zeros(self.vocabulary.obs_dim, dtype=np.float32)
-            block[[self._token_index[t] for t in tokens]] = 1.0
-            block.flags.writeable = False
-            if len(self._token_cache) >= _CACHE_LIMIT:
-                self._token_cache.clear()
-            entry = self._token_cache[bits] = (
-                tokens,
-                tuple(sorted(tokens)),
-                block,
-                self.contract.legal_mask(tokens),
-                self._hidden(tokens),
-            )
-        return entry
-
-    def _hidden(self, tokens: frozenset[str]) -> tuple[tuple[int, int, float], ...]:
-        """(position among the step's feature values, block index, presented value) of every feature the
-        process presents as unknown in this business state: unobservable on this channel, or gated off."""
-        out = []
-        for position, name in enumerate(self._feature_names):
-            spec = self.contract.feature(name)
-            if name in self.unobservable or (spec.observed_with and spec.observed_with.isdisjoint(tokens)):
-                out.append((position, self._feature_index[name], spec.unknown))
-        return tuple(out)
-
-    def _mask(self, values: list[Any]) -> np.ndarray:
-        bits = rule_bits(self._mask_always, self._mask_tables, self._mask_plan, values)
-        mask = self._mask_cache.get(bits)
-        if mask is None:
-            mask = np.zeros(self._n_actions, dtype=bool)
-            mask[[a for a in range(self._n_actions) if bits >> a & 1]] = True
-            if not bits:  # never leave the policy without a legal move
-                mask[self._escape] = True
-            mask.flags.writeable = False
-            if len(self._mask_cache) >= _CACHE_LIMIT:
-                self._mask_cache.clear()
-            self._mask_cache[bits] = mask
-        return mask
-
-    def _compiled_step(self, raw: Any, context: Mapping[str, float] | None) -> AdaptedStep:
-        values = [read(raw) for read in self._readers]
-        bits = rule_bits(0, self._token_tables, self._token_plan, values)
-        tokens, ordered, block, legal, hidden = self._token_cache.get(bits) or self._token_entry(bits)
-        block_features = [0.0] * self._n_features
-        finite = not self._wide_clip
-        if context:
-            for name, value in context.items():
-                block_features[self._feature_index[name]] = value
-                if not -_FLOAT32_SAFE <= value <= _FLOAT32_SAFE:
-                    finite = False
-        rule_values: list[float] = []
-        for index, read, scale, default, lo, hi in self._feature_plan:
-            found = read(raw)
-            value = default if found is None else float(found) * scale
-            if value - value == 0.0:  # finite (inf - inf and nan - nan are nan); min(max(value, lo), hi):
-                if value < lo:
-                    value = lo
-                if value > hi:
-                    value = hi
-            else:
-                finite = False
-            rule_values.append(value)
-            block_features[index] = value
-        if hidden:
-            rule_values.extend(0.0 for _ in self.unobservable)
-            for position, index, unknown in hidden:
-                rule_values[position] = block_features[index] = unknown
-        vec = block.copy()
-        vec[self._n_tokens :] = block_features
-        if not finite:
-            finite = bool(np.isfinite(vec).all())
-        mask = legal if self.process_masks else self._mask(values)
-        return AdaptedStep(vec, mask, tokens, ordered, finite, context, self._feature_names, rule_values)
-
     # ------------------------------------------------------------------ public step API
     def adapt_step(self, raw: Any, context: Mapping[str, float] | None = None) -> AdaptedStep:
         """Encoded vector, tokens, mask (and SemanticObs on demand) of one raw observation in one pass.
@@ -414,7 +400,7 @@ class BaseSemanticAdapter:
         or ``action_mask``, this goes through those methods so logging and overrides take effect.
         """
         if self._compiled_step_ok and not logger.isEnabledFor(logging.DEBUG):
-            return self._compiled_step(raw, context)
+            return self._step_plan.step(raw, context)
         obs = self.adapt_observation(raw, context)
         vec = self.vocabulary.encode(obs.tokens, obs.features)
         mask = self.contract.legal_mask(obs.tokens) if self.process_masks else self.channel_action_mask(raw)
@@ -430,7 +416,7 @@ class BaseSemanticAdapter:
         """
         if logger.isEnabledFor(logging.DEBUG):
             return self.reference_observation(raw, context)
-        return self._compiled_step(raw, context).obs
+        return self._step_plan.step(raw, context).obs
 
     def adapt_action(self, action: int) -> dict[str, Any]:
         """Translate a semantic action into the channel-native action of the mapping file."""
@@ -451,11 +437,12 @@ class BaseSemanticAdapter:
 
     def action_mask(self, raw: Any) -> np.ndarray:
         """The process's legal actions in the business state of ``raw`` (a fresh array; the same on every channel)."""
-        return self._compiled_step(raw, None).mask.copy()
+        return self._step_plan.step(raw, None).mask.copy()
 
     def channel_action_mask(self, raw: Any) -> np.ndarray:
         """What the channel itself could issue in ``raw``: mapped and available (the audit compares it to the process)."""
-        return self._mask([read(raw) for read in self._readers]).copy()
+        plan = self._step_plan
+        return plan.channel_mask(plan.read_all(raw)).copy()
 
     def producible_tokens(self) -> set[str]:
         """Tokens at least one rule can emit (the audit compares this to the vocabulary)."""

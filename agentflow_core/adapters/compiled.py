@@ -62,7 +62,7 @@ class AdaptedStep:
         finite: bool,
         context: Mapping[str, float] | None,
         names: tuple[str, ...],
-        values: list[float],
+        values: Sequence[float],
         obs: SemanticObs | None = None,
     ) -> None:
         self.vec, self.mask, self.tokens, self.ordered, self.finite = vec, mask, tokens, ordered, finite

@@ -13,7 +13,8 @@ action is masked out wherever it does not hold, and the entry handed to the chan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any, ClassVar
 
 from agentflow_core.adapters.base import BaseSemanticAdapter, Predicate, Reader
@@ -22,6 +23,8 @@ from agentflow_core.errors import MappingError
 
 _COLUMN_PATTERN = r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$"
 _MISSING = object()
+_NO_TABLE: dict[str, Any] = {}  # an absent table: every column absent (never written)
+_PLAIN_ROWS = frozenset({dict})
 
 
 def _lookup(keys: tuple[str, ...], raw: Any) -> Any:
@@ -74,6 +77,37 @@ def _column_number(first: str, second: str) -> Reader:
     return number
 
 
+def _number(value: Any) -> Any:
+    """A column's value as a feature reads it: ints and floats as they are, booleans as 0/1, else None."""
+    if value.__class__ is float or value.__class__ is int:
+        return value
+    return None if value is _MISSING else _as_number(value)
+
+
+def _table_reader(columns: tuple[tuple[str, str], ...], readers: tuple[Reader, ...]) -> Callable[[Any], list[Any]]:
+    """Every ``table.column`` value at once: two C-level passes over plain dicts, the readers otherwise.
+
+    ``values[0]`` is the raw observation; a table that is absent reads every column as absent, one that
+    is not a plain dict (None, a row object, a dict subclass) sends the step to the column readers.
+    """
+    tables = tuple(dict.fromkeys(t for t, _ in columns))  # each table read once
+    rows_of = itemgetter(
+        *(tables.index(t) for t, _ in columns), 0
+    )  # every column's row (one more: a tuple even for one column)
+    names, absent_tables = tuple(c for _, c in columns), (_NO_TABLE,) * len(tables)
+    absent_values = (_MISSING,) * len(names)
+    get = dict.get
+
+    def read_all(raw: Any) -> list[Any]:
+        if raw.__class__ is dict:
+            rows = [*map(raw.get, tables, absent_tables)]
+            if _PLAIN_ROWS.issuperset(map(type, rows)):
+                return [raw, *map(get, rows_of(rows), names, absent_values)]
+        return [read(raw) for read in readers]
+
+    return read_all
+
+
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
@@ -86,6 +120,8 @@ class DBAdapter(BaseSemanticAdapter):
     """Semantic adapter for SQL channels: column/value rules over the rows read back."""
 
     template: ClassVar[str] = "db"
+    SHARED_PLAN: ClassVar[bool] = True
+    MEMO_STEPS: ClassVar[bool] = True
     WHEN_SCHEMA: ClassVar[dict[str, Any]] = {
         "type": "object",
         "required": ["column"],
@@ -162,6 +198,18 @@ class DBAdapter(BaseSemanticAdapter):
             return None if value is _MISSING else _as_number(value)
 
         return number
+
+    def compile_feature_read(self, source: str) -> tuple[int, Callable[[Any], Any] | None]:
+        """A feature source is a column: read once per step with the rules' columns, then taken as a number."""
+        return self._column(source), _number
+
+    def compile_values(self) -> Callable[[Any], list[Any]] | None:
+        """All columns in one call when every one is ``table.column`` (the shape every mapping uses)."""
+        keys: list[tuple[int, Any]] = sorted((index, key) for key, index in self._reader_index.items())
+        columns = tuple(key[1] for _, key in keys)
+        if not columns or [i for i, _ in keys] != list(range(1, len(keys) + 1)) or any(len(c) != 2 for c in columns):
+            return None
+        return _table_reader(columns, tuple(self._readers))
 
     def compile_available(self, native_action: Mapping[str, Any], path: list[Any]) -> Predicate | None:
         """The action's ``requires`` condition compiled like a token rule (None when it has none)."""

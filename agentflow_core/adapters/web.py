@@ -40,7 +40,8 @@ _BANNER_KINDS = ("error", "warning", "success", "info", "any", "none")
 REGEX_TIMEOUT_S = 0.05
 _NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 # What a page value reads as when the page lacks it (the same defaults ``match`` uses).
-_PAGE_DEFAULTS: dict[str, Any] = {"text": "", "buttons": (), "links": (), "forms": (), "fields": _NO_FIELDS}
+_PAGE_DEFAULTS: dict[str, Any] = {"text": "", "buttons": (), "links": (), "forms": (), "fields": frozenset()}
+_MEMBER_VALUES = frozenset({"buttons", "links", "forms", "fields"})
 
 
 def _leaf(key: str) -> dict[str, Any]:
@@ -51,6 +52,8 @@ class WebAdapter(BaseSemanticAdapter):
     """Semantic adapter for the DOM-like pages of the web channel."""
 
     template: ClassVar[str] = "web"
+    SHARED_PLAN: ClassVar[bool] = True
+    MEMO_STEPS: ClassVar[bool] = True
     WHEN_SCHEMA: ClassVar[dict[str, Any]] = {
         "type": "object",
         "additionalProperties": False,
@@ -78,6 +81,8 @@ class WebAdapter(BaseSemanticAdapter):
     # ------------------------------------------------------------------ compiled engine
     def _value(self, key: str) -> int:
         default = _PAGE_DEFAULTS.get(key)
+        if key in _MEMBER_VALUES:  # read for membership only: as a tuple / the dict's keys, so a step can be keyed
+            return self.reader(key, lambda raw: _members(raw.get(key, default)))
         return self.reader(key, lambda raw: raw.get(key, default))
 
     def _bounded_search(self, pattern: str, path: list[Any]) -> Callable[[str], bool]:
@@ -118,12 +123,20 @@ class WebAdapter(BaseSemanticAdapter):
             b, li, f = self._value("buttons"), self._value("links"), self._value("fields")
             return lambda values: selector in values[b] or selector in values[li] or name in values[f]
         if "banner" in when:
-            kind, i = when["banner"], self._value("banner")
-            if kind == "any":
-                return lambda values: values[i] is not None
-            if kind == "none":
-                return lambda values: values[i] is None
-            return lambda values: (values[i] or _NO_FIELDS).get("kind") == kind
+            kind = when["banner"]
+            if kind in ("any", "none"):
+                shown = kind == "any"
+                i = self.reader("banner_shown", lambda raw: raw.get("banner") is not None)
+                return lambda values: values[i] is shown
+            i = self.reader("banner_kind", _banner_kind)
+
+            def banner_is(values: list[Any]) -> bool:
+                found = values[i]
+                if found.__class__ is _Banner:
+                    return (found.banner or _NO_FIELDS).get("kind") == kind
+                return bool(found == kind)
+
+            return banner_is
         return self._compile_field(when)
 
     def _compile_field(self, when: Mapping[str, Any]) -> Predicate:
@@ -212,6 +225,33 @@ class WebAdapter(BaseSemanticAdapter):
         if kind == "type":
             return native_action.get("field") in raw.get("fields", {})
         return kind in ("navigate", "noop")
+
+
+def _members(value: Any) -> Any:
+    """A page list as a tuple, a dict as the frozenset of its keys (``x in`` answers the same); else as it is."""
+    if value.__class__ is list:
+        return tuple(value)
+    if value.__class__ is dict:
+        return frozenset(value)
+    return value
+
+
+class _Banner:
+    """A banner that is not a plain dict, carried to the leaf that reads its kind (as the reference engine does)."""
+
+    __slots__ = ("banner",)
+
+    def __init__(self, banner: Any) -> None:
+        self.banner = banner
+
+
+def _banner_kind(raw: Mapping[str, Any]) -> Any:
+    banner = raw.get("banner")
+    if banner is None:
+        return None
+    if banner.__class__ is dict:
+        return banner.get("kind")
+    return _Banner(banner)
 
 
 def _lookup(name: str, raw: Mapping[str, Any]) -> Any:

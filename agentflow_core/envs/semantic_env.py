@@ -27,6 +27,9 @@ from agentflow_core.envs.base import PhysicalEnv, StepResult
 from agentflow_core.errors import EnvCrashError, EnvError, EnvInvalidError
 from agentflow_core.semantics import SemanticObs, Vocabulary
 
+# (obs, reward, terminated, truncated, step_id, risk, failure_reason, action mask): what a pool keeps of a step
+StepRow = tuple[np.ndarray, float, bool, bool, int, float, Any, np.ndarray, float]
+
 
 @functools.cache
 def _space_prototypes(obs_dim: int, n_actions: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
@@ -93,6 +96,31 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
     def step(self, action: np.int64 | int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Gymnasium step on a semantic action; a crash of the physical env becomes an :class:`EnvCrashError`."""
         action = int(action)
+        result, step, reward = self._advance(action)
+        info = self._info(result.info, step, self._risk(action, result.info))
+        info["raw_reward"] = float(result.reward)
+        return step.vec, reward, bool(result.terminated), bool(result.truncated), info
+
+    def step_row(self, action: int) -> StepRow:
+        """:meth:`step` without its info dict, for a pool that keeps only these fields of it:
+        (obs, reward, terminated, truncated, step_id, risk, failure_reason, mask, business_value). The mask
+        is the adapter's shared read-only array (``step``'s info carries a copy); the business value is the
+        channel's ``info["business_value"]``, NaN when it reports none."""
+        result, step, reward = self._advance(action)
+        info = result.info
+        return (
+            step.vec,
+            reward,
+            bool(result.terminated),
+            bool(result.truncated),
+            self.step_id,
+            self._risk(action, info),
+            info.get("failure_reason"),
+            step.mask,
+            math.nan if (value := info.get("business_value")) is None else float(value),
+        )
+
+    def _advance(self, action: int) -> tuple[StepResult, AdaptedStep, float]:
         self.step_id += 1
         native = self.adapter.adapt_action(action)
         try:
@@ -105,9 +133,7 @@ class SemanticEnv(gym.Env[np.ndarray, np.int64]):
         reward = self.adapter.step_reward(result.reward, step, result.info)
         if not math.isfinite(reward):
             raise EnvInvalidError(self.env_id, self.step_id, f"non-finite reward {reward!r}")
-        info = self._info(result.info, step, self._risk(action, result.info))
-        info["raw_reward"] = float(result.reward)
-        return step.vec, float(reward), bool(result.terminated), bool(result.truncated), info
+        return result, step, float(reward)
 
     def _risk(self, action: int, channel_info: dict[str, Any]) -> float:
         """The channel's own risk figure, else the action's declared risk if the channel applied it."""

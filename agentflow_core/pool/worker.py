@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from agentflow_core.envs.semantic_env import SemanticEnv
+from agentflow_core.envs.semantic_env import SemanticEnv, StepRow
 from agentflow_core.errors import EnvError
 from agentflow_core.pool.base import (
     ENV_CRASH,
@@ -330,11 +330,8 @@ class EnvWorker:
                 truncated[row] = True
                 failure_reason[row] = WORKER_LOST
                 continue
-            obs, reward[row], ended_ok, cut, info, mask = res
+            obs, reward[row], ended_ok, cut, step_id[row], risk[row], failure_reason[row], mask, value[row] = res
             out.obs[row], out.action_mask[row] = obs, mask
-            step_id[row], risk[row] = info.get("step_id", 0), info.get("risk", 0.0)
-            value[row] = business_value(info)
-            failure_reason[row] = info.get("failure_reason")
             if ended_ok or cut:
                 terminated[row], truncated[row] = ended_ok, cut
                 del self._active[slot]
@@ -395,15 +392,28 @@ class EnvWorker:
             dtype=np.int64,
         )
 
-    def _step_one(self, item: tuple[PoolEnv, int] | None) -> tuple[Any, ...] | None:
+    def _step_one(self, item: tuple[PoolEnv, int] | None) -> StepRow | None:
+        """One env step as the row fields the batch keeps (a SemanticEnv builds no info dict for it)."""
         if item is None:
             return None
         env, action = item
+        if env.__class__ is SemanticEnv:  # it raises EnvInvalidError itself
+            return env.step_row(action)
         obs, reward, terminated, truncated, info = env.step(action)
-        if not isinstance(env, SemanticEnv):  # SemanticEnv raises EnvInvalidError itself; don't check twice
+        if not isinstance(env, SemanticEnv):  # a subclass checks itself too; don't check twice
             self._check_finite(obs, reward, info.get("env_id", "?"), info.get("step_id", -1))
         mask = info.get("action_mask")
-        return obs, reward, terminated, truncated, info, env.action_masks() if mask is None else mask
+        return (
+            obs,
+            reward,
+            terminated,
+            truncated,
+            info.get("step_id", 0),
+            info.get("risk", 0.0),
+            info.get("failure_reason"),
+            env.action_masks() if mask is None else mask,
+            business_value(info),
+        )
 
     @staticmethod
     def _check_finite(obs: np.ndarray, reward: float, env_id: Any, step_id: int) -> None:
