@@ -3,7 +3,7 @@
 A token is a *key state* when an episode that passes through it ends in the outcome its variant
 accepts (the goal, or the handled outcome that is right for it) much more often than episodes do on
 average, and when it is rare on *cold* variants -- those whose exploration episodes reach that
-outcome less often than ``cold_threshold`` (the pool scheduler's notion of cold). Such a token marks
+outcome less often than ``cold_threshold``, where success is sparse. Such a token marks
 progress the learner sees seldom exactly where the reward is sparse, so a small once-per-episode
 bonus on it (a shaping term, :mod:`agentflow_core.rl.reward`) carries the signal earlier.
 

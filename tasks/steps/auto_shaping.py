@@ -26,7 +26,7 @@ def auto_shaped(
         return ctx, []
     vocab = ctx.vocabulary
     accepted = {v.content_hash: vocab.accepted_outcomes(v.params) for v in read_splits(catalogue_path)["train"]}
-    limits = KeyStateLimits(weight=rc.auto_shaping_weight, cold_threshold=ctx.cfg.pool.cold_threshold)
+    limits = KeyStateLimits(weight=rc.auto_shaping_weight)
     keys = mine_key_states(iter_episodes(Path(trajectories_dir), vocabulary=vocab), accepted, limits)
     terms = [
         ShapingTerm.model_validate({"condition": k.token, "reward": k.reward}, context={"vocabulary": vocab})
