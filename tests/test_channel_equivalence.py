@@ -33,6 +33,7 @@ SEEDS = (0, 7)
 SCAFFOLD = "scaffold"
 ENV_DIRS: dict[str, Path | None] = {
     "checkout": REPO / "configs/envs",
+    "checkout_v2": REPO / "configs/checkout_v2/envs",
     "refund": REPO / "configs/refund/envs",
     SCAFFOLD: None,  # written into a temporary project by the fixture
 }
@@ -40,9 +41,11 @@ ENV_DIRS: dict[str, Path | None] = {
 FAULT_TOKENS = {"checkout": frozenset({"NETWORK_TIMEOUT", "SERVER_ERROR", "PAGE_NOT_FOUND"})}
 FAULT_TOKENS["refund"] = frozenset({"SERVICE_TIMEOUT"})
 FAULT_TOKENS[SCAFFOLD] = frozenset({"TIMEOUT"})
+FAULT_TOKENS["checkout_v2"] = frozenset()  # its outage is business state, the same on every channel
 
 # Paired scenarios, faults off: checkout's user tiers and start stages, a short wallet, certain declines;
-# refund's evidence-required order value, flagged account and a review already under way.
+# refund's evidence-required order value, flagged account and a review already under way; checkout_v2's cards,
+# a new customer and a flagged account (its hidden causes drawn from the seed, the same on every channel).
 CLEAN: dict[str, list[dict[str, Any]]] = {
     "checkout": [
         {"card_decline_rate": 0.0},
@@ -56,11 +59,13 @@ CLEAN: dict[str, list[dict[str, Any]]] = {
     ],
     "refund": [{}, {"order_value": 150.0}, {"account": "flagged"}, {"entry_stage": "under_review"}],
     SCAFFOLD: [{}, {"plan": "annual"}, {"account": "disputed"}, {"plan": "annual", "plan_price": 80.0}],
+    "checkout_v2": [{}, {"card": "prepaid", "customer": "new"}, {"account": "flagged"}, {"card": "credit"}],
 }
 FAULTY: dict[str, list[dict[str, Any]]] = {
     "checkout": [{"card_decline_rate": 0.0, "network": "packet_loss_5%"}],
     "refund": [{"network": "packet_loss_5%"}],
     SCAFFOLD: [{"network": "packet_loss_5%", "plan": "annual"}],
+    "checkout_v2": [{"gateway": "flaky", "card": "prepaid"}],
 }
 
 Step = tuple[frozenset[str], dict[str, float], tuple[bool, ...]]

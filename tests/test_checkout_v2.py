@@ -21,6 +21,7 @@ from agentflow_core.pool.episodes import EXPERT, ORACLE, ActorSpec, EpisodePlaye
 from agentflow_core.pool.worker import EnvWorker
 from tasks.config_io import load_config
 from tasks.context import PhaseContext
+from tasks.steps.train_references import oracle_available
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "params-checkout-v2.yaml"
@@ -168,3 +169,25 @@ def test_exploration_and_the_bc_data_never_ask_for_the_oracle(
     env.reset(seed=0)
     oracle_action(env)
     assert calls == [1]  # the count sees a call where one is made
+
+
+@pytest.mark.parametrize("channel", ["checkout_v2_web_v1", "checkout_v2_rows_v1", "checkout_v2_http_v1"])
+def test_the_oracle_plays_the_simulator_s_episode_on_every_channel(ctx: PhaseContext, channel: str) -> None:
+    variant = {"card": "prepaid", "gateway": "flaky", "customer": "new", "account": "ok", "order_value": 150.0}
+
+    def oracle_episode(env_id: str, seed: int) -> tuple[list[int], float]:
+        env = ctx.registry.get(env_id).make(variant)
+        try:
+            env.reset(seed=seed)
+            actions, info, done = [], {}, False
+            while not done:
+                actions.append(oracle_action(env))
+                _, _, terminated, truncated, info = env.step(actions[-1])
+                done = terminated or truncated
+            return actions, float(info["business_value"])
+        finally:
+            env.close()
+
+    for seed in (0, 1, 2):
+        assert oracle_episode(channel, seed) == oracle_episode(ENV, seed)
+    assert oracle_available(ctx)

@@ -107,6 +107,13 @@ class RewardConfig(_Section):
     risk_penalty: Annotated[float, Field(ge=0.0, le=1e3)] = 0.0
     risk_threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.3
     shaping: list[ShapingTerm] = []
+    auto_shaping: bool = Field(
+        False,
+        description="Add shaping terms for the key states mined from the exploration data (agentflow_core.rl.key_states).",
+    )
+    auto_shaping_weight: Annotated[float, Field(gt=0.0, le=10.0)] = Field(
+        0.2, description="A mined term pays weight x lift x the mean return of the episodes that reached their outcome."
+    )
     model_url: str | None = None
     model_timeout_s: TimeoutS = 0.5
     normalize: bool = True

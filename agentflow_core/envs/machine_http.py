@@ -21,6 +21,7 @@ the episode's ``business_value`` and ``outcome`` from the reply, as the simulato
 from __future__ import annotations
 
 from collections.abc import Mapping
+from http import HTTPStatus
 from typing import Any
 
 from agentflow_core.envs.base import INAPPLICABLE_REWARD, StepResult
@@ -29,6 +30,7 @@ from agentflow_core.envs.http_channel_spec import OperationTable, client_config,
 from agentflow_core.envs.http_client import ResilientClient
 from agentflow_core.envs.machine_service import machine_id, openapi_document, shared_service
 from agentflow_core.envs.state_machine import StateMachineEnv, family_and_version
+from agentflow_core.errors import ConfigError
 from agentflow_core.semantics import Vocabulary
 
 # The client's settings: a dropped request is the policy's to retry (no automatic re-send), and the
@@ -166,6 +168,17 @@ class MachineHttpEnv:
                 outcome=outcome.get("outcome") if result.terminated else ("truncated" if result.truncated else None),
             )
         return result
+
+    def oracle_action(self) -> str:
+        """The oracle's machine action in the session's state, asked of the service (evaluation only)."""
+        session = self.http.saved.get("session")
+        reply = self.http.client.request("GET", f"/sessions/{session}/oracle", faults=False)
+        action = (reply.json or {}).get("action")
+        if reply.status_code == HTTPStatus.UNPROCESSABLE_ENTITY:
+            raise ConfigError(self.env_id, "oracle", None, "an oracle section (rules and fallback)")
+        if not isinstance(session, str) or reply.status_code != HTTPStatus.OK or not isinstance(action, str):
+            raise RuntimeError(f"env {self.env_id}: the machine service gave no oracle action ({reply.status_code})")
+        return action
 
     def close(self) -> None:
         """End the open session and release the client's connections."""

@@ -10,6 +10,7 @@ this module is only its HTTP form, generic for every machine. A real server on `
     POST   /machines/{machine}/sessions    {"scenario": {...}, "seed": n} -> 201, a new session
     POST   /sessions/{session}/actions/{ACTION}   one machine action
     GET    /sessions/{session}             the session as it stands
+    GET    /sessions/{session}/oracle      {"action": ...}: what the oracle (it reads the hidden state) does now
     DELETE /sessions/{session}             end it early
 
 Every reply about a session carries it, with the visible variables nested under ``record``::
@@ -59,6 +60,7 @@ _ROUTES = (
     ("POST", re.compile(r"^/machines/(?P<machine>[^/]+)/sessions$"), "open"),
     ("POST", re.compile(r"^/sessions/(?P<session>[^/]+)/actions/(?P<action>[^/]+)$"), "act"),
     ("GET", re.compile(r"^/sessions/(?P<session>[^/]+)$"), "read"),
+    ("GET", re.compile(r"^/sessions/(?P<session>[^/]+)/oracle$"), "oracle"),
     ("DELETE", re.compile(r"^/sessions/(?P<session>[^/]+)$"), "close"),
 )
 
@@ -241,6 +243,15 @@ class MachineState:
         with session.lock:
             return self._body(session_id, session, None)
 
+    def oracle(self, session_id: str) -> dict[str, Any]:
+        """The oracle's machine action in the session's state (evaluation only: it reads the hidden variables)."""
+        session = self._session(session_id)
+        with session.lock:
+            try:
+                return {"action": session.env.oracle_action()}
+            except ConfigError:
+                raise Refusal(HTTPStatus.UNPROCESSABLE_ENTITY, "the machine declares no oracle") from None
+
     def close(self, session_id: str) -> dict[str, Any]:
         """End a session early."""
         with self._lock:
@@ -348,6 +359,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return HTTPStatus.CREATED, state.open(key["machine"], self._read_body())
             if name == "act":
                 return state.act(key["session"], key["action"])
+            if name == "oracle":
+                return HTTPStatus.OK, state.oracle(key["session"])
             return HTTPStatus.OK, state.read(key["session"]) if name == "read" else state.close(key["session"])
         raise Refusal(HTTPStatus.NOT_FOUND, f"no route {method} {path[:80]}")
 

@@ -63,6 +63,7 @@ from agentflow_core.variants import VariantSpec
 from tasks.budgets import budget_metrics
 from tasks.compose import build_rollouts, recovery_summary, reward_function
 from tasks.context import PhaseContext
+from tasks.steps.auto_shaping import auto_shaped
 from tasks.steps.evaluation import FINAL_EVAL_EPISODES
 from tasks.steps.offline import offline_start
 from tasks.steps.train_outputs import plot_curves, train_metrics, train_summary, write_outputs
@@ -130,6 +131,9 @@ def run_train(
     every update's impedance metrics (``impedance/*``, docs/design.md §7.1) go to the sink and the summary.
     """
     check_output(Path(out_dir), MIN_FREE_BYTES)  # its checkpoints are rotated, not doubled: the floor is the estimate
+    ctx, key_states = auto_shaped(ctx, catalogue_path, trajectories_dir)
+    if ctx.cfg.train.reward.auto_shaping:
+        write_json(Path(out_dir) / "key_states.json", key_states)
     resources = ExitStack()  # pools and the reward-model client, closed however training ends
     with ExitStack() as on_error:
         on_error.push(resources)
