@@ -40,7 +40,7 @@ from agentflow_core.pool.base import PoolBatch, RegistryEnvFactory
 from agentflow_core.pool.inprocess import InProcessPool
 from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
-from agentflow_core.semantics import CHECKOUT
+from agentflow_core.semantics import CHECKOUT, Vocabulary
 from agentflow_core.variants import BaseEnvInfo, VariantSpec, content_hash, generate_variants
 
 GOAL_INDEX = CHECKOUT.token_index()[CHECKOUT.goal]
@@ -78,6 +78,7 @@ class GymIdFactory:
     """Env factory building every slot from one registered Gymnasium id (picklable)."""
 
     gym_id: str
+    vocabulary: Vocabulary  # the process the registered id's envs speak
 
     def __call__(self, variant: Any) -> GymIdEnv:
         """A fresh env of the id; ``variant`` is ignored, there is only one."""
@@ -213,7 +214,7 @@ def _matched_train_config(n_envs: int, n_steps: int, minibatch: int, epochs: int
 def _gym_pool(gym_id: str, n_envs: int, seed: int) -> InProcessPool:
     spec = VariantSpec(f"bench_{gym_id.replace('/', '_')}", gym_id, "bench", {}, content_hash(gym_id, {}))
     return InProcessPool(
-        [spec], GymIdFactory(gym_id), n_envs, PoolConfig(num_workers=0, scheduler="uniform"), seed=seed
+        [spec], GymIdFactory(gym_id, CHECKOUT), n_envs, PoolConfig(num_workers=0, scheduler="uniform"), seed=seed
     )
 
 

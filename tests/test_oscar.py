@@ -224,11 +224,12 @@ def test_train_on_oscar_continues_a_policy_and_measures_the_gap_before_and_after
         {},
         {"vocab_version": VOCAB_VERSION, "hidden_sizes": [64, 64]},
     )
-    summary = finetune_on_oscar(PhaseContext.of(cfg), str(start), tmp_path / "out", total_steps=16)
+    ctx = PhaseContext.of(cfg)
+    summary = finetune_on_oscar(ctx, str(start), tmp_path / "out", total_steps=16)
     assert summary["total_steps"] == 16 and len(summary["curve"]) == 1
     assert summary["before"]["episodes"] == summary["after"]["episodes"] == 2
     for side in ("before", "after"):
         run = summary[side]
         assert run["gap"] == pytest.approx(run["sim_process_success"] - run["real_process_success"])
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["metrics"] == summary["metrics"]
-    assert load_policy(summary["finetuned"]["checkpoint"]).checkpoint == summary["finetuned"]["checkpoint"]
+    assert load_policy(summary["finetuned"]["checkpoint"], ctx.process).checkpoint == summary["finetuned"]["checkpoint"]

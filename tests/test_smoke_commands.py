@@ -64,6 +64,7 @@ ELSEWHERE: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "learning"): ("tests/test_bench_learning.py", 'bench_app, ["learning", "--params"'),
     ("bench", "forgetting"): ("tests/test_bench_forgetting.py", 'bench_app, ["forgetting", "--params"'),
     ("process", "new"): ("tests/test_process_new.py", 'app, ["process", "new", NAME]'),
+    ("process", "forms"): ("tests/test_machine_forms.py", 'app, ["process", "forms", "formless"]'),
 }
 # command -> the test of this module that runs it
 HERE: dict[tuple[str, ...], str] = {
