@@ -221,7 +221,8 @@ class PoolDriver(ABC):
         sent = np.zeros(self.num_envs, bool)
         sent[stepping] = True
         pending = self._hold_pending(rows, actions, lost, sent)
-        failed = [i for i, r in enumerate(rows.failure_reason) if r in POOL_FAILURES]
+        reasons = rows.failure_reason
+        failed = [] if POOL_FAILURES.isdisjoint(reasons) else [i for i, r in enumerate(reasons) if r in POOL_FAILURES]
         rows.truncated[failed] = True
         rows.terminated[failed] = False
         # A failed step has no valid observation: the episode's last good one is its final obs.
