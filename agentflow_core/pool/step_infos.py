@@ -11,7 +11,6 @@ eager build gives, built a whole batch at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -69,7 +68,18 @@ class SlotInfos:
             risk.tolist(),
             strict=True,
         )
-        infos = list(map(dict, map(zip, repeat(INFO_KEYS), columns)))
+        infos = [  # a dict display: twice as fast as dict(zip(INFO_KEYS, row))
+            {
+                "env_id": env_id,
+                "variant_index": v,
+                "variant_hash": variant_hash,
+                "step_id": step,
+                "failure_reason": reason,
+                "tokens": tokens,
+                "risk": r,
+            }
+            for env_id, v, variant_hash, step, reason, tokens, r in columns
+        ]
         for slot, extra in extras.items():
             infos[slot].update(extra)
         return infos
