@@ -340,11 +340,11 @@ class EnvWorker:
                 del self._active[slot]
                 self._park(active.variant_index, active.env, active.base_env_id)
         out.reward[:], out.step_id[:], out.risk[:], out.business_value[:] = reward, step_id, risk, value
-        if len(answered) == n:
-            np.stack(obs_rows, out=out.obs, casting="unsafe")
-            np.stack(mask_rows, out=out.action_mask, casting="unsafe")
-        elif answered:
-            out.obs[answered], out.action_mask[answered] = np.stack(obs_rows), np.stack(mask_rows)
+        if len(answered) == n:  # one conversion of the whole list (np.stack costs more than a write per row)
+            out.obs[:], out.action_mask[:] = obs_rows, mask_rows
+        else:
+            for row, obs, mask in zip(answered, obs_rows, mask_rows, strict=True):
+                out.obs[row], out.action_mask[row] = obs, mask
         for row in unusual:
             self._unusual_row(row, slot_list[row], results[row], out)
         return out
