@@ -3,8 +3,8 @@
 A pool step keeps, per slot, what its info dict says (the slot's variant before the autoreset, the
 step id, failure reason, hot tokens and risk of the step) plus the few entries the step added to
 some slots (a pending step, an episode's end, the next episode); :class:`LazyInfoBatch` turns them
-into the list of dicts on the first read of ``infos``. A caller that reads no info (a benchmark, an
-evaluation counting ends) pays for none; one that does gets the very dicts, values and key order an
+into the list of dicts on the first read of ``infos``. A caller that reads no info (a benchmark's
+timed loop) pays for none; one that does gets the very dicts, values and key order an
 eager build gives, built a whole batch at a time.
 """
 

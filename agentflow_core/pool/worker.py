@@ -340,7 +340,7 @@ class EnvWorker:
                 del self._active[slot]
                 self._park(active.variant_index, active.env, active.base_env_id)
         out.reward[:], out.step_id[:], out.risk[:], out.business_value[:] = reward, step_id, risk, value
-        if len(answered) == n:  # one conversion of the whole list (np.stack costs more than a write per row)
+        if answered and len(answered) == n:  # one conversion of the whole list (np.stack costs more than a row write)
             out.obs[:], out.action_mask[:] = obs_rows, mask_rows
         else:
             for row, obs, mask in zip(answered, obs_rows, mask_rows, strict=True):
