@@ -3,6 +3,7 @@ from a step's env (its business value, the oracle's action for evaluation)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,8 +54,9 @@ class WorkerBatch:
         self.terminated[s], self.truncated[s] = part.terminated, part.truncated
         self.step_id[s], self.risk[s] = part.step_id, part.risk
         self.business_value[s] = part.business_value
-        for slot, reason in zip(s.tolist(), part.failure_reason, strict=True):
-            self.failure_reason[slot] = reason
+        if len(part.failure_reason) != len(s):
+            raise ValueError(f"{len(part.failure_reason)} failure reasons for {len(s)} slots")
+        deque(map(self.failure_reason.__setitem__, s.tolist(), part.failure_reason), maxlen=0)  # a C-level loop
 
 
 def oracle_action(env: Any) -> int:

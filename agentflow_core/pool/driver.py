@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from agentflow_core.pool.base import (
 )
 from agentflow_core.pool.batch import WorkerBatch
 from agentflow_core.pool.scheduler import EpisodeStats
+from agentflow_core.pool.step_infos import LazyInfoBatch, SlotInfoRows, SlotInfos
 from agentflow_core.semantics import Vocabulary
 from agentflow_core.variants import stable_worker
 
@@ -39,7 +41,6 @@ logger = logging.getLogger("agentflow.pool")
 MAX_RESET_ROUNDS = 16
 # How often a pool step whose every slot is pending asks again whether one of them returned.
 PENDING_POLL_S = 0.005
-TOKEN_CACHE_LIMIT = 4096  # distinct hot-token rows kept by _row_tokens (a business state each, a few hundred)
 
 
 def _all_pending(results: dict[int, WorkerBatch | None]) -> bool:
@@ -71,9 +72,9 @@ class PoolDriver(ABC):
         self._n_tokens = vocabulary.n_tokens
         self._goal = vocabulary.token_index()[vocabulary.goal]
         self._token_names = np.array(vocabulary.tokens, dtype=object)
-        self._tokens_of_row: dict[bytes, list[str]] = {}  # a row's hot-token bytes -> its token names
         self.env_ids = [v.env_id for v in self.variants]
         self.variant_hashes = [v.content_hash for v in self.variants]
+        self._slot_infos = SlotInfos(self.env_ids, self.variant_hashes, self._token_names)
         self.worker_of = np.fromiter(
             (stable_worker(e, self.n_workers) for e in self.env_ids), np.int64, len(self.env_ids)
         )
@@ -220,19 +221,31 @@ class PoolDriver(ABC):
         sent = np.zeros(self.num_envs, bool)
         sent[stepping] = True
         pending = self._hold_pending(rows, actions, lost, sent)
-        failed = [i for i, r in enumerate(rows.failure_reason) if r in POOL_FAILURES]
+        reasons = rows.failure_reason
+        failed = [] if POOL_FAILURES.isdisjoint(reasons) else [i for i, r in enumerate(reasons) if r in POOL_FAILURES]
         rows.truncated[failed] = True
         rows.terminated[failed] = False
         # A failed step has no valid observation: the episode's last good one is its final obs.
         rows.obs[failed] = self._obs[failed]
         rows.step_id[failed] = self._step_id[failed] + 1
         self._ep_return += rows.reward
-        self._ep_tokens |= rows.obs[:, : self._n_tokens] > 0.5
+        hot = rows.obs[:, : self._n_tokens] > 0.5
+        self._ep_tokens |= hot
         stepped = ~lost & ~pending if active is None else active & ~lost & ~pending
         self._ep_length += stepped
         self._step_id = rows.step_id.copy()
         self.counters["steps"] += int(stepped.sum())
-        infos = self._infos(rows)
+        # The infos are built when first read, from this step's values; the step adds entries to some slots.
+        infos: defaultdict[int, dict[str, Any]] = defaultdict(dict)
+        build = partial(
+            self._slot_infos.build,
+            self._slot_variant.copy(),
+            rows.step_id,
+            list(rows.failure_reason),
+            hot,
+            rows.risk,
+            infos,
+        )
         for s in np.flatnonzero(pending).tolist():
             infos[s]["step_pending"] = True
         for s in np.flatnonzero(was_pending & ~pending).tolist():  # the step that was pending returned
@@ -243,14 +256,14 @@ class PoolDriver(ABC):
         self._finish_episodes(ended, rows, infos)
         self._autoreset(ended, rows, infos, final_obs)
         self._obs, self._mask = rows.obs, rows.action_mask
-        return PoolBatch(
+        return LazyInfoBatch(
             rows.obs,
             rows.action_mask,
             rows.reward,
             rows.terminated,
             rows.truncated,
             final_obs,
-            infos,
+            build,
             pending if pending.any() else None,
         )
 
@@ -340,33 +353,6 @@ class PoolDriver(ABC):
     def _tokens(self, obs_row: np.ndarray) -> list[str]:
         return self._token_names[obs_row[: self._n_tokens] > 0.5].tolist()
 
-    def _row_tokens(self, hot_row: np.ndarray) -> list[str]:
-        """The token names of one row's hot-token flags, a fresh list (a business state's set is looked up once)."""
-        key = hot_row.tobytes()
-        names = self._tokens_of_row.get(key)
-        if names is None:
-            if len(self._tokens_of_row) >= TOKEN_CACHE_LIMIT:
-                self._tokens_of_row.clear()
-            names = self._tokens_of_row[key] = self._token_names[hot_row].tolist()
-        return list(names)
-
-    def _infos(self, rows: WorkerBatch) -> list[dict[str, Any]]:
-        v = self._slot_variant.tolist()
-        step_id, risk = rows.step_id.tolist(), rows.risk.tolist()
-        hot = rows.obs[:, : self._n_tokens] > 0.5
-        return [
-            {
-                "env_id": self.env_ids[v[i]],
-                "variant_index": v[i],
-                "variant_hash": self.variant_hashes[v[i]],
-                "step_id": step_id[i],
-                "failure_reason": rows.failure_reason[i],
-                "tokens": self._row_tokens(hot[i]),
-                "risk": risk[i],
-            }
-            for i in range(self.num_envs)
-        ]
-
     def _mark_lost(self, rows: WorkerBatch, slots: np.ndarray, last_obs: np.ndarray) -> None:
         rows.obs[slots] = last_obs[slots]
         rows.truncated[slots], rows.terminated[slots], rows.reward[slots] = True, False, 0.0
@@ -374,7 +360,7 @@ class PoolDriver(ABC):
         for s in slots.tolist():
             rows.failure_reason[s] = WORKER_LOST
 
-    def _finish_episodes(self, slots: Sequence[int], rows: WorkerBatch, infos: list[dict[str, Any]]) -> None:
+    def _finish_episodes(self, slots: Sequence[int], rows: WorkerBatch, infos: SlotInfoRows) -> None:
         """Episode-end bookkeeping: infos, scheduler update, failure counts and quarantine."""
         for s in slots:
             v = int(self._slot_variant[s])
@@ -428,9 +414,7 @@ class PoolDriver(ABC):
                 f"of {len(self.variants)})"
             ) from exc
 
-    def _autoreset(
-        self, slots: list[int], rows: WorkerBatch, infos: list[dict[str, Any]], final_obs: np.ndarray
-    ) -> None:
+    def _autoreset(self, slots: list[int], rows: WorkerBatch, infos: SlotInfoRows, final_obs: np.ndarray) -> None:
         """Reset ``slots`` on scheduler-picked variants, retrying failed resets and lost workers."""
         pending = list(slots)
         for _ in range(MAX_RESET_ROUNDS):
@@ -479,9 +463,7 @@ class PoolDriver(ABC):
                 f"(quarantined {len(self.quarantined)} of {len(self.variants)} variants)"
             )
 
-    def _orphans_of(
-        self, worker: int, rows: WorkerBatch, infos: list[dict[str, Any]], final_obs: np.ndarray
-    ) -> list[int]:
+    def _orphans_of(self, worker: int, rows: WorkerBatch, infos: SlotInfoRows, final_obs: np.ndarray) -> list[int]:
         """Slots whose live episode sat on a worker that was just lost: close them as worker_lost."""
         live = np.flatnonzero(self._slot_live & (self.worker_of[np.maximum(self._slot_variant, 0)] == worker))
         closing = [s for s in live.tolist() if not (rows.terminated[s] or rows.truncated[s])]

@@ -150,6 +150,12 @@ def _item_cpu_s(job: _Job) -> float | None:
     return max(cpu - (gc_seconds() - job.gc_started), 0.0)
 
 
+def _start_item(job: _Job, i: int) -> None:
+    """Item ``i`` of ``job`` starts now: its clocks (wall, garbage collections, thread and process CPU)."""
+    job.current, job.started, job.gc_started = i, time.perf_counter(), gc_seconds()
+    job.cpu_started, job.process_cpu_started = time.thread_time(), time.process_time()
+
+
 def _run_time(started: float, gc_started: float, now: float) -> float:
     """Wall-clock seconds from ``started`` to ``now``, the garbage collections since ``gc_started`` left out."""
     return now - started - (gc_seconds() - gc_started)
@@ -216,23 +222,26 @@ class BatchWatchdog:
             if job is None:
                 return
             job.thread = threading.current_thread()
-            for i in range(job.start, len(job.items)):
-                with job.lock:
-                    if job.abandoned:
-                        return
-                    job.current, job.started, job.gc_started = i, time.perf_counter(), gc_seconds()
-                    job.cpu_started, job.process_cpu_started = time.thread_time(), time.process_time()
+            end = len(job.items)
+            with job.lock:
+                if job.abandoned:
+                    return
+                if job.start < end:
+                    _start_item(job, job.start)
+            for i in range(job.start, end):
                 try:
                     out: Any = job.fn(job.items[i])
                 except BaseException as exc:  # isolate whatever the env raised
                     out = exc
-                with job.lock:
+                with job.lock:  # one hand-over per item: its answer, and the next item's start
                     if job.abandoned:  # the batch went on without this thread: a detached item's
                         if job.detached is not None:  # answer is kept for its owner, a timed-out one dropped
                             job.detached.result = out
                             job.detached.done.set()
                         return
                     job.results[i] = out
+                    if i + 1 < end:
+                        _start_item(job, i + 1)
             job.done.set()
 
     def run(

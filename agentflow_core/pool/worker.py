@@ -317,6 +317,7 @@ class EnvWorker:
         n = len(slot_list)
         reward, step_id, risk, value = [0.0] * n, [0] * n, [0.0] * n, [math.nan] * n
         unusual: list[int] = []
+        answered, obs_rows, mask_rows = [], [], []  # rows with an observation, written once after the loop
         terminated, truncated, failure_reason = out.terminated, out.truncated, out.failure_reason
         pending = self._pending
         for row, (slot, res) in enumerate(zip(slot_list, results, strict=True)):
@@ -331,12 +332,19 @@ class EnvWorker:
                 failure_reason[row] = WORKER_LOST
                 continue
             obs, reward[row], ended_ok, cut, step_id[row], risk[row], failure_reason[row], mask, value[row] = res
-            out.obs[row], out.action_mask[row] = obs, mask
+            answered.append(row)
+            obs_rows.append(obs)
+            mask_rows.append(mask)
             if ended_ok or cut:
                 terminated[row], truncated[row] = ended_ok, cut
                 del self._active[slot]
                 self._park(active.variant_index, active.env, active.base_env_id)
         out.reward[:], out.step_id[:], out.risk[:], out.business_value[:] = reward, step_id, risk, value
+        if answered and len(answered) == n:  # one conversion of the whole list (np.stack costs more than a row write)
+            out.obs[:], out.action_mask[:] = obs_rows, mask_rows
+        else:
+            for row, obs, mask in zip(answered, obs_rows, mask_rows, strict=True):
+                out.obs[row], out.action_mask[row] = obs, mask
         for row in unusual:
             self._unusual_row(row, slot_list[row], results[row], out)
         return out
