@@ -21,20 +21,20 @@ channel (:mod:`agentflow_core.envs.http_channel`) checks its requests against.
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from agentflow_core.envs.json_service import JsonRequestHandler, Refusal
 from agentflow_refund.case import SCENARIO, RefundCase, Scenario, apply, start_case
 
 MAX_BODY_BYTES = 16 * 1024
@@ -62,14 +62,6 @@ def openapi_spec() -> dict[str, Any]:
     """The service's OpenAPI spec (``openapi.yaml``), as ``GET /openapi.json`` serves it."""
     spec: dict[str, Any] = yaml.safe_load(SPEC_PATH.read_text(encoding="utf-8"))
     return spec
-
-
-class BadRequest(Exception):
-    """A request the service refuses with a 4xx status and a JSON reason."""
-
-    def __init__(self, status: HTTPStatus, reason: str) -> None:
-        self.status, self.reason = status, reason
-        super().__init__(reason)
 
 
 @dataclass
@@ -107,17 +99,17 @@ class RefundState:
         """Start a case from ``{"scenario": {...}, "seed": int}``."""
         unknown = sorted(set(body) - {"scenario", "seed"})
         if unknown:
-            raise BadRequest(HTTPStatus.BAD_REQUEST, f"unknown field(s) {unknown}")
+            raise Refusal(HTTPStatus.BAD_REQUEST, f"unknown field(s) {unknown}")
         seed = body.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "seed: expected an integer in [0, 2**63)")
+            raise Refusal(HTTPStatus.BAD_REQUEST, "seed: expected an integer in [0, 2**63)")
         raw = body.get("scenario", {})
         if not isinstance(raw, dict):
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "scenario: expected an object")
+            raise Refusal(HTTPStatus.BAD_REQUEST, "scenario: expected an object")
         try:
             scenario = SCENARIO.build(raw)
         except (TypeError, ValueError) as exc:
-            raise BadRequest(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc)[:200]) from None
+            raise Refusal(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc)[:200]) from None
         episode_id, token = secrets.token_hex(16), secrets.token_hex(16)
         episode = Episode(token, scenario, np.random.default_rng(seed), start_case(scenario))
         with self._lock:
@@ -141,7 +133,7 @@ class RefundState:
             episode.touched = time.monotonic()
             case = episode.case
             if case.done:
-                raise BadRequest(HTTPStatus.CONFLICT, "the case is closed")
+                raise Refusal(HTTPStatus.CONFLICT, "the case is closed")
             reward, reason = apply(case, action, episode.scenario, episode.rng)
             if case.timed_out:
                 return HTTPStatus.GATEWAY_TIMEOUT, {**case_body(case), "error": "upstream_timeout", "reward": reward}
@@ -158,13 +150,13 @@ class RefundState:
 
     def _owned(self, episode_id: str | None, token: str | None) -> Episode:
         if not episode_id or not token:
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "X-Episode-Id and X-Client-Token headers are required")
+            raise Refusal(HTTPStatus.BAD_REQUEST, "X-Episode-Id and X-Client-Token headers are required")
         self._expire()
         episode = self._episodes.get(episode_id)
         if episode is None:
-            raise BadRequest(HTTPStatus.GONE, "no such episode (closed, expired or never opened)")
+            raise Refusal(HTTPStatus.GONE, "no such episode (closed, expired or never opened)")
         if not secrets.compare_digest(episode.token, token):
-            raise BadRequest(HTTPStatus.FORBIDDEN, "the episode belongs to another client")
+            raise Refusal(HTTPStatus.FORBIDDEN, "the episode belongs to another client")
         return episode
 
     def _expire(self) -> None:
@@ -176,43 +168,9 @@ class RefundState:
         return len(self._episodes)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonRequestHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        return None  # a service under training load would otherwise write one line per request
-
-    def _body(self) -> dict[str, Any]:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "Content-Length: expected an integer") from None
-        if length < 0:
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "Content-Length: expected a non-negative integer")
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the body is never read
-            raise BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body larger than {MAX_BODY_BYTES} bytes")
-        if length == 0:
-            return {}
-        try:
-            body = json.loads(self.rfile.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "body: expected JSON") from None
-        if not isinstance(body, dict):
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "body: expected a JSON object")
-        return body
-
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:  # e.g. a refused body left unread: the client must not reuse the connection
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
+    max_body_bytes = MAX_BODY_BYTES
 
     def _dispatch(self, method: str) -> None:
         state = self.server.state
@@ -228,11 +186,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(HTTPStatus.OK, state.close(episode_id, token))
             elif (method, path) in ROUTES:
                 if body:
-                    raise BadRequest(HTTPStatus.BAD_REQUEST, f"{path} takes no body fields, got {sorted(body)[:5]}")
+                    raise Refusal(HTTPStatus.BAD_REQUEST, f"{path} takes no body fields, got {sorted(body)[:5]}")
                 self._reply(*state.act(episode_id, token, ROUTES[(method, path)]))
             else:
-                raise BadRequest(HTTPStatus.NOT_FOUND, f"no route {method} {path[:100]}")
-        except BadRequest as exc:
+                raise Refusal(HTTPStatus.NOT_FOUND, f"no route {method} {path[:100]}")
+        except Refusal as exc:
             self._reply(exc.status, {"error": exc.reason})
 
     def do_GET(self) -> None:  # noqa: D102 - stdlib hook

@@ -42,9 +42,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
+from agentflow_core.envs.json_service import JsonRequestHandler, Refusal
 from agentflow_core.envs.state_machine import NATIVE_TYPE, StateMachineEnv
 from agentflow_core.errors import ConfigError
 
@@ -138,14 +139,6 @@ def openapi_document(document: Mapping[str, Any]) -> dict[str, Any]:
             }
         },
     }
-
-
-class Refusal(Exception):
-    """A request the service refuses with a 4xx status and a JSON reason."""
-
-    def __init__(self, status: HTTPStatus, reason: str) -> None:
-        self.status, self.reason = status, reason
-        super().__init__(reason)
 
 
 @dataclass
@@ -295,43 +288,9 @@ class MachineState:
         }
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonRequestHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        return None  # one line per request under training load otherwise
-
-    def _read_body(self) -> dict[str, Any]:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise Refusal(HTTPStatus.BAD_REQUEST, "Content-Length: expected an integer") from None
-        if length < 0:
-            raise Refusal(HTTPStatus.BAD_REQUEST, "Content-Length: expected a non-negative integer")
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the body is never read
-            raise Refusal(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body larger than {MAX_BODY_BYTES} bytes")
-        if length == 0:
-            return {}
-        try:
-            body = json.loads(self.rfile.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise Refusal(HTTPStatus.BAD_REQUEST, "body: expected JSON") from None
-        if not isinstance(body, dict):
-            raise Refusal(HTTPStatus.BAD_REQUEST, "body: expected a JSON object")
-        return body
-
-    def _reply(self, status: int, body: Mapping[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
+    max_body_bytes = MAX_BODY_BYTES
 
     def _dispatch(self, method: str) -> None:
         try:
@@ -352,11 +311,11 @@ class _Handler(BaseHTTPRequestHandler):
             if "machine" in key and not _ID.match(key["machine"]):
                 raise Refusal(HTTPStatus.NOT_FOUND, "no such machine")
             if name == "register":
-                return HTTPStatus.OK, state.register(key["machine"], self._read_body())
+                return HTTPStatus.OK, state.register(key["machine"], self._body())
             if name == "openapi":
                 return HTTPStatus.OK, state.openapi(key["machine"])
             if name == "open":
-                return HTTPStatus.CREATED, state.open(key["machine"], self._read_body())
+                return HTTPStatus.CREATED, state.open(key["machine"], self._body())
             if name == "act":
                 return state.act(key["session"], key["action"])
             if name == "oracle":

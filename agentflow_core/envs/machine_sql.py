@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentflow_core.envs.base import StepResult
+from agentflow_core.envs.machine_form import MachineForm
 from agentflow_core.envs.machine_spec import check_native_actions
 from agentflow_core.envs.sql_driver import SQLITE, connect
 from agentflow_core.envs.state_machine import NATIVE_TYPE, StateMachineEnv
-from agentflow_core.semantics import Vocabulary
 
 TRANSACTION = "transaction"
 SCHEMA = (
@@ -58,20 +58,15 @@ def observation(visible: list[tuple[Any, ...]], event: Mapping[str, Any] | None)
     }
 
 
-class MachineSQLEnv:
+class MachineSQLEnv(MachineForm):
     """Physical env: the machine of ``spec`` with its state in SQL tables (see the module docstring)."""
 
     def __init__(
         self, scenario: Any, env_id: str, spec: Mapping[str, Any], url: str = SQLITE, source: str = "<machine>"
     ) -> None:
-        self.sim = StateMachineEnv(scenario, env_id, spec, source)
+        super().__init__(scenario, env_id, spec, source)
         self.db = connect(url, SCHEMA)
         self._names: list[str] = []
-
-    @classmethod
-    def check_spec(cls, spec: Any, vocabulary: Vocabulary, source: str = "<machine>") -> None:
-        """The machine document, checked as the simulator channel checks it."""
-        StateMachineEnv.check_spec(spec, vocabulary, source)
 
     @classmethod
     def check_native(cls, spec: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
@@ -87,30 +82,6 @@ class MachineSQLEnv:
             event = {"action": None, "reason": last["failure_reason"], "applied": last["applied"]}
             out.append((observation(sorted(raw["state"].items()), event), token))
         return out
-
-    @property
-    def env_id(self) -> str:
-        """The variant's env id."""
-        return self.sim.env_id
-
-    @property
-    def family(self) -> str:
-        """The env family (from the env id)."""
-        return self.sim.family
-
-    @property
-    def version(self) -> int:
-        """The env version (from the env id)."""
-        return self.sim.version
-
-    @property
-    def max_steps(self) -> int:
-        """The step limit of the current variant."""
-        return self.sim.max_steps
-
-    def reconfigure(self, scenario: Any, env_id: str) -> None:
-        """Re-target to another variant; the next ``reset`` starts its first episode."""
-        self.sim.reconfigure(scenario, env_id)
 
     def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Roll back the last episode and insert the machine's first values of this one."""
@@ -143,10 +114,6 @@ class MachineSQLEnv:
         statements = [UPDATE_VARIABLE.format(i=i) for i in range(len(self._names))]
         self.db.action([*statements, INSERT_EVENT], params)
         return StepResult(self._observe(), result.reward, result.terminated, result.truncated, result.info)
-
-    def oracle_action(self) -> str:
-        """The oracle's machine action in the current state (reads hidden variables: evaluation only)."""
-        return self.sim.oracle_action()
 
     def close(self) -> None:
         """Roll back and release the connection."""

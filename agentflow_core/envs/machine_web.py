@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentflow_core.envs.base import StepResult
+from agentflow_core.envs.machine_form import MachineForm
 from agentflow_core.envs.state_machine import NATIVE_TYPE, StateMachineEnv
-from agentflow_core.semantics import Vocabulary
 
 FORM = "process"
 RUNNING_PAGE = "form"
@@ -70,18 +70,13 @@ def render_page(
     }
 
 
-class MachineWebEnv:
+class MachineWebEnv(MachineForm):
     """Physical env: the machine of ``spec`` behind a rendered form (see the module docstring)."""
 
     def __init__(self, scenario: Any, env_id: str, spec: Mapping[str, Any], source: str = "<machine>") -> None:
-        self.sim = StateMachineEnv(scenario, env_id, spec, source)
+        super().__init__(scenario, env_id, spec, source)
         self.actions = {button_id(name): name for name in spec.get("actions") or {}}
         self.buttons = sorted(self.actions)
-
-    @classmethod
-    def check_spec(cls, spec: Any, vocabulary: Vocabulary, source: str = "<machine>") -> None:
-        """The machine document, checked as the simulator channel checks it."""
-        StateMachineEnv.check_spec(spec, vocabulary, source)
 
     @classmethod
     def check_native(cls, spec: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
@@ -100,30 +95,6 @@ class MachineWebEnv:
             for raw, token in StateMachineEnv.raw_states(spec, source)
         ]
 
-    @property
-    def env_id(self) -> str:
-        """The variant's env id."""
-        return self.sim.env_id
-
-    @property
-    def family(self) -> str:
-        """The env family (from the env id)."""
-        return self.sim.family
-
-    @property
-    def version(self) -> int:
-        """The env version (from the env id)."""
-        return self.sim.version
-
-    @property
-    def max_steps(self) -> int:
-        """The step limit of the current variant."""
-        return self.sim.max_steps
-
-    def reconfigure(self, scenario: Any, env_id: str) -> None:
-        """Re-target to another variant; the next ``reset`` starts its first episode."""
-        self.sim.reconfigure(scenario, env_id)
-
     def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Open the form on a fresh episode of the machine."""
         obs, info = self.sim.reset(seed)
@@ -138,10 +109,6 @@ class MachineWebEnv:
         reason = result.obs["last"]["failure_reason"]
         page = render_page(result.obs["state"], reason, self.buttons, outcome or RUNNING_PAGE, result.info["step_id"])
         return StepResult(page, result.reward, result.terminated, result.truncated, result.info)
-
-    def oracle_action(self) -> str:
-        """The oracle's machine action in the current state (reads hidden variables: evaluation only)."""
-        return self.sim.oracle_action()
 
     def close(self) -> None:
         """Nothing to release: the machine lives in memory."""
