@@ -72,11 +72,12 @@ def dvc_md5(path: Path) -> str:
 
 
 def resolve_dep(cfg: AgentFlowConfig, dep: str) -> Path:
-    """Where a ``dvc.yaml`` path lives for this config: ``data/`` and ``configs/envs`` follow ``base``."""
+    """Where a ``dvc.yaml`` path lives for this config: ``data/`` and the env registry (``configs/.../envs``)
+    follow ``base``."""
     head, _, rest = dep.partition("/")
     if head == "data":
         return Path(cfg.base.data_dir) / rest
-    if dep == "configs/envs":
+    if head == "configs" and dep.endswith("/envs"):
         return Path(cfg.base.env_config_dir)
     return REPO_ROOT / dep
 

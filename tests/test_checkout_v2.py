@@ -24,7 +24,7 @@ from tasks.context import PhaseContext
 from tasks.steps.train_references import oracle_available
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS = REPO / "params-checkout-v2.yaml"
+PARAMS = REPO / "params.yaml"
 ENV = "checkout_v2_sim_v1"
 FAMILY = "checkout_v2_sim"
 # the hidden causes switched off: no bad address, full stock, no outage, cards that pay, a patient customer

@@ -22,8 +22,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_shipped_params_load_and_are_frozen(repo_root: Path) -> None:
     cfg = load_config(repo_root / "params.yaml")
-    assert cfg.train.clip_range == 0.08
-    assert cfg.train.n_epochs == 10
+    assert cfg.train.clip_range == 0.1
+    assert cfg.train.n_epochs == 4
     assert cfg.phases == ("calibrate", "variants", "explore", "offline", "train", "stress", "report")
     with pytest.raises(ValidationError, match="frozen"):
         cfg.train.clip_range = 0.2  # type: ignore[misc]

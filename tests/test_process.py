@@ -76,7 +76,8 @@ def test_process_expert_acts_like_the_coded_one_on_random_states() -> None:
 
 
 def test_params_select_the_process_and_refuse_a_path(tmp_path: Path) -> None:
-    assert load_config(REPO / "params.yaml").process == "checkout"
+    assert load_config(REPO / "params.yaml").process == "checkout_v2"
+    assert load_config(REPO / "params-checkout.yaml").process == "checkout"
     with pytest.raises(ConfigError, match=r"<params>: process: got '../etc'"):
         parse_config({"process": "../etc"})
     cfg = parse_config({"process": "nosuch"})
@@ -186,14 +187,14 @@ def test_commands_check_the_config_against_the_selected_process(tmp_path: Path) 
     accepted = CliRunner().invoke(app, ["validate", "--params", str(REPO / "params-refund.yaml")])
     assert accepted.exit_code == 0, accepted.output
     # checkout's reward names are not refund's: refused at load, naming the key and the process's tokens
-    text = (REPO / "params.yaml").read_text().replace("process: checkout", "process: refund", 1)
+    text = (REPO / "params-checkout.yaml").read_text().replace("process: checkout", "process: refund", 1)
     text = text.replace("env_config_dir: configs/envs", "env_config_dir: configs/refund/envs", 1)
     params.write_text(text)
     refused = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
     assert refused.exit_code == 2
     assert f"{params}: train.reward.token_rewards: got {{'PAYMENT_SUCCESS': 10.0}}" in " ".join(refused.output.split())
     assert "REFUND_ISSUED" in refused.output
-    params.write_text((REPO / "params.yaml").read_text().replace("process: checkout", "process: nosuch", 1))
+    params.write_text((REPO / "params-checkout.yaml").read_text().replace("process: checkout", "process: nosuch", 1))
     missing = CliRunner().invoke(app, ["validate", "--params", str(params)], env={"COLUMNS": "300"})
     assert missing.exit_code == 2 and "nosuch.yaml: <file>" in missing.output
 

@@ -141,6 +141,40 @@ def test_plr_rank_staleness_and_token_terms_by_hand() -> None:
     np.testing.assert_allclose(plr.token_probabilities(), bonus / bonus.sum())
 
 
+def test_plr_cold_term_gives_its_share_to_cold_variants_by_hand() -> None:
+    plr = PLRCoverageScheduler(10, np.random.default_rng(0), cold_coef=0.3, floor=0.05)
+    assert plr.cold_probabilities().sum() == pytest.approx(1.0)  # nothing drawn yet: every variant is cold
+    plr.sample(10)
+    assert not plr.cold_probabilities().any()  # all warm: the PLR mix takes the whole share
+    without = PLRCoverageScheduler(10, np.random.default_rng(0), cold_coef=0.0, floor=0.05)
+    without.sample(10)
+    np.testing.assert_allclose(plr.probabilities(), without.probabilities())
+    for scheduler in (plr, without):  # 0.95**24 < 0.3: nine cool down while only variant 0 is drawn each round
+        for _ in range(24):
+            scheduler.heat.advance(np.array([0]))
+    cold = plr.heat.cold()
+    assert cold.tolist() == [False] + [True] * 9
+    mix = (without.probabilities() - 0.05 / 10) / 0.95  # the PLR mix alone (same draws, same scores)
+    expected = 0.95 * (0.7 * mix + 0.3 * cold / 9) + 0.05 / 10
+    np.testing.assert_allclose(plr.probabilities(), expected)
+
+
+def test_cold_draws_are_counted_at_draw_time_and_survive_a_resume() -> None:
+    from agentflow_core.pool.scheduler import cold_share
+
+    scheduler = make("uniform", 4)
+    scheduler.sample(4)  # all four cold when drawn
+    scheduler.sample(2)  # heat 0.95 now: warm
+    assert (scheduler.cold_draws, scheduler.draws) == (4, 6)
+    state = scheduler.state_dict()
+    assert cold_share(state) == pytest.approx(4 / 6)
+    assert cold_share({"slices": [state, {**state, "draws": 4, "cold_draws": 0}]}) == pytest.approx(4 / 10)
+    assert cold_share({"draws": 0}) is None
+    again = make("uniform", 4)
+    again.load_state_dict(state)
+    assert again.cold_draws == 4
+
+
 def test_plr_unplayed_variants_rank_first() -> None:
     plr = PLRCoverageScheduler(6, np.random.default_rng(0))
     plr.update(0, WIN)

@@ -172,6 +172,10 @@ class PoolConfig(_Section):
         float, Field(ge=0.0, le=1.0, description="PLR rho: share of the staleness distribution.")
     ] = 0.3
     plr_token_coef: Annotated[float, Field(ge=0.0, le=1.0, description="share of the rare-semantic-token bonus.")] = 0.1
+    plr_cold_coef: Annotated[
+        float,
+        Field(ge=0.0, lt=1.0, description="share of draws given to cold variants (heat < cold_threshold), uniformly."),
+    ] = 0.0
     plr_floor: Annotated[float, Field(gt=0.0, le=1.0, description="uniform share so no variant starves.")] = 0.05
     plr_score_ema: Annotated[
         float, Field(gt=0.0, le=1.0, description="EMA rate of a variant's learning-signal score.")

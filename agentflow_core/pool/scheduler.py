@@ -158,6 +158,7 @@ class BaseScheduler:
         self.rng = rng
         self.heat = HeatTracker(n_variants, heat_decay, cold_threshold)
         self.draws = 0
+        self.cold_draws = 0  # draws that landed on a cold variant (heat below the threshold when drawn)
         self.last_draw = np.zeros(n_variants, dtype=np.int64)  # draw counter when last sampled (0: never)
         self.last_round = np.full(n_variants, -1, dtype=np.int64)
         self.samples = np.zeros(n_variants, dtype=np.int64)
@@ -199,6 +200,8 @@ class BaseScheduler:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         indices = self._draw(n) if n else np.empty(0, dtype=np.int64)
+        if n:
+            self.cold_draws += int(self.heat.cold()[indices].sum())
         self.heat.advance(indices)
         self.last_round[indices] = self.heat.round
         self.last_draw[indices] = self.draws + 1 + np.arange(len(indices))
@@ -259,6 +262,7 @@ class BaseScheduler:
             "strategy": self.name,
             "n_variants": self.n_variants,
             "draws": self.draws,
+            "cold_draws": self.cold_draws,
             "heat": self.heat.state_dict(),
             "last_draw": self.last_draw.tolist(),
             "last_round": self.last_round.tolist(),
@@ -279,6 +283,7 @@ class BaseScheduler:
                 f"not {self.name} over {self.n_variants}"
             )
         self.draws = int(state["draws"])
+        self.cold_draws = int(state.get("cold_draws", 0))
         self.heat.load_state_dict(state["heat"])
         for key in ("last_draw", "last_round", "samples", "episodes", "successes"):
             setattr(self, key, np.asarray(state[key], dtype=np.int64))
@@ -296,3 +301,11 @@ class BaseScheduler:
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         """Strategy-specific part of :meth:`load_state_dict`."""
+
+
+def cold_share(state: Mapping[str, Any]) -> float | None:
+    """The share of draws that landed on a cold variant, from a scheduler's :meth:`~BaseScheduler.state_dict`
+    (or a sliced pool's ``{"slices": [...]}``); None before any draw."""
+    states = state.get("slices", [state])
+    draws = sum(int(s.get("draws", 0)) for s in states)
+    return sum(int(s.get("cold_draws", 0)) for s in states) / draws if draws else None

@@ -81,7 +81,7 @@ class HeatScheduler(BaseScheduler):
 class PLRCoverageScheduler(BaseScheduler):
     """Prioritized Level Replay (Jiang et al. 2021) with a semantic-coverage bonus.
 
-    ``P = (1 - floor) * [(1 - rho - kappa) * P_S + rho * P_C + kappa * P_T] + floor / n_active``
+    ``P = (1 - floor) * [(1 - chi) * ((1 - rho - kappa) * P_S + rho * P_C + kappa * P_T) + chi * P_H] + floor / n_active``
 
     - ``P_S``: rank prioritisation of the learning signal ``S_i``: ``h(S_i) = 1/rank(S_i)``,
       ``P_S ∝ h(S_i)^(1/beta)``. ``S_i`` is an EMA of the positive value loss (|advantage|) the
@@ -90,6 +90,9 @@ class PLRCoverageScheduler(BaseScheduler):
       which ``i`` was last sampled -- PLR's guard against stale scores.
     - ``P_T``: rarity of the semantic tokens a variant's episodes reached, ``max_t 1/count(t)``
       with ``count`` over all episodes so far -- steers toward long-tail business states.
+    - ``P_H``: uniform over the cold variants (heat below ``cold_threshold``, docs/design.md §2.1): the share
+      ``chi`` of every draw goes to variants the schedule has let cool, so the long tail is replayed
+      (while no variant is cold the PLR mix takes the whole share).
     - ``floor``: a uniform share, so every active variant keeps probability > 0.
 
     Bounded staleness: a variant not drawn for ``max_staleness`` catalogue sweeps
@@ -108,6 +111,7 @@ class PLRCoverageScheduler(BaseScheduler):
         temperature: float = 1.0,
         staleness_coef: float = 0.3,
         token_coef: float = 0.1,
+        cold_coef: float = 0.0,
         floor: float = 0.05,
         score_ema: float = 0.5,
         max_staleness: float = 4.0,
@@ -116,7 +120,10 @@ class PLRCoverageScheduler(BaseScheduler):
         super().__init__(n_variants, rng, **kwargs)
         if staleness_coef + token_coef > 1.0:
             raise ValueError(f"staleness_coef + token_coef must be <= 1, got {staleness_coef + token_coef}")
+        if not 0.0 <= cold_coef < 1.0:
+            raise ValueError(f"cold_coef must be in [0, 1), got {cold_coef}")
         self.temperature, self.staleness_coef, self.token_coef = temperature, staleness_coef, token_coef
+        self.cold_coef = cold_coef
         self.floor, self.score_ema, self.max_staleness = floor, score_ema, max_staleness
         self.overdue_draws = 0
         self.scores = np.full(n_variants, np.nan)
@@ -181,15 +188,24 @@ class PLRCoverageScheduler(BaseScheduler):
         total = bonus.sum()
         return bonus / total if total > 0 else np.zeros(self.n_variants)
 
+    def cold_probabilities(self) -> np.ndarray:
+        """``P_H``: uniform over the active cold variants; zero while none is cold."""
+        cold = (self.heat.cold() & self.active).astype(np.float64)
+        total = cold.sum()
+        return cold / total if total > 0 else cold
+
     def weights(self) -> np.ndarray:
-        """PLR's mix of score and staleness distributions plus the token-coverage bonus, floored."""
+        """PLR's mix of score and staleness distributions plus the token-coverage and cold shares, floored."""
         p_t = self.token_probabilities()
         kappa = self.token_coef if p_t.any() else 0.0
-        mixed = (
+        p_h = self.cold_probabilities() if self.cold_coef > 0 else np.zeros(self.n_variants)
+        chi = self.cold_coef if p_h.any() else 0.0
+        plr = (
             (1.0 - self.staleness_coef - kappa) * self.score_probabilities()
             + self.staleness_coef * self.staleness_probabilities()
             + kappa * p_t
         )
+        mixed = (1.0 - chi) * plr + chi * p_h
         return (1.0 - self.floor) * mixed + self.floor * self.active / self.active.sum()
 
     def _extra_state(self) -> dict[str, Any]:
@@ -234,6 +250,7 @@ def make_scheduler(
             temperature=cfg.plr_temperature,
             staleness_coef=cfg.plr_staleness_coef,
             token_coef=cfg.plr_token_coef,
+            cold_coef=cfg.plr_cold_coef,
             floor=cfg.plr_floor,
             score_ema=cfg.plr_score_ema,
             max_staleness=cfg.plr_max_staleness,

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from agentflow_core.atomic import atomic_file, write_json, write_text
+from agentflow_core.pool.scheduler import cold_share
 from agentflow_core.rl.policy import policy_hash
 from tasks.steps.evaluation import test_summary
 from tasks.steps.train_state import FinalPolicy, TrainingRun, TrainingState
@@ -25,6 +26,7 @@ METRIC_KEYS = (
     "stopped_on_convergence",
     "global_step",
     "updates",
+    "scheduler_cold_share",
 )
 
 
@@ -33,7 +35,8 @@ def train_metrics(summary: dict[str, Any]) -> dict[str, float]:
     payment and process success per family and dimension value with their 95% Wilson bounds."""
     budget = {k: float(v) for k, v in summary.items() if k.startswith("budget/")}
     impedance = {k: float(v) for k, v in summary.get("impedance", {}).items()}
-    return {k: float(summary[k]) for k in METRIC_KEYS} | summary["test_metrics"] | budget | impedance
+    headline = {k: float(summary[k]) for k in METRIC_KEYS if summary.get(k) is not None}
+    return headline | summary["test_metrics"] | budget | impedance
 
 
 def write_curve_csv(evals: list[dict[str, float]], path: Path) -> None:
@@ -118,6 +121,7 @@ def train_summary(
         "best_checkpoint": best.checkpoint.path.name,
         "updates": run.ppo.update,
         "global_step": run.ppo.global_step,
+        "scheduler_cold_share": cold_share(run.ppo.rollouts.scheduler.state_dict()),  # draws on cold variants
         "train_variants": len(run.splits["train"]),
         "validation_variants": len(run.splits["validation"]),
         "test_variants": len(run.splits["test"]),

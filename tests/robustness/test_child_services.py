@@ -87,7 +87,7 @@ def _alive(processes: dict[int, float]) -> list[str]:
 def test_killing_the_command_stops_its_child_services(kind: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
     command = subprocess.Popen(
-        [sys.executable, "-c", COMMAND, kind, str(REPO / "params.yaml")],
+        [sys.executable, "-c", COMMAND, kind, str(REPO / "params-checkout.yaml")],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
