@@ -1,13 +1,15 @@
-"""Champion / challenger canary (docs/design.md §5.3): promote a new policy only when it is both close and better.
+"""Champion / challenger canary (docs/design.md §5.3): promote a new policy only when it is consistent and better.
 
 The design's canary runs the new policy on 10% of the traffic and switches over when its action
-consistency exceeds 85% *and* reward improves by more than 5%. Here the "traffic" is a stable
+consistency rate exceeds 85% *and* reward improves by more than 5%. Here the "traffic" is a stable
 slice of the catalogue (sha256 of the env_id, so every process and every run picks the same
 variants) and both policies are evaluated on it with the same seeds. The numbers:
 
-* ``consistency`` -- *action consistency*: the share of states visited on the slice in which the
-  challenger's greedy action equals the champion's (states from both policies' rollouts and the
-  canonical probes of the slice's variants, each state counted once per visit);
+* ``consistency`` -- the challenger's *action consistency*, the design's consistency matrix on the
+  slice: the same business state (a canonical probe) on every variant and channel of the slice gets
+  the same greedy action (:func:`agentflow_core.evaluation.consistency.canonical_consistency`). How
+  often it agrees with the champion is reported beside it (``agreement_with_champion``), not gated:
+  a policy that learnt what the champion did not must act differently where that pays;
 * ``reward_gain`` -- ``(R_challenger - R_champion) / max(|R_champion|, 1e-8)`` over the mean
   *evaluated* return (risk penalty included);
 * ``paired`` -- the paired difference of the evaluated return, challenger minus champion, blocked
@@ -72,6 +74,7 @@ def decide_promotion(
     min_consistency: float = 0.85,
     min_reward_gain: float = 0.05,
     paired: PairedDifference | None = None,
+    agreement: float | None = None,
 ) -> PromotionDecision:
     """The canary rule: promote iff consistent with the champion AND the paired gain's lower bound reaches the
     margin (without ``paired`` figures nothing is shown: the champion stays)."""
@@ -87,6 +90,7 @@ def decide_promotion(
         "champion_return": champion_return,
         "reward_gain": gain,
         "consistency": consistency,
+        "agreement_with_champion": agreement,
         "min_consistency": min_consistency,
         "min_reward_gain": min_reward_gain,
         "paired": None if paired is None else paired.to_dict(),
@@ -99,7 +103,8 @@ def decide_promotion(
     numbers["reward_gain_low"] = gain_low
     better = gain_low is not None and gain_low >= min_reward_gain
     detail = (
-        f"consistency {consistency if consistency is not None else float('nan'):.3f} (need >= {min_consistency:.2f}), "
+        f"action consistency {consistency if consistency is not None else float('nan'):.3f} "
+        f"(need >= {min_consistency:.2f}{'' if agreement is None else f'; agrees with the champion on {agreement:.3f}'}), "
         f"reward {challenger_return:.3f} vs champion {champion_return:.3f}, gain {gain:+.1%}, "
         f"paired gain 95% lower bound {bound} (need >= {min_reward_gain:+.0%})"
     )
@@ -108,7 +113,7 @@ def decide_promotion(
     why = [
         w
         for w, bad in (
-            ("actions diverge from the champion", not consistent),
+            ("its actions are inconsistent across the slice's channels", not consistent),
             ("reward does not improve enough", not better and gain < min_reward_gain),
             ("the gain is within the slice's sampling noise", not better and gain >= min_reward_gain),
         )

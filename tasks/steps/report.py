@@ -263,8 +263,9 @@ def run_champion_challenger(
     """Evaluate challenger vs champion on the stable slice; returns ``PromotionDecision.to_dict()`` plus context.
 
     Both policies play ``report.champion_episodes`` episodes on the slice with the same seed.
-    ``consistency`` is the share of states on which their greedy actions agree: the states both
-    visited on the slice plus the canonical probes of the slice's variants (see
+    ``consistency`` is the challenger's action consistency over the canonical probes of the slice's
+    variants; ``agreement_with_champion`` the share of states on which both greedy actions agree (the
+    states both visited on the slice plus those probes), reported, not gated (see
     ``agentflow_core.evaluation.champion``). No champion: promote with reason "no champion yet".
     """
     cfg = ctx.cfg
@@ -303,7 +304,7 @@ def run_champion_challenger(
     ]
     states = np.concatenate([ch_obs, cp_obs, *([np.stack(probes)] if probes else [])])
     masks = np.ones((len(states), vocabulary.n_actions), dtype=bool)
-    consistency = policy_agreement(challenger.act(states, masks), champion.act(states, masks))
+    agreement = policy_agreement(challenger.act(states, masks), champion.act(states, masks))
     own = canonical_consistency(
         challenger.act,
         ids,
@@ -315,10 +316,11 @@ def run_champion_challenger(
     decision = decide_promotion(
         ch_stats["mean_evaluated_return"],
         cp_stats["mean_evaluated_return"],
-        consistency,
+        own,
         rc.promote_min_consistency,
         rc.promote_min_reward_gain,
         paired,
+        agreement,
     )
     return {
         **decision.to_dict(),
