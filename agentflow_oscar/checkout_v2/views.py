@@ -73,6 +73,12 @@ class IndexView(oscar_views.IndexView):
                 return redirect(world().next_page())
         return super().get(request, *args, **kwargs)
 
+    def get_form(self, form_class: Any = None) -> Any:
+        """Oscar's gateway form without the browser's ``required`` check (a guest leaves the password empty)."""
+        form = super().get_form(form_class)
+        form.use_required_attribute = False
+        return form
+
     def form_valid(self, form: Any) -> http.HttpResponse:
         """Oscar signs the customer in or records the guest's email."""
         super().form_valid(form)
