@@ -119,6 +119,7 @@ class World:
         shown["has_voucher"] = int(values["has_voucher"] and self.stage() == 6)
         shown["escalated"] = int(values["escalated"])
         shown["confirmed"] = int(values["confirmed"])
+        shown["stage"], shown["identified"] = self.stage(), int(values["identified"])  # where the customer is
         return shown
 
 
