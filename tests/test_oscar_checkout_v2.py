@@ -152,5 +152,8 @@ def test_flagged_account_is_escalated(web: EnvEntry, oscar: EnvEntry) -> None:
 def test_pairing_is_read_from_the_env_config() -> None:
     entry = site_entry_of(CONFIG_DIR)
     assert entry.process == "checkout_v2"
-    assert site_pairing(entry, ["card"]) == ("checkout_v2_web", ["card", "gateway", "customer", "account", "order_value"])
+    assert site_pairing(entry, ["card"]) == (
+        "checkout_v2_web",
+        ["card", "gateway", "customer", "account", "order_value"],
+    )
     assert site_pairing(site_entry_of(Path("configs/oscar")), ["network"]) == ("web_checkout", ["network"])

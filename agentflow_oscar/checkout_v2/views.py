@@ -271,4 +271,3 @@ class EndView(generic.TemplateView):
         context = super().get_context_data(**kwargs)
         context["heading"], context["panel"] = self.heading, world().panel()
         return context
-
