@@ -157,3 +157,51 @@ def test_pairing_is_read_from_the_env_config() -> None:
         ["card", "gateway", "customer", "account", "order_value"],
     )
     assert site_pairing(site_entry_of(Path("configs/oscar")), ["network"]) == ("web_checkout", ["network"])
+
+
+def test_envs_check_audits_the_checkout_v2_mapping_against_the_store() -> None:
+    from flows.cli.envs import check_config_dir
+
+    (result,) = check_config_dir(CONFIG_DIR)
+    assert result.ok, (result.errors, result.findings)
+
+
+def test_the_stress_phase_plays_checkout_v2_on_oscar_next_to_its_web_family(tmp_path: Path) -> None:
+    import types
+
+    import yaml
+
+    from agentflow_core.variants import VariantSpec
+    from tasks.config_io import load_config
+    from tasks.context import PhaseContext
+    from tasks.real_channels import run_sim_to_real_oscar
+
+    params = yaml.safe_load(Path("params-checkout-v2.yaml").read_text())
+    params["base"].update(state_dir=str(tmp_path / ".agentflow"), data_dir=str(tmp_path / "data"))
+    params.setdefault("stress", {})["sim_to_real"] = {
+        "enabled": True,
+        "oscar_episodes": 3,
+        "oscar_env_config_dir": str(CONFIG_DIR),
+        "oscar_dimensions": ["card", "account"],
+    }
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    ctx = PhaseContext.of(load_config(path))
+    rules = ctx.process.expert("checkout_v2_web")
+    policy = types.SimpleNamespace(act=rules.act_batch)
+    sample = [
+        VariantSpec(f"checkout_v2_web_v1_t{i}", "checkout_v2_web_v1", family, {**BASE, **change}, f"h{i}")
+        for i, (family, change) in enumerate(
+            [
+                ("checkout_v2_web", {"card": "credit", "order_value": 60.0}),
+                ("checkout_v2_web", {"account": "flagged"}),
+                ("checkout_v2_sim", {}),  # another family: never played on Oscar
+                ("checkout_v2_web", {"card": "prepaid", "order_value": 40.0}),
+            ]
+        )
+    ]
+    report = run_sim_to_real_oscar(ctx, policy, sample)
+    assert report["episodes"] == 3
+    assert report["gap"] == pytest.approx(report["sim_process_success"] - report["real_process_success"])
+    assert {row["dimension"] for row in report["per_dimension"]} == {"card", "account"}
+    assert report["metrics"]["real_process_success_oscar"] == report["real_process_success"]
