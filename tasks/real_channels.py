@@ -37,6 +37,7 @@ from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.sim_to_real import (
+    PairedEpisode,
     SimToRealReport,
     paired_episodes,
     per_dimension,
@@ -298,6 +299,18 @@ def sim_to_real_by_dimension(
     return {"per_dimension": rows, "metrics": metrics}
 
 
+def _business_values(episodes: list[PairedEpisode]) -> dict[str, float]:
+    """Mean business value on both sides, when both channels price every episode (checkout_v2 does)."""
+    sim = [e.sim.business_value for e in episodes]
+    real = [e.real.business_value for e in episodes]
+    if not episodes or any(v is None for v in sim + real):
+        return {}
+    return {
+        "sim_business_value": round(float(np.mean([float(v or 0.0) for v in sim])), 4),
+        "real_business_value": round(float(np.mean([float(v or 0.0) for v in real])), 4),
+    }
+
+
 def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> dict[str, Any]:
     """The policy on the django-oscar store (zero-shot) next to the simulator, over a stratified sample of the
     test variants of the family the store's entry is paired with (``kwargs.paired_family``); per dimension
@@ -338,9 +351,12 @@ def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[
     family = report.families[0]
     return {
         "episodes": family.episodes,
+        "paired_family": paired,
         "sim_process_success": family.sim_success,
         "real_process_success": family.real_success,
         "gap": family.gap,
+        "identical_fraction": family.identical_fraction,
+        **_business_values(episodes),
         "real_step_ms_p50": family.real_step_ms_p50,
         "real_step_ms_p95": family.real_step_ms_p95,
         "per_dimension": per_dimension(episodes, {v.env_id: v.params for v in chosen}, dimensions),

@@ -205,3 +205,5 @@ def test_the_stress_phase_plays_checkout_v2_on_oscar_next_to_its_web_family(tmp_
     assert report["gap"] == pytest.approx(report["sim_process_success"] - report["real_process_success"])
     assert {row["dimension"] for row in report["per_dimension"]} == {"card", "account"}
     assert report["metrics"]["real_process_success_oscar"] == report["real_process_success"]
+    assert report["paired_family"] == "checkout_v2_web" and 0.0 <= report["identical_fraction"] <= 1.0
+    assert report["sim_business_value"] > 0 and report["real_business_value"] > 0  # both sides price the episodes

@@ -188,8 +188,12 @@ class SiteBrowserEnv:
         truncated = not terminated and self._step_id >= self.scenario.max_episode_steps
         self._done = terminated or truncated
         info = self._info(failure_reason or ("max_steps" if truncated else None), bool(applied))
+        if truncated and self.outcome is None and self.site.get("outcome_url"):
+            self.outcome = self._context.request.get(f"{self.base_url}{self.site['outcome_url']}").json()
         if self.outcome is not None:
             info["outcome"] = self.outcome
+            if self._done and self.outcome.get("business_value") is not None:
+                info["business_value"] = float(self.outcome["business_value"])  # a site that prices its episodes
         return StepResult(self._obs, reward, terminated, truncated, info)
 
     def reconfigure(self, scenario: Scenario | ScenarioValues, env_id: str) -> None:
