@@ -207,3 +207,15 @@ def test_the_stress_phase_plays_checkout_v2_on_oscar_next_to_its_web_family(tmp_
     assert report["metrics"]["real_process_success_oscar"] == report["real_process_success"]
     assert report["paired_family"] == "checkout_v2_web" and 0.0 <= report["identical_fraction"] <= 1.0
     assert report["sim_business_value"] > 0 and report["real_business_value"] > 0  # both sides price the episodes
+
+
+def test_preflight_refuses_an_oscar_registry_of_another_process(local_config: Any) -> None:
+    from tasks.preflight import check_oscar_store, preflight
+
+    oscar = {"enabled": True, "oscar_episodes": 2, "oscar_env_config_dir": str(CONFIG_DIR)}
+    cfg = local_config(stress={"sim_to_real": oscar})  # the checkout process
+    problem = check_oscar_store(cfg).problem
+    assert problem is not None and "serves process 'checkout_v2', the run is 'checkout'" in problem
+    assert any("(stress sim-to-real on Oscar)" in c.requirement for c in preflight(cfg))  # its Chromium is checked
+    same = local_config(stress={"sim_to_real": {**oscar, "oscar_env_config_dir": "configs/oscar"}})
+    assert check_oscar_store(same).ok
