@@ -1,4 +1,4 @@
-"""The Oscar store as its own process: ``python -m agentflow_oscar.serve [--workdir DIR]``.
+"""The Oscar store as its own process: ``python -m agentflow_oscar.serve [--workdir DIR] [--process P --machine F]``.
 
 Builds (first time) or reuses the template database, restores it into ``<workdir>/live.sqlite3``, serves
 Django on a free loopback port and prints the base URL on the first line of stdout; serves until stdin
@@ -32,11 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentflow_oscar.serve")
     parser.add_argument("--workdir", type=Path, default=None, help="where the live database goes (default: a temp dir)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the template database is kept")
+    parser.add_argument("--process", choices=("checkout", "checkout_v2"), default="checkout", help="the process served")
+    parser.add_argument("--machine", type=Path, default=None, help="checkout_v2: the state machine of its world")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agentflow-oscar-"))
     workdir.mkdir(parents=True, exist_ok=True)
     live_db = workdir / "live.sqlite3"
     os.environ["AGENTFLOW_OSCAR_DB"] = str(live_db)
+    if args.process == "checkout_v2":
+        if args.machine is None:
+            parser.error("--process checkout_v2 needs --machine (the process's machine.yaml)")
+        os.environ["DJANGO_SETTINGS_MODULE"] = "agentflow_oscar.checkout_v2.settings"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentflow_oscar.settings")
 
     import django
@@ -50,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     template = store.ensure_template(live_db, args.cache_dir or store.default_cache_dir())
     store.restore(template, live_db)
     control.configure(template, live_db)
+    if args.process == "checkout_v2":
+        from agentflow_oscar.checkout_v2 import world
+
+        world.configure(args.machine)
     server = make_server(
         "127.0.0.1", 0, StaticFilesHandler(get_wsgi_application()), _ThreadingServer, handler_class=_QuietHandler
     )

@@ -4,7 +4,7 @@
 
 1. **before**: the champion on the stress phase's Oscar episodes (the test split's stratified sample,
    paired with the simulator: :func:`tasks.real_channels.run_sim_to_real_oscar`);
-2. **fine-tune**: PPO from the champion's weights on web_checkout variants of the *train* split,
+2. **fine-tune**: PPO from the champion's weights on variants of the paired family's *train* split,
    stratified over the dimensions that apply on Oscar (``stress.sim_to_real.oscar_dimensions``), their
    envs on a live store (:mod:`tasks.oscar_site`), stepped in this thread by :class:`SiteRollouts`. One
    env: every episode restores the store's one database, so two envs would overwrite each other's
@@ -37,7 +37,7 @@ from agentflow_core.registry import EnvEntry
 from agentflow_core.semantics import Vocabulary
 from agentflow_core.variants import VariantSpec
 from tasks.context import PhaseContext
-from tasks.oscar_site import site_entry_of
+from tasks.oscar_site import site_entry_of, site_pairing
 from tasks.rollout import LoadedPolicy, load_policy, load_variants
 
 SUMMARY_FILE = "summary.json"
@@ -53,16 +53,17 @@ def stress_sample(ctx: PhaseContext) -> list[VariantSpec]:
     return list(stratified_sample(variants, cfg.stress.variants, dimensions, np.random.default_rng(cfg.base.seed)))
 
 
-def oscar_train_variants(ctx: PhaseContext, count: int, env_id: str) -> list[VariantSpec]:
-    """Train-split web_checkout variants stratified over Oscar's dimensions, re-based on the site env ``env_id``.
+def oscar_train_variants(ctx: PhaseContext, count: int, site: EnvEntry) -> list[VariantSpec]:
+    """Train-split variants of the site's paired family stratified over Oscar's dimensions, re-based on the site env.
 
-    Only the dimensions that apply on Oscar are kept in the params (the others take the Oscar env's
+    Only the scenario fields the store accepts are kept in the params (the others take the Oscar env's
     defaults), as the stress phase's Oscar episodes do.
     """
     dimensions = list(ctx.cfg.stress.sim_to_real.oscar_dimensions)
-    train = [v for v in load_variants(ctx, split="train") if v.family == "web_checkout"]
+    paired, accepted = site_pairing(site, dimensions)
+    train = [v for v in load_variants(ctx, split="train") if v.family == paired]
     return [
-        dataclasses.replace(v, base_env_id=env_id, params={k: v.params[k] for k in dimensions if k in v.params})
+        dataclasses.replace(v, base_env_id=site.env_id, params={k: v.params[k] for k in accepted if k in v.params})
         for v in stratify(train, dimensions, count)
     ]
 
@@ -87,7 +88,7 @@ def finetune_on_oscar(
     champion = load_policy(checkpoint, ctx.process)
     before = run_sim_to_real_oscar(ctx, champion, sample)
     site = site_entry_of(Path(settings.oscar_env_config_dir))
-    variants = oscar_train_variants(ctx, max(settings.oscar_episodes, 8), site.env_id)
+    variants = oscar_train_variants(ctx, max(settings.oscar_episodes, 8), site)
     saved, curve = _ppo_on_oscar(ctx, checkpoint, variants, site, out_dir / "checkpoints", total_steps, on_update)
     tuned = load_policy(str(saved), ctx.process)
     after = run_sim_to_real_oscar(ctx, LoadedPolicy(f"{tuned.name} (Oscar fine-tune)", str(saved), tuned.act), sample)

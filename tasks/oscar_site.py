@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,12 +33,25 @@ OSCAR_ENV_ID = "web_site_v1_oscar"
 STOP_TIMEOUT_S = 10.0
 
 
+# What a site entry's kwargs say to the project, not to the env: the store to start, the pairing.
+PROJECT_KWARGS = ("raw_states", "store", "paired_family", "scenario_fields")
+DEFAULT_PAIRED_FAMILY = "web_checkout"
+
+
 @contextmanager
-def oscar_store(workdir: Path | None = None) -> Iterator[str]:
-    """A running Oscar store; yields its base URL (``http://127.0.0.1:<port>``), stops it on exit."""
+def oscar_store(workdir: Path | None = None, store: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """A running Oscar store; yields its base URL (``http://127.0.0.1:<port>``), stops it on exit.
+
+    ``store`` (an entry's ``kwargs.store``) picks the process it serves: ``{process: checkout_v2, machine:
+    <machine.yaml>}`` starts the checkout_v2 store, whose outside world follows that machine.
+    """
     command = [sys.executable, "-m", "agentflow_oscar.serve"]
     if workdir is not None:
         command += ["--workdir", str(workdir)]
+    if store:
+        command += ["--process", str(store["process"])]
+        if store.get("machine"):
+            command += ["--machine", str(Path(str(store["machine"])).resolve())]
     process = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -74,8 +87,7 @@ def site_entry_of(config_dir: Path) -> EnvEntry:
 
 def site_entry(entry: EnvEntry, config_dir: Path, base_url: str) -> EnvEntry:
     """``entry`` ready to make: the site description named by ``kwargs.site_spec`` read, ``base_url`` set."""
-    kwargs = dict(entry.kwargs)
-    kwargs.pop("raw_states", None)
+    kwargs = {k: v for k, v in entry.kwargs.items() if k not in PROJECT_KWARGS}
     kwargs["site"] = json.loads(_inside(config_dir, kwargs.pop("site_spec"), entry).read_text(encoding="utf-8"))
     kwargs["base_url"] = base_url
     return dataclasses.replace(entry, kwargs=kwargs)
@@ -87,6 +99,17 @@ def site_raw_states(entry: EnvEntry, config_dir: Path) -> list[tuple[dict[str, A
         return None
     document = json.loads(_inside(config_dir, entry.kwargs["raw_states"], entry).read_text(encoding="utf-8"))
     return [(raw, str(token)) for raw, token in document["raw_states"]]
+
+
+def site_pairing(entry: EnvEntry, dimensions: list[str]) -> tuple[str, list[str]]:
+    """The simulator family a site entry is paired with, and the scenario fields its store accepts.
+
+    ``kwargs.paired_family`` (default ``web_checkout``) and ``kwargs.scenario_fields`` (default: the
+    stress phase's Oscar ``dimensions``; the entry's other params keep their defaults).
+    """
+    family = str(entry.kwargs.get("paired_family", DEFAULT_PAIRED_FAMILY))
+    fields = entry.kwargs.get("scenario_fields")
+    return family, [str(f) for f in fields] if fields is not None else list(dimensions)
 
 
 def site_needs(entry: EnvEntry) -> str | None:
@@ -111,7 +134,7 @@ def live_site(entry: EnvEntry, config_dir: Path) -> Iterator[EnvEntry]:
     elif entry.kwargs.get("base_url"):
         yield site_entry(entry, config_dir, str(entry.kwargs["base_url"]))
     else:
-        with oscar_store() as url:
+        with oscar_store(store=entry.kwargs.get("store")) as url:
             yield site_entry(entry, config_dir, url)
 
 

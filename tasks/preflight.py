@@ -25,6 +25,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -72,6 +73,7 @@ def preflight(cfg: AgentFlowConfig) -> list[Check]:
     real = cfg.stress.sim_to_real
     if "stress" in cfg.phases and real.enabled and real.oscar_episodes > 0:
         checks.append(check_module("oscar", "the django-oscar store of the stress phase's sim-to-real run"))
+        checks.append(check_oscar_store(cfg))
     postgres = [e.env_id for e in entries if e.kwargs.get("url") == EMBEDDED_POSTGRES]
     if postgres:
         checks.append(check_embedded_postgres(postgres))
@@ -121,6 +123,30 @@ def check_module(module: str, purpose: str) -> Check:
             f"Python package {module} is missing ({purpose}): reinstall the project (make install)",
         )
     return Check(f"Python package {module} ({purpose})")
+
+
+def check_oscar_store(cfg: AgentFlowConfig) -> Check:
+    """The Oscar registry (``stress.sim_to_real.oscar_env_config_dir``) serves the run's process, and the
+    machine its store follows (``kwargs.store.machine``) exists."""
+    from tasks.oscar_site import site_entry_of
+
+    directory = cfg.stress.sim_to_real.oscar_env_config_dir
+    requirement = f"the Oscar store of {directory} serves process {cfg.process}"
+    try:
+        entry = site_entry_of(Path(directory))
+    except AgentFlowError as exc:
+        return Check(requirement, f"stress.sim_to_real.oscar_env_config_dir: {exc}")
+    if entry.process != cfg.process:
+        return Check(
+            requirement,
+            f"{entry.source_file} serves process {entry.process!r}, the run is {cfg.process!r}: point "
+            "stress.sim_to_real.oscar_env_config_dir at the process's Oscar registry (checkout_v2: "
+            "configs/checkout_v2/oscar)",
+        )
+    machine = (entry.kwargs.get("store") or {}).get("machine")
+    if machine and not Path(str(machine)).is_file():
+        return Check(requirement, f"{entry.source_file}: kwargs.store.machine {machine} is not a file")
+    return Check(requirement)
 
 
 def check_embedded_postgres(users: list[str]) -> Check:
@@ -214,6 +240,12 @@ def _cycle_entries(cfg: AgentFlowConfig) -> Iterator[EnvEntry]:
     from tasks.process_io import load_process
     from tasks.real_channels import sim_to_real_families
 
+    if real.oscar_episodes > 0:  # the Oscar store's browser (its registry is checked by check_oscar_store)
+        from tasks.oscar_site import site_entry_of
+
+        with suppress(AgentFlowError):
+            oscar = site_entry_of(Path(real.oscar_env_config_dir))
+            yield _with_kwargs(oscar, f"{oscar.env_id} (stress sim-to-real on Oscar)")
     process = load_process(cfg)
     declared = {r.family: r for r in process.real_channels}
     families = {e.family: e for e in base}

@@ -37,6 +37,7 @@ from agentflow_core.envs.order_db.postgres import EMBEDDED_POSTGRES
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.errors import AgentFlowError
 from agentflow_core.evaluation.sim_to_real import (
+    PairedEpisode,
     SimToRealReport,
     paired_episodes,
     per_dimension,
@@ -298,41 +299,64 @@ def sim_to_real_by_dimension(
     return {"per_dimension": rows, "metrics": metrics}
 
 
+def _business_values(episodes: list[PairedEpisode]) -> dict[str, float]:
+    """Mean business value on both sides, when both channels price every episode (checkout_v2 does)."""
+    sim = [e.sim.business_value for e in episodes]
+    real = [e.real.business_value for e in episodes]
+    if not episodes or any(v is None for v in sim + real):
+        return {}
+    return {
+        "sim_business_value": round(float(np.mean([float(v or 0.0) for v in sim])), 4),
+        "real_business_value": round(float(np.mean([float(v or 0.0) for v in real])), 4),
+    }
+
+
 def run_sim_to_real_oscar(ctx: PhaseContext, policy: LoadedPolicy, sample: list[VariantSpec]) -> dict[str, Any]:
     """The policy on the django-oscar store (zero-shot) next to the simulator, over a stratified sample of the
-    web_checkout test variants; per dimension value: success on both sides, the gap, root causes on Oscar."""
+    test variants of the family the store's entry is paired with (``kwargs.paired_family``); per dimension
+    value: success on both sides, the gap, business value on both sides where the channels report it."""
     from agentflow_core.envs.web_browser import acquire_browser, release_browser
-    from tasks.oscar_site import live_site, site_entry_of
+    from tasks.oscar_site import live_site, site_entry_of, site_pairing
 
     cfg = ctx.cfg
     settings = cfg.stress.sim_to_real
     dimensions = list(settings.oscar_dimensions)
-    chosen = stratify([v for v in sample if v.family == "web_checkout"], dimensions, settings.oscar_episodes)
+    config_dir = Path(settings.oscar_env_config_dir)
+    site = site_entry_of(config_dir)
+    if site.process != ctx.process.name:
+        raise AgentFlowError(
+            f"{settings.oscar_env_config_dir}: its store serves process {site.process!r}, the run is "
+            f"{ctx.process.name!r} (point stress.sim_to_real.oscar_env_config_dir at the process's store)"
+        )
+    paired, accepted = site_pairing(site, dimensions)
+    chosen = stratify([v for v in sample if v.family == paired], dimensions, settings.oscar_episodes)
     if not chosen:
         return {"episodes": 0, "metrics": {}}
     seeds = [int(s) for s in np.random.default_rng(cfg.base.seed + 39).integers(0, 2**31 - 1, size=len(chosen))]
     sim = ctx.registry
-    config_dir = Path(settings.oscar_env_config_dir)
-    with live_site(site_entry_of(config_dir), config_dir) as entry:
+    with live_site(site, config_dir) as entry:
         host = acquire_browser(str(entry.kwargs.get("chromium_path", "/usr/bin/chromium")))
         try:
             episodes = paired_episodes(
                 chosen,
                 seeds,
                 lambda v: sim.get(v.base_env_id).make(v.params, v.env_id),
-                lambda v: entry.make({k: v.params[k] for k in dimensions if k in v.params}, v.env_id),
+                lambda v: entry.make({k: v.params[k] for k in accepted if k in v.params}, v.env_id),
                 policy.act,
                 clock=time.perf_counter,
             )
         finally:
             release_browser(host)
-    report = summarize(episodes, {"web_checkout": "django-oscar 4.2.1 store in headless Chromium"})
+    report = summarize(episodes, {paired: "django-oscar 4.2.1 store in headless Chromium"})
     family = report.families[0]
     return {
         "episodes": family.episodes,
+        "paired_family": paired,
         "sim_process_success": family.sim_success,
         "real_process_success": family.real_success,
         "gap": family.gap,
+        "identical_fraction": family.identical_fraction,
+        **_business_values(episodes),
         "real_step_ms_p50": family.real_step_ms_p50,
         "real_step_ms_p95": family.real_step_ms_p95,
         "per_dimension": per_dimension(episodes, {v.env_id: v.params for v in chosen}, dimensions),

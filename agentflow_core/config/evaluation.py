@@ -38,11 +38,14 @@ class SimToRealConfig(_Section):
     env_config_dir: str = Field("configs/real_envs", description="Registry of the real-only envs (the browser).")
     oscar_env_config_dir: str = Field("configs/oscar", description="Registry of the django-oscar store's env.")
     oscar_episodes: Annotated[int, Field(ge=0, le=1000)] = Field(
-        0, description="Paired episodes of web_checkout variants on the django-oscar store (0: off)."
+        0,
+        description="Paired episodes on the django-oscar store (0: off), with variants of the family its env "
+        "config pairs it with (kwargs.paired_family; default web_checkout).",
     )
-    oscar_dimensions: list[Literal["network", "inventory", "start_stage", "price_factor"]] = Field(
+    oscar_dimensions: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] = Field(
         ["network", "inventory", "start_stage"],
-        description="Dimensions that apply on Oscar: the sample is stratified over their values; others take defaults.",
+        description="Scenario dimensions the Oscar sample is stratified over (checkout: network, inventory, "
+        "start_stage, price_factor; checkout_v2: card, gateway, customer, account).",
     )
 
 

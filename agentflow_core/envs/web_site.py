@@ -10,7 +10,8 @@ plain data (``configs/oscar/site/site.json`` is one) that says
   present on the page are the raw observation's ``buttons`` (so a mapping's ``selector`` rules and
   the adapter's action availability work as on every web channel);
 * ``counts``: values counted by selector (``cart_count``), ``flags``: values that are 1 when an
-  element key is present; ``banner``: where the site's flash messages are and which CSS class means
+  element key is present, ``values``: numbers read from an element's attribute (``{"attempts":
+  ["#operator-panel", "data-attempts"]}``; absent element: no value); ``banner``: where the site's flash messages are and which CSS class means
   which banner kind; ``text_selector``: whose visible text is the page's ``text``;
 * ``actions``: what each native target does, as browser steps (``goto``, ``fill``, ``check``, ``select``,
   ``click`` -- a click is a navigation; its ``fields`` go with the button's form as hidden inputs),
@@ -21,8 +22,9 @@ plain data (``configs/oscar/site/site.json`` is one) that says
   and a page settles sooner); ``block_resources``: resource types never fetched (images, styles, ...);
 * ``start_stages``: the targets played (unobserved) after a reset to reach a scenario's start stage;
 * ``reset_url`` / ``outcome_url``: the site's control endpoints: a POST of the scenario restores a
-  known state; at the ``goal_page`` a GET returns the business outcome read from the site's own
+  known state (with the episode's seed under ``seed_field`` when the description names one); at the ``goal_page`` a GET returns the business outcome read from the site's own
   database, whose ``outcome_values`` become raw values (success is judged from those, not page text);
+  ``end_pages`` end the episode elsewhere, without the goal (a customer who left, a hand-over);
 * ``faults``: per ``network`` value of the scenario, faults injected at the browser's network layer
   (Playwright request routing) on ``fault_resource_types``: ``latency_s`` (lognormal, ``sigma``)
   with the client timeout ``client_timeout_s``, ``drop_rate``, ``server_error_rate`` (a 503 from
@@ -60,13 +62,19 @@ from agentflow_core.envs.web_browser import (
     forget_browser,
     release_browser,
 )
+from agentflow_core.scenario import ScenarioValues
 
 FAMILY = "web_site"
 VERSION = 1
-READ_JS = """([elements, counts, bannerSelector, textSelector]) => {
+READ_JS = """([elements, counts, bannerSelector, textSelector, values]) => {
   const present = Object.entries(elements).filter(([, s]) => document.querySelector(s)).map(([key]) => key);
   const counted = {};
   for (const [key, s] of Object.entries(counts)) counted[key] = document.querySelectorAll(s).length;
+  for (const [key, [s, attribute]] of Object.entries(values)) {
+    const element = document.querySelector(s);
+    const number = element ? parseFloat(element.getAttribute(attribute)) : NaN;
+    if (!Number.isNaN(number)) counted[key] = number;
+  }
   const alerts = Array.from(document.querySelectorAll(bannerSelector)).map(
     (e) => ({classes: e.className, text: e.innerText.replace(/\\s+/g, " ").replace(/^\\u00d7\\s*/, "").trim()}));
   const main = document.querySelector(textSelector);
@@ -112,7 +120,7 @@ class SiteBrowserEnv:
 
     def __init__(
         self,
-        scenario: Scenario,
+        scenario: Scenario | ScenarioValues,
         env_id: str,
         site: Mapping[str, Any],
         base_url: str,
@@ -142,14 +150,18 @@ class SiteBrowserEnv:
         """Restore the site's state for this scenario, open a fresh browser context, reach the start stage."""
         self.np_random = np.random.default_rng(seed)
         self._new_context()
-        response = self._context.request.post(f"{self.base_url}{self.site['reset_url']}", data=self.scenario.to_dict())
+        body = _scenario_dict(self.scenario)
+        if self.site.get("seed_field"):
+            body[str(self.site["seed_field"])] = seed
+        response = self._context.request.post(f"{self.base_url}{self.site['reset_url']}", data=body)
         if response.status != 200:
             raise RuntimeError(f"env {self.env_id}: the site refused the reset: {response.status} {response.text()}")
         self._pending, self._fault, self.outcome = None, None, None
         self._step_id, self._retries, self._done, self._started = 0, 0, False, True
         self._faults_on = False  # the start stage is reached on a clean network: faults begin with the episode
         self._goto(self.site["start_url"])
-        for target in self.site.get("start_stages", {}).get(self.scenario.start_stage, []):
+        start_stage = _scenario_dict(self.scenario).get("start_stage", "")
+        for target in self.site.get("start_stages", {}).get(start_stage, []):
             self._read()
             self._run_steps(self._resolve(target), 0)
         self._faults_on = True
@@ -171,14 +183,20 @@ class SiteBrowserEnv:
             terminated = True
             verified = bool(self._obs["data"].get(self.site.get("success_value", "order_verified")))
             reward, failure_reason = (SUCCESS_REWARD, None) if verified else (STEP_REWARD, "outcome_not_verified")
+        elif applied and self._obs["page"] in self.site.get("end_pages", ()):
+            terminated, failure_reason = True, f"ended_{self._obs['page']}"
         truncated = not terminated and self._step_id >= self.scenario.max_episode_steps
         self._done = terminated or truncated
         info = self._info(failure_reason or ("max_steps" if truncated else None), bool(applied))
+        if truncated and self.outcome is None and self.site.get("outcome_url"):
+            self.outcome = self._context.request.get(f"{self.base_url}{self.site['outcome_url']}").json()
         if self.outcome is not None:
             info["outcome"] = self.outcome
+            if self._done and self.outcome.get("business_value") is not None:
+                info["business_value"] = float(self.outcome["business_value"])  # a site that prices its episodes
         return StepResult(self._obs, reward, terminated, truncated, info)
 
-    def reconfigure(self, scenario: Scenario, env_id: str) -> None:
+    def reconfigure(self, scenario: Scenario | ScenarioValues, env_id: str) -> None:
         """Re-target to another variant: the next ``reset`` restores the site for it."""
         self.scenario, self.env_id = scenario, env_id
         self._obs, self._step_id, self._done, self._started = {}, 0, False, False
@@ -234,7 +252,8 @@ class SiteBrowserEnv:
         """Sleep the drawn latency; the fault kind of this request (None: it goes through)."""
         rng = self.np_random
         assert rng is not None
-        spec = {**self.site.get("faults", {}).get(self.scenario.network, {}), **self.extra_faults}
+        network = _scenario_dict(self.scenario).get("network", "normal")
+        spec = {**self.site.get("faults", {}).get(network, {}), **self.extra_faults}
         timeout = float(self.site.get("client_timeout_s", 1.0))
         latency = float(spec.get("latency_s", 0.0)) * math.exp(
             float(spec.get("sigma", 0.0)) * float(rng.standard_normal())
@@ -365,7 +384,13 @@ class SiteBrowserEnv:
         site = self.site
         page = self._page.evaluate(
             READ_JS,
-            [site["elements"], site.get("counts", {}), site["banner"]["selector"], site.get("text_selector", "body")],
+            [
+                site["elements"],
+                site.get("counts", {}),
+                site["banner"]["selector"],
+                site.get("text_selector", "body"),
+                site.get("values", {}),
+            ],
         )
         name = next((n for n, pattern in self._pages if pattern.search(page["url"])), "other")
         buttons = list(page["present"])
@@ -376,7 +401,7 @@ class SiteBrowserEnv:
         data: dict[str, Any] = {key: int(key_ in buttons) for key, key_ in site.get("flags", {}).items()}
         data.update(page["counted"])
         data["retries_used"] = self._retries
-        if name == site["goal_page"] and fault is None:
+        if (name == site["goal_page"] or name in site.get("end_pages", ())) and fault is None:
             self.outcome = self._context.request.get(f"{self.base_url}{site['outcome_url']}").json()
             data.update({key: self.outcome.get(source) for key, source in site.get("outcome_values", {}).items()})
         text = " ".join(part for part in (banner["text"] if banner else "", page["text"]) if part)
@@ -402,6 +427,11 @@ class SiteBrowserEnv:
             "page": self._obs.get("page"),
             "applied": applied,
         }
+
+
+def _scenario_dict(scenario: Any) -> dict[str, Any]:
+    """A scenario (checkout's dataclass or another process's values mapping) as plain data."""
+    return dict(scenario.to_dict() if hasattr(scenario, "to_dict") else scenario)
 
 
 def _banner(alerts: list[dict[str, str]], kinds: Mapping[str, str]) -> dict[str, str] | None:

@@ -106,4 +106,9 @@ def oscar_labels(oscar: Mapping[str, Any] | None) -> list[tuple[str, list[str]]]
         f"{oscar['sim_process_success']:.1%}, gap {100 * oscar['gap']:+.1f} pts) over {oscar['episodes']} paired "
         f"episodes; step p50 {oscar['real_step_ms_p50']:.0f} ms"
     )
+    if oscar.get("real_business_value") is not None:
+        label += (
+            f"; business value per episode {oscar['real_business_value']:.1f} on Oscar, "
+            f"{oscar['sim_business_value']:.1f} in the simulator"
+        )
     return [(label, children)]

@@ -46,6 +46,7 @@ class EpisodeTrace:
     reached_goal: bool
     step_seconds: tuple[float, ...]
     failure_reason: str | None = None  # set when the channel failed under the episode (it then counts as failed)
+    business_value: float | None = None  # the channel's ``info["business_value"]`` at the end, if it prices episodes
 
 
 def run_episode(
@@ -67,7 +68,16 @@ def run_episode(
     vocabulary = env.vocabulary
     reached = any(vocabulary.goal in t for t in tokens)
     success = (reached and terminated) or vocabulary.process_success(params, tokens[-1], terminated)
-    return EpisodeTrace(tuple(actions), tuple(tokens), terminated, success, reached, tuple(seconds))
+    value = info.get("business_value")
+    return EpisodeTrace(
+        tuple(actions),
+        tuple(tokens),
+        terminated,
+        success,
+        reached,
+        tuple(seconds),
+        business_value=None if value is None else float(value),
+    )
 
 
 @dataclass(frozen=True)
