@@ -217,6 +217,11 @@ def render_benchmarks(bench_dir: Path = BENCH_DIR, measurements_dir: Path = MEAS
         "last column every run, and a target counts as met only if all runs met it. Regenerate with the",
         "command above each table (`agentflow bench all --repeat 3` runs them all).",
         "",
+        "The learning benchmark trains the shipped process (`params.yaml`: checkout_v2, where the rules fall",
+        "short of an oracle). The channel, pool, browser, store and training-machinery benchmarks measure a",
+        "fixed reference workload by default, the first checkout world's three channels written in Python",
+        "(`params-checkout.yaml`), so their figures stay comparable; `--params` names another.",
+        "",
     ]
     for name in ORDER:
         path = bench_dir / f"{name}.json"

@@ -18,7 +18,8 @@ import typer
 from agentflow_core.atomic import write_json
 from flows.cli.bench_common import (
     BENCH_DIR,
-    PARAMS_OPTION,
+    REFERENCE_PARAMS,
+    REFERENCE_PARAMS_OPTION,
     REPEAT_OPTION,
     bench_app,
     console,
@@ -33,7 +34,7 @@ __all__ = ["bench_app", "forgetting", "learning", "offline", "transfer", "valida
 
 @bench_app.command("pool")
 def pool(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     num_envs: int = typer.Option(300, help="Slots for the Ray vs in-process comparison and the live-memory probe."),
     steps: int = typer.Option(30, help="Timed pool steps per side."),
     all_live: bool = typer.Option(True, help="Build all catalogue variants live at once (else extrapolate)."),
@@ -116,7 +117,7 @@ def ppo(
 
 @bench_app.command("train")
 def train(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     total_steps: int | None = typer.Option(
         None, "--total-steps", min=1024, help="PPO steps per side [default: the params' train.total_steps]."
     ),
@@ -145,7 +146,7 @@ def train(
 
 @bench_app.command("sql")
 def sql(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     episodes: int = typer.Option(200, "--episodes", min=10, help="Expert episodes per database."),
 ) -> None:
     """SQL channel: reset/step latency on SQLite vs an embedded PostgreSQL server, the same episodes."""
@@ -158,7 +159,7 @@ def sql(
 
 @bench_app.command("browser")
 def browser(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     episodes: int = typer.Option(20, "--episodes", min=1, help="Expert episodes per side for the step latency."),
     live_envs: int = typer.Option(16, "--live-envs", min=1, help="Browser envs open at once for the memory figure."),
     gap_episodes: int = typer.Option(32, "--gap-episodes", min=1, help="Paired episodes per family (sim-to-real)."),
@@ -186,7 +187,7 @@ def browser(
 
 @bench_app.command("oscar")
 def oscar(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     episodes: int = typer.Option(10, "--episodes", min=1, help="Expert episodes on the live store."),
 ) -> None:
     """The django-oscar store in Chromium: step and reset latency of the checkout expert (targets 150 ms / 1 s)."""
@@ -227,16 +228,24 @@ def _trained_or_expert(params: Path) -> str | None:
 
 @bench_app.command("all")
 def run_all(
-    params: Path = PARAMS_OPTION,
+    params_option: Path | None = typer.Option(
+        None,
+        "--params",
+        "-p",
+        help="One run configuration for every benchmark [default: params.yaml for the learning benchmark, "
+        "the reference workload params-checkout.yaml for the others].",
+    ),
     repeat: int = REPEAT_OPTION,
     quick: bool = typer.Option(
         False, "--quick", help="Every benchmark at its smallest size (a smoke run, not for BENCHMARKS.md)."
     ),
 ) -> None:
     """Every benchmark, then BENCHMARKS.md."""
+    shipped = params_option or Path("params.yaml")
+    params = params_option or REFERENCE_PARAMS
     if quick:  # the sizes the smoke suite runs each benchmark at (tests/test_smoke_commands.py)
         scheduler(n_variants=50, draws=2000, seed=0)
-        learning(params, steps=1024, eval_every_updates=1, test_episodes=8)
+        learning(shipped, steps=1024, eval_every_updates=1, test_episodes=8)
         train(params, total_steps=1024, repeat=repeat, quick=True)
         ppo(quick=True, repeat=repeat)
         pool(params, num_envs=8, steps=5, all_live=False, repeat=repeat)
@@ -246,7 +255,7 @@ def run_all(
         onboarding(repeats=1, seeds=1)
         return
     scheduler(n_variants=1000, draws=100_000, seed=0)
-    learning(params, steps=None, eval_every_updates=4, test_episodes=None)
+    learning(shipped, steps=None, eval_every_updates=4, test_episodes=None)
     train(params, total_steps=None, repeat=repeat, quick=False)
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)
@@ -258,7 +267,7 @@ def run_all(
 
 @bench_app.command("tune")
 def tune(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     total_steps: int | None = typer.Option(
         None, "--total-steps", min=1024, help="PPO steps per side [default: the params' train.total_steps]."
     ),
@@ -295,7 +304,7 @@ def tune(
 
 @bench_app.command("soak")
 def soak(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     seconds: float = typer.Option(45.0, min=1.0, help="Seconds each side (clean, faulty, clean, faulty, clean) steps."),
     num_envs: int = typer.Option(300, min=1, help="Live envs (pool slots)."),
     n_variants: int = typer.Option(300, min=8, help="Catalogue variants sampled for the soak."),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from flows.cli.bench_common import BENCH_DIR, PARAMS_OPTION, bench_app, publish
+from flows.cli.bench_common import BENCH_DIR, PARAMS_OPTION, REFERENCE_PARAMS_OPTION, bench_app, publish
 from flows.cli.common import phase_config_or_exit
 
 
@@ -48,7 +48,7 @@ def learning(
 
 @bench_app.command("offline")
 def offline(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     steps: int = typer.Option(32768, "--steps", min=1, help="PPO env steps per learner at most."),
     settings: str = typer.Option(
         "",
@@ -83,7 +83,7 @@ def offline(
 
 @bench_app.command("validator")
 def validator(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     episodes: int = typer.Option(200, min=8, help="Episodes per honest policy and per planted behaviour."),
     train_steps: int | None = typer.Option(
         None,
@@ -115,7 +115,7 @@ def validator(
 
 @bench_app.command("forgetting")
 def forgetting(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     steps: int | None = typer.Option(
         None, "--steps", min=1024, help="PPO steps of the champion and of each retrain [default: train.total_steps]."
     ),
@@ -147,7 +147,7 @@ def forgetting(
 
 @bench_app.command("transfer")
 def transfer(
-    params: Path = PARAMS_OPTION,
+    params: Path = REFERENCE_PARAMS_OPTION,
     steps: int | None = typer.Option(
         None,
         "--steps",
