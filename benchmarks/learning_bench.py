@@ -45,7 +45,7 @@ from tasks.compose import PoolFactory, build_pool, build_rollouts, reward_functi
 from tasks.context import PhaseContext
 from tasks.steps.auto_shaping import auto_shaped
 from tasks.steps.explore import run_explore
-from tasks.steps.offline import offline_start, run_offline
+from tasks.steps.offline import OfflineStart, offline_start, run_offline
 from tasks.steps.train import reward_transform
 from tasks.steps.variants import run_variants
 
@@ -55,8 +55,14 @@ DEFAULT_EVAL_EVERY_UPDATES = 4
 
 
 def _warm_start(
-    ctx: PhaseContext, catalogue: Path, work: Path, policy: ActorCritic, run: LearnerRun, clock: TrainingClock
-) -> Any:
+    ctx: PhaseContext,
+    catalogue: Path,
+    work: Path,
+    policy: ActorCritic,
+    run: LearnerRun,
+    clock: TrainingClock,
+    pool_factory: PoolFactory,
+) -> OfflineStart | None:
     """What ``agentflow train`` starts PPO from: the offline stage's actor where it passed its gate, else BC.
 
     Returns the offline start (its KL prior goes on PPO's loss) or None.
@@ -66,7 +72,7 @@ def _warm_start(
     offline = None
     if cfg.offline.enabled:
         started = clock.elapsed
-        summary = run_offline(ctx, catalogue, trajectories, work / "offline")
+        summary = run_offline(ctx, catalogue, trajectories, work / "offline", pool_factory=pool_factory)
         clock.exclude(summary["time_s"]["validation_eval"])  # the gate's evaluation, as every evaluation here
         offline = offline_start(ctx, work / "offline", None)
         run.setup_s["offline_s"] = clock.elapsed - started
@@ -108,7 +114,7 @@ def train_agentflow(
     torch.manual_seed(seed)
     vocabulary = ctx.vocabulary
     policy = ActorCritic(vocabulary.obs_dim, vocabulary.n_actions, tc.hidden_sizes)
-    offline = _warm_start(ctx, catalogue, work, policy, run, clock)
+    offline = _warm_start(ctx, catalogue, work, policy, run, clock, pool_factory)
     started = clock.elapsed
     # the product's rollout source (worker-side rollouts), unless a test hands in its own pools
     pool = (

@@ -96,10 +96,10 @@ def plot_learning_bench(result: Mapping[str, Any], path: Path) -> Path:
             curve = [c for c in result.get(name, {}).get("curve", []) if c[y] is not None]
             ax.plot([c[x] for c in curve], [c[y] for c in curve], "o-", ms=3, label=name)
         if priced:
-            ax.axhline(0.0, color="tab:green", ls=":", label="rules")
+            ax.axhline(0.0, color="black", ls=":", label="rules")
             ax.axhline(0.7, color="tab:gray", ls="--", label="70% of the regret")
         else:
-            ax.axhline(result["test_process_success_rules"], color="tab:green", ls=":", label="rules")
+            ax.axhline(result["test_process_success_rules"], color="black", ls=":", label="rules")
         ax.set(xlabel=label, ylabel=f"{y_label} (greedy)")
         ax.grid(alpha=0.3)
         ax.legend()
