@@ -207,6 +207,7 @@ def run_learning_bench(
             "explore_total_steps": cfg.explore.total_steps,
             "eval_every_updates": eval_every,
             "test_episodes": evaluator.test_episodes,
+            "test_episodes_played": evaluator.rules.episodes,  # stratification covers every stratum: may be more
             "validation_episodes": evaluator.validation_episodes,
             "maskableppo": sb3_config,
             "maskableppo_bc": warm_config,

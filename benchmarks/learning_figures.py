@@ -153,8 +153,8 @@ def notes(result: dict[str, Any], priced: bool) -> list[str]:
     out = [
         f"Three learners: {cfg['train']['total_steps']} PPO env steps each on the train split (same hyper-parameters "
         f"and training reward); greedy evaluations every {cfg['eval_every_updates']} rollouts on the same "
-        f"{cfg['validation_episodes']} validation and {cfg['test_episodes']} test episodes (stratified over family "
-        "and every dimension value); each reports its best validation checkpoint "
+        f"{cfg['validation_episodes']} validation and {cfg['test_episodes_played']} test episodes (stratified over "
+        "family and every dimension value); each reports its best validation checkpoint "
         + ("(validation business value)." if priced else "(validation process success)."),
         "agentflow: the product's path (exploration around the rules, BC, the offline stage's CQL where "
         "offline.enabled, PPO with its KL term to the offline actor); maskableppo: sb3-contrib MaskablePPO from "
