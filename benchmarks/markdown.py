@@ -47,7 +47,10 @@ TITLES = {
     "ppo": "PPO: throughput vs stable-baselines3, update time",
     "scheduler": "Scheduler strategies on a synthetic learner (1,000 variants, 100k draws)",
     "train": "End-to-end `agentflow train` on the Ray vs in-process backend, and a worker SIGKILL mid-train",
-    "learning": "Learning: AgentFlow vs sb3-contrib MaskablePPO, same catalogue, settings, reward and test split",
+    "learning": (
+        "Learning: AgentFlow vs sb3-contrib MaskablePPO from scratch and BC-warm-started, same logs, settings, reward "
+        "and test split"
+    ),
     "sql": "SQL channel: SQLite vs a real PostgreSQL server (embedded), the same expert episodes",
     "offline": "Offline stage: PPO's start and steps to the expert after BC vs after BC + CQL",
     "soak": "Soak: 300 live envs for a fixed time, clean vs 1% faulty variants of each kind (raise, sleep, spin, NaN)",
@@ -166,7 +169,10 @@ def _soak_options(result: dict[str, Any]) -> str:
 # The options each benchmark's result was produced with, as they follow its command.
 OPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "train": lambda r: f" --total-steps {r['total_steps']}",
-    "learning": lambda r: f" --steps {r['config']['train']['total_steps']}",
+    "learning": lambda r: (
+        f" --steps {r['config']['train']['total_steps']} --eval-every-updates {r['config']['eval_every_updates']}"
+        f" --test-episodes {r['config']['test_episodes']}"
+    ),
     "sql": lambda r: f" --episodes {r['episodes']}",
     "oscar": lambda r: f" --episodes {r['episodes']}",
     "browser": lambda r: (

@@ -36,7 +36,8 @@ from agentflow_core.rl.policy import ActorCritic
 from agentflow_core.rl.ppo import PPO
 from agentflow_core.rl.trajectories import behaviour_cloning_arrays
 from agentflow_core.splits import read_splits
-from benchmarks.learning_bench import Evaluator, LearnerRun, TrainingClock, machine_info
+from benchmarks.learning_bench import machine_info
+from benchmarks.learning_eval import Evaluator, LearnerRun, TrainingClock
 from tasks.compose import build_pool, build_rollouts, reward_function
 from tasks.context import PhaseContext
 from tasks.steps.explore import run_explore

@@ -17,7 +17,6 @@ from agentflow_core.contracts import PolicyFn, PoolBatch, VariantLike
 from agentflow_core.envs.semantic_env import SemanticEnv
 from agentflow_core.pool.base import RegistryEnvFactory
 from agentflow_core.rl.ppo import TrainingReward
-from agentflow_core.semantics import CHECKOUT
 
 
 class TrainVariantEnv(gym.Env[np.ndarray, np.int64]):
@@ -73,27 +72,33 @@ def product_reward_vec_env(venv: Any, reward: TrainingReward) -> Any:
     """``venv`` with the product's training reward in place of the env's, computed on SB3's step batches."""
     from stable_baselines3.common.vec_env import VecEnvWrapper
 
+    n_actions = int(venv.action_space.n)
+
     class ProductReward(VecEnvWrapper):  # type: ignore[misc]
         def reset(self) -> np.ndarray:
             obs = np.asarray(self.venv.reset())  # a Box observation space: one array
-            reward.reset(_batch(obs, np.zeros(len(obs), np.float32), np.zeros(len(obs), bool), [{}] * len(obs)))
+            zeros = np.zeros(len(obs), np.float32)
+            reward.reset(_batch(obs, zeros, zeros.astype(bool), [{}] * len(obs), n_actions))
             return obs
 
         def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
             obs, rewards, dones, infos = self.venv.step_wait()
             obs = np.asarray(obs)
-            return obs, reward(_batch(obs, rewards, dones, list(infos))), dones, list(infos)
+            batch = _batch(obs, rewards, dones, list(infos), n_actions)
+            return obs, reward(batch), dones, list(infos)
 
     return ProductReward(venv)
 
 
-def _batch(obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict[str, Any]]) -> PoolBatch:
+def _batch(
+    obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict[str, Any]], n_actions: int
+) -> PoolBatch:
     """SB3's autoreset step as a pool batch: terminated and truncated apart, the finished episode's last obs."""
     truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], dtype=bool)
     final_obs = obs.copy()
     for i in np.flatnonzero(dones):
         final_obs[i] = infos[i]["terminal_observation"]
-    masks = np.ones((len(obs), CHECKOUT.n_actions), dtype=bool)
+    masks = np.ones((len(obs), n_actions), dtype=bool)
     return PoolBatch(obs, masks, np.asarray(rewards, np.float32), dones & ~truncated, truncated, final_obs, infos)
 
 

@@ -176,7 +176,7 @@ def test_the_stress_phase_plays_checkout_v2_on_oscar_next_to_its_web_family(tmp_
     from tasks.context import PhaseContext
     from tasks.real_channels import run_sim_to_real_oscar
 
-    params = yaml.safe_load(Path("params-checkout-v2.yaml").read_text())
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     params["base"].update(state_dir=str(tmp_path / ".agentflow"), data_dir=str(tmp_path / "data"))
     params.setdefault("stress", {})["sim_to_real"] = {
         "enabled": True,

@@ -245,7 +245,7 @@ def run_all(
     params = params_option or REFERENCE_PARAMS
     if quick:  # the sizes the smoke suite runs each benchmark at (tests/test_smoke_commands.py)
         scheduler(n_variants=50, draws=2000, seed=0)
-        learning(shipped, steps=1024, eval_every_updates=1, test_episodes=8)
+        learning(shipped, steps=1024, eval_every_updates=1, test_episodes=8, out=None)
         train(params, total_steps=1024, repeat=repeat, quick=True)
         ppo(quick=True, repeat=repeat)
         pool(params, num_envs=8, steps=5, all_live=False, repeat=repeat)
@@ -255,7 +255,7 @@ def run_all(
         onboarding(repeats=1, seeds=1)
         return
     scheduler(n_variants=1000, draws=100_000, seed=0)
-    learning(shipped, steps=None, eval_every_updates=4, test_episodes=None)
+    learning(shipped, steps=None, eval_every_updates=4, test_episodes=None, out=None)
     train(params, total_steps=None, repeat=repeat, quick=False)
     ppo(quick=False, repeat=repeat)
     pool(params, num_envs=300, steps=30, all_live=True, repeat=repeat)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from flows.cli.bench_common import BENCH_DIR, PARAMS_OPTION, REFERENCE_PARAMS_OPTION, bench_app, publish
+from flows.cli.bench_common import BENCH_DIR, PARAMS_OPTION, REFERENCE_PARAMS_OPTION, bench_app, print_targets, publish
 from flows.cli.common import phase_config_or_exit
 
 
@@ -27,8 +27,14 @@ def learning(
     test_episodes: int | None = typer.Option(
         None, "--test-episodes", min=1, help="Test episodes per evaluation [default: as `agentflow train`'s final one]."
     ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Write the result (and its plot beside it) here instead of data/bench/learning.json; BENCHMARKS.md is "
+        "left as it is.",
+    ),
 ) -> None:
-    """AgentFlow's training vs sb3-contrib MaskablePPO: same catalogue, settings, reward, test split, one run."""
+    """AgentFlow's training vs MaskablePPO from scratch and BC-warm-started: same data, settings, reward, test split."""
     from benchmarks.learning_bench import run_learning_bench
     from tasks.context import PhaseContext
     from tasks.plots import plot_learning_bench
@@ -42,8 +48,15 @@ def learning(
         test_episodes=test_episodes,
         progress=typer.echo,
     )
-    result["plot"] = str(plot_learning_bench(result, BENCH_DIR / "learning.png"))
-    publish("learning", result)
+    if out is None:
+        result["plot"] = str(plot_learning_bench(result, BENCH_DIR / "learning.png"))
+        publish("learning", result)
+        return
+    from agentflow_core.atomic import write_json
+
+    result["plot"] = str(plot_learning_bench(result, out.with_suffix(".png")))
+    write_json(out, result)
+    print_targets(result, f"bench learning -> {out}")
 
 
 @bench_app.command("offline")
