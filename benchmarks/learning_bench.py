@@ -70,7 +70,7 @@ def _warm_start(
     cfg, seed, vocabulary = ctx.cfg, ctx.cfg.base.seed, ctx.vocabulary
     trajectories = work / "trajectories"
     offline = None
-    if cfg.offline.enabled:
+    if cfg.offline.enabled and cfg.train.bc_warm_start:  # otherwise its actors are references PPO never sees
         started = clock.elapsed
         summary = run_offline(ctx, catalogue, trajectories, work / "offline", pool_factory=pool_factory)
         clock.exclude(summary["time_s"]["validation_eval"])  # the gate's evaluation, as every evaluation here
@@ -100,16 +100,23 @@ def train_agentflow(
     eval_every: int,
     pool_factory: PoolFactory = build_pool,
 ) -> LearnerRun:
-    """AgentFlow on the product's path: exploration, BC -> CQL (or BC), then PPO on worker-side rollouts."""
+    """AgentFlow on the product's path: exploration, BC -> CQL (or BC), then PPO on worker-side rollouts; with
+    ``train.bc_warm_start: false`` PPO from a fresh network (the exploration off its clock)."""
     cfg = ctx.cfg
     tc, seed = cfg.train, cfg.base.seed
     run = LearnerRun("agentflow")
     clock = TrainingClock()
     train_variants = read_splits(catalogue)["train"]
-    # the cycle's exploration phase (the rules' logs): its time and env steps count towards AgentFlow's
+    # the cycle's exploration phase (the rules' logs): its time and env steps count towards AgentFlow's where
+    # PPO learns from them (the warm start, mined shaping); the BC peer learns from the same logs either way
     trajectories = work / "trajectories"
-    run.explore_steps = int(run_explore(ctx, catalogue, trajectories, pool_factory=pool_factory)["explore_steps"])
-    run.setup_s["explore_s"] = clock.elapsed
+    explore_steps = int(run_explore(ctx, catalogue, trajectories, pool_factory=pool_factory)["explore_steps"])
+    explore_s = clock.elapsed
+    run.stages["exploration"] = {"s": explore_s, "env_steps": explore_steps}
+    if tc.bc_warm_start or cfg.train.reward.auto_shaping:
+        run.setup_s["explore_s"], run.explore_steps = explore_s, explore_steps
+    else:
+        clock.exclude(explore_s)
     ctx, _ = auto_shaped(ctx, catalogue, trajectories)
     torch.manual_seed(seed)
     vocabulary = ctx.vocabulary
@@ -176,7 +183,8 @@ def run_learning_bench(
             agentflow = train_agentflow(ctx, catalogue, work, evaluator, eval_every, pool_factory)
             trajectories = work / "trajectories"
             shaped, _ = auto_shaped(ctx, catalogue, trajectories)  # the same training reward as AgentFlow's
-            logs = Demonstrations(trajectories, agentflow.setup_s["explore_s"], agentflow.explore_steps)
+            exploration = agentflow.stages["exploration"]
+            logs = Demonstrations(trajectories, exploration["s"], exploration["env_steps"])
             scratch, sb3_config = train_maskableppo(shaped, catalogue, evaluator, eval_every)
             warm, warm_config = train_maskableppo(shaped, catalogue, evaluator, eval_every, logs)
         finally:

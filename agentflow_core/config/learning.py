@@ -193,7 +193,12 @@ class TrainConfig(_Section):
     checkpoint_every_minutes: Annotated[float, Field(gt=0.0, le=7 * 24 * 60.0)] = 120.0
     eval_every_updates: PositiveInt = 10
     eval_episodes: Count = 64
-    bc_warm_start: bool = True
+    bc_warm_start: bool = Field(
+        True,
+        description="PPO starts from the rules' logs: the offline stage's BC+CQL actor (with its KL term) where "
+        "the stage ran, else behaviour cloning; false: from a fresh network, the offline actors still played on "
+        "the test split as references.",
+    )
     reward: RewardConfig = RewardConfig()
     gate: TrainGate = TrainGate()
     budget_s: BudgetS = 1800.0

@@ -184,7 +184,7 @@ def open_training(
     sink = sink or NullSink()
     ppo, penalty, validator = learner(ctx, policy, pool, seed, device, sink, resources, ewc)
     offline = offline_start(ctx, offline_dir, warm_start)
-    if offline is not None:
+    if offline is not None and tc.bc_warm_start:  # PPO starts from the offline actor: kept near it at first
         ppo.policy_penalty = offline.prior
     impedance = impedance_meter(pool, tc, policy)
     manager = CheckpointManager(
@@ -279,6 +279,9 @@ def start_training(
         return
     if warm_start is not None:
         state.bc_summary = {"used": False, "reason": f"warm start from {warm_start}"}
+    elif run.offline is not None and not tc.bc_warm_start:  # the offline stage's actors are references only
+        state.bc_summary = {"used": False, "reason": "train.bc_warm_start is false: PPO starts from a fresh network"}
+        copy_offline_bc_actor(ckpt_root, run.offline.path)
     elif run.offline is not None:
         load_actor(run.policy, run.offline.actor)
         state.bc_summary = {"used": True, "source": "offline", "actor": str(run.offline.path)}
