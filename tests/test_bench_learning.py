@@ -92,20 +92,23 @@ def _bench(params: Path, *options: str) -> None:
 
 
 def _check_curves(out: dict[str, Any], steps: int, batch: int) -> None:
-    """Every learner's checkpoints at the same PPO steps; the BC peer's clock and steps start at the exploration's."""
+    """Every learner's checkpoints at the same PPO steps; the BC peer's clock and steps start at the exploration's,
+    AgentFlow's too where PPO starts from the rules' logs (``train.bc_warm_start``), else at 0."""
+    logs = out["agentflow"]["stages"]["exploration"]
     explore_steps = out["agentflow_explore_steps"]
-    assert out["maskableppo_bc_explore_steps"] == explore_steps > 0
-    for name, offset in (("agentflow", explore_steps), ("maskableppo", 0), ("maskableppo_bc", explore_steps)):
+    assert out["maskableppo_bc_explore_steps"] == logs["env_steps"] > 0 and explore_steps in (0, logs["env_steps"])
+    for name, offset in (("agentflow", explore_steps), ("maskableppo", 0), ("maskableppo_bc", logs["env_steps"])):
         curve = out[name]["curve"]
         assert [c["env_steps"] - offset for c in curve] == list(range(0, steps + 1, batch))
         assert all(0.0 <= c["test_process_success"] <= 1.0 for c in curve)
         assert curve[-1]["train_s"] >= curve[0]["train_s"] > 0.0
-    explore_s = out["agentflow"]["setup_s"]["explore_s"]
-    assert out["maskableppo_bc"]["setup_s"]["explore_s"] == explore_s
-    assert out["maskableppo_bc"]["curve"][0]["train_s"] > explore_s + out["maskableppo_bc"]["setup_s"]["bc_s"]
+    assert out["maskableppo_bc"]["setup_s"]["explore_s"] == logs["s"]
+    if explore_steps:
+        assert out["agentflow"]["setup_s"]["explore_s"] == logs["s"]
+    assert out["maskableppo_bc"]["curve"][0]["train_s"] > logs["s"] + out["maskableppo_bc"]["setup_s"]["bc_s"]
     assert out["maskableppo_bc"]["stages"]["bc"]["samples"] > 0
-    assert out["maskableppo_env_steps"] == out["maskableppo_bc_env_steps"] - explore_steps == steps
-    assert out["agentflow_env_steps"] == out["maskableppo_bc_env_steps"]
+    assert out["maskableppo_env_steps"] == out["maskableppo_bc_env_steps"] - logs["env_steps"] == steps
+    assert out["agentflow_env_steps"] == explore_steps + steps
 
 
 @pytest.mark.bench
@@ -158,6 +161,8 @@ def test_bench_learning_on_a_priced_process_reports_value_and_regret(
         margin = out["test_regret_closed"] - out[f"{peer}_test_regret_closed"]
         assert out[f"test_regret_closed_over_{peer}"] == pytest.approx(margin)
     cfg = load_config(params)
+    assert not cfg.train.bc_warm_start  # the shipped start: PPO from a fresh network, no offline stage on its clock
+    assert out["agentflow_explore_steps"] == 0 and "offline" not in out["agentflow"]["stages"]
     _check_curves(out, cfg.train.num_updates * cfg.train.num_envs * cfg.train.n_steps, 512)
     assert set(out["targets_met"]) == set(TARGETS)
 
