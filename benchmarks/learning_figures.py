@@ -150,18 +150,26 @@ def targets(result: dict[str, Any], priced: bool) -> tuple[dict[str, float], dic
 def notes(result: dict[str, Any], priced: bool) -> list[str]:
     """What the figures mean, and which of them are bounds rather than measurements."""
     cfg, machine = result["config"], result["machine"]
+    warm = bool(cfg["train"].get("bc_warm_start", True))
     out = [
         f"Three learners: {cfg['train']['total_steps']} PPO env steps each on the train split (same hyper-parameters "
         f"and training reward); greedy evaluations every {cfg['eval_every_updates']} rollouts on the same "
         f"{cfg['validation_episodes']} validation and {cfg['test_episodes_played']} test episodes (stratified over "
         "family and every dimension value); each reports its best validation checkpoint "
         + ("(validation business value)." if priced else "(validation process success)."),
-        "agentflow: the product's path (exploration around the rules, BC, the offline stage's CQL where "
-        "offline.enabled, PPO with its KL term to the offline actor); maskableppo: sb3-contrib MaskablePPO from "
-        "scratch; maskableppo_bc: MaskablePPO after BC on the same rules' logs (AgentFlow's exploration data).",
-        "time_to_*: training wall time (evaluations excluded) to the first checkpoint at the level; AgentFlow's "
-        "and maskableppo_bc's include the exploration that produced the rules' logs and their BC (and CQL); "
-        "steps_to_*: env steps to it, exploration's included.",
+        "agentflow: the product's path "
+        + (
+            "(exploration around the rules, BC, the offline stage's CQL where offline.enabled, PPO with its KL "
+            "term to the offline actor)"
+            if warm
+            else "with train.bc_warm_start false (PPO from a fresh network on the product's pool and scheduler)"
+        )
+        + "; maskableppo: sb3-contrib MaskablePPO from scratch; maskableppo_bc: MaskablePPO after BC on the same "
+        "rules' logs (AgentFlow's exploration data).",
+        "time_to_*: training wall time (evaluations excluded) to the first checkpoint at the level; "
+        + ("AgentFlow's and maskableppo_bc's include" if warm else "maskableppo_bc's includes")
+        + " the exploration that produced the rules' logs and their BC (and CQL); steps_to_*: env steps to it, "
+        "exploration's included.",
         f"Load average (1/5/15 min) before: {_loads(machine['load_avg_before'])}, after: "
         f"{_loads(machine['load_avg_1_5_15'])} on {machine['cpus']} CPUs.",
     ]
