@@ -92,7 +92,11 @@ def sb3_behaviour_cloning(
 
 
 def maskableppo_kwargs(ctx: PhaseContext) -> dict[str, Any]:
-    """MaskablePPO's arguments from the ``train`` section: the settings AgentFlow's PPO runs with."""
+    """MaskablePPO's arguments from the ``train`` section: the settings AgentFlow's PPO runs with.
+
+    The value loss is weighed alike: AgentFlow's is ``vf_coef * 0.5 * mean((V - R)^2)`` (CleanRL's), SB3's
+    ``vf_coef * mean((V - R)^2)`` (``F.mse_loss``), so SB3 gets half the coefficient.
+    """
     tc = ctx.cfg.train
     return {
         "n_steps": tc.n_steps,
@@ -103,7 +107,7 @@ def maskableppo_kwargs(ctx: PhaseContext) -> dict[str, Any]:
         "gae_lambda": tc.gae_lambda,
         "clip_range": tc.clip_range,
         "ent_coef": tc.ent_coef,
-        "vf_coef": tc.vf_coef,
+        "vf_coef": tc.vf_coef / 2,
         "max_grad_norm": tc.max_grad_norm,
         "target_kl": tc.target_kl,
         "policy_kwargs": {
