@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_channel_catalogue_keeps_each_variant_in_its_split(tmp_path: Path) -> None:
-    run_variants(PhaseContext.of(load_config(REPO / "params.yaml")), tmp_path / "all")
+    run_variants(PhaseContext.of(load_config(REPO / "params-checkout.yaml")), tmp_path / "all")
     full = read_splits(tmp_path / "all")
     without = channel_catalogue(tmp_path / "all", tmp_path / "without", ["order_db_v1", "payment_api_v1"])
     only = channel_catalogue(tmp_path / "all", tmp_path / "only", ["web_checkout_v2"])

@@ -36,7 +36,7 @@ BASES = {
     "refund_api": "refund_api_v1",
     "refund_db": "refund_db_v1",
 }
-PARAMS = {"payment_api": "params.yaml", "order_db": "params.yaml", "refund_api": "params-refund.yaml"}
+PARAMS = {"payment_api": "params-checkout.yaml", "order_db": "params-checkout.yaml", "refund_api": "params-refund.yaml"}
 
 
 def _variant(family: str, i: int) -> VariantSpec:
