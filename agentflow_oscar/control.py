@@ -35,20 +35,28 @@ def _refused(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def posted_object(request: HttpRequest) -> dict[str, Any] | HttpResponse:
+    """The posted JSON object of a loopback request, or the refusal to answer with (403, or 400 naming why)."""
+    refused = _refused(request)
+    if refused is not None:
+        return refused
+    try:
+        body = json.loads(request.body or b"{}")
+    except json.JSONDecodeError as exc:
+        return JsonResponse({"error": f"invalid JSON: {exc}"}, status=400)
+    if not isinstance(body, dict):
+        return JsonResponse({"error": "expected a JSON object"}, status=400)
+    return body
+
+
 @csrf_exempt
 @transaction.non_atomic_requests  # it closes the connection to replace the file under it
 @require_POST
 def reset(request: HttpRequest) -> HttpResponse:
     """Restore the template database, then apply the posted scenario (JSON object)."""
-    refused = _refused(request)
-    if refused is not None:
-        return refused
-    try:
-        scenario = json.loads(request.body or b"{}")
-    except json.JSONDecodeError as exc:
-        return JsonResponse({"error": f"invalid JSON: {exc}"}, status=400)
-    if not isinstance(scenario, dict):
-        return JsonResponse({"error": "expected a JSON object"}, status=400)
+    scenario = posted_object(request)
+    if isinstance(scenario, HttpResponse):
+        return scenario
     with _lock:
         store.restore(_state["template"], _state["live_db"])
         with transaction.atomic():

@@ -102,6 +102,10 @@ class HeatTracker:
         """Every variant's heat after the last completed round."""
         return self.heat_at * np.power(self.decay, self.round - self.stamped)
 
+    def values_of(self, indices: np.ndarray) -> np.ndarray:
+        """The heat of ``indices`` only (what :meth:`values` holds for them, without the whole catalogue)."""
+        return self.heat_at[indices] * np.power(self.decay, self.round - self.stamped[indices])
+
     def cold(self) -> np.ndarray:
         """Boolean mask of variants with heat below the cold threshold."""
         return self.values() < self.threshold
@@ -201,7 +205,7 @@ class BaseScheduler:
             raise ValueError(f"n must be >= 0, got {n}")
         indices = self._draw(n) if n else np.empty(0, dtype=np.int64)
         if n:
-            self.cold_draws += int(self.heat.cold()[indices].sum())
+            self.cold_draws += int((self.heat.values_of(indices) < self.heat.threshold).sum())
         self.heat.advance(indices)
         self.last_round[indices] = self.heat.round
         self.last_draw[indices] = self.draws + 1 + np.arange(len(indices))

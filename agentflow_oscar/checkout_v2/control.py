@@ -9,7 +9,6 @@ and business value.
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -33,15 +32,9 @@ VOUCHER_OFF = Decimal("10.00")  # the voucher's value: the machine's APPLY_VOUCH
 @require_POST
 def reset(request: HttpRequest) -> HttpResponse:
     """Restore the template, apply the posted scenario in Oscar, draw the world with the posted seed."""
-    refused = base_control._refused(request)
-    if refused is not None:
-        return refused
-    try:
-        body = json.loads(request.body or b"{}")
-    except json.JSONDecodeError as exc:
-        return JsonResponse({"error": f"invalid JSON: {exc}"}, status=400)
-    if not isinstance(body, dict):
-        return JsonResponse({"error": "expected a JSON object"}, status=400)
+    body = base_control.posted_object(request)
+    if isinstance(body, HttpResponse):
+        return body
     seed = body.pop("seed", None)
     with base_control._lock, world().lock:
         store.restore(base_control._state["template"], base_control._state["live_db"])
