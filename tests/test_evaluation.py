@@ -212,13 +212,17 @@ def test_pool_failures_take_precedence_and_handled_endings_are_not_failures() ->
     assert failed == 0
 
 
-def test_reward_hacking_flags_shaped_reward_without_payment_only() -> None:
+def test_reward_hacking_flags_shaped_reward_without_an_accepted_outcome_only() -> None:
     hack = episode(1, ret=-0.5, shaped=6.0, path=[{"CART_FILLED"}, {"PAYMENT_PAGE"}, {"CART_FILLED"}, {"PAYMENT_PAGE"}])
     genuine = episode(2, ret=9.9, shaped=10.8, success=True, reason=None, path=[{"PAYMENT_PAGE"}, {"PAYMENT_SUCCESS"}])
     low = episode(3, ret=-0.5, shaped=0.8)
+    # a handled ending the process accepts (a blocked user escalated): paid for, so not hacking, goal or not
+    handled = episode(4, ret=6.0, shaped=6.0, success=True, reason=None, path=[{"USER_BLOCKED"}, {"ESCALATED"}])
+    assert not handled.reached_goal
     assert is_hacking(hack, 5.0) and not is_hacking(genuine, 5.0) and not is_hacking(low, 5.0)
-    report = reward_hacking([hack, genuine, low], 5.0)
-    assert report.flagged == 1 and report.rate == pytest.approx(1 / 3)
+    assert not is_hacking(handled, 5.0)
+    report = reward_hacking([hack, genuine, low, handled], 5.0)
+    assert report.flagged == 1 and report.rate == pytest.approx(1 / 4)
     assert report.examples[0]["episode_id"] == "ep1"
     assert report.examples[0]["path"] == ["CART_FILLED", "PAYMENT_PAGE", "CART_FILLED", "PAYMENT_PAGE"]
 

@@ -1,9 +1,11 @@
 """Reward-hacking check (docs/design-003.md §3.2): high shaped reward without the business outcome.
 
 An episode is flagged when its *shaped* return (the training reward: base + shaping) reaches
-``threshold`` while its token path never contains the process's goal token: the policy collected reward
-the business would not pay for (shaping farmed, a token-table entry exploited, a reward model
-fooled). Genuine successes and episodes below the threshold are never flagged.
+``threshold`` while it ends in no outcome the process accepts -- neither its goal token nor a handled
+ending the process declares for the variant (``EpisodeRecord.success``, process success): the policy
+collected reward the business would not pay for (shaping farmed, a token-table entry exploited, a
+reward model fooled). A handled ending is paid for (checkout_v2 prices escalating a flagged account),
+so it is not hacking; process successes and episodes below the threshold are never flagged.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class HackingReport:
 
 
 def is_hacking(episode: EpisodeRecord, threshold: float) -> bool:
-    """Shaped return >= ``threshold`` but the goal token never reached."""
-    return episode.shaped_return >= threshold and not episode.reached_goal
+    """Shaped return >= ``threshold`` but no outcome the process accepts (neither the goal nor a handled ending)."""
+    return episode.shaped_return >= threshold and not episode.success
 
 
 def _path_summary(episode: EpisodeRecord, limit: int = 8) -> list[str]:
@@ -53,7 +55,7 @@ def _path_summary(episode: EpisodeRecord, limit: int = 8) -> list[str]:
 
 
 def reward_hacking(episodes: Sequence[EpisodeRecord], threshold: float, max_examples: int = 5) -> HackingReport:
-    """Flag episodes whose shaped return is high while the goal token never appeared."""
+    """Flag episodes whose shaped return is high while they end in no outcome the process accepts."""
     flagged = [e for e in episodes if is_hacking(e, threshold)]
     flagged.sort(key=lambda e: -e.shaped_return)
     examples = [

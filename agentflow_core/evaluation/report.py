@@ -251,7 +251,7 @@ def report_tree(report: Mapping[str, Any]) -> TreeNode:
         TreeNode(f"Failure Root Causes ({causes['failures']} failed of {m['episodes']}):", cause_nodes),
         TreeNode(
             f"Reward Hacking: {report['reward_hacking']['flagged']} episode(s) with shaped return ≥ "
-            f"{report['reward_hacking']['threshold']:g} and no {report.get('goal') or 'goal token'}"
+            f"{report['reward_hacking']['threshold']:g} and neither {report.get('goal') or 'the goal'} nor a handled ending"
         ),
         *_validator_nodes(report.get("reward_validator")),
         TreeNode(

@@ -137,8 +137,8 @@ def _recommendations(
     out.extend(c.recommendation for c in causes)
     if hacking.flagged:
         out.append(
-            f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without the goal token: "
-            "cap or remove the shaping terms they farm."
+            f"{hacking.flagged} episode(s) earn shaped reward >= {hacking.threshold:g} without an outcome the "
+            "process accepts: cap or remove the shaping terms they farm."
         )
     if coverage.long_tail or coverage.unseen:
         rare = ", ".join((coverage.long_tail + coverage.unseen)[:4])

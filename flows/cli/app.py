@@ -184,6 +184,16 @@ def where_to_look(cfg: AgentFlowConfig, results: dict) -> Tree:
     train = results.get("train", {})
     if "stop_reason" in train:
         tree.add(escape(f"training stopped on {train['stop_reason']} after {train['global_step']} env steps"))
+    if "test_process_success" in train and "test_process_success_rules" in train:
+        from tasks.steps.evaluation import value_line  # the evaluation stack: only once a run is done
+
+        value = value_line(train)  # policy vs rules vs oracle, where the process prices episodes
+        tree.add(
+            escape(
+                f"test split: process success {train['test_process_success']:.3f} vs the rules' "
+                f"{train['test_process_success_rules']:.3f}" + (f"; {value}" if value else "")
+            )
+        )
     if "cycle_report" in report:
         tree.add(escape(f"this cycle's report and decision: {report['cycle_report']} (newest cycle: reports/latest)"))
     if "retrain" in results:

@@ -111,7 +111,7 @@ def train_command(
         f"policy {summary['policy_hash']} ({summary['best_checkpoint']}): test process success "
         f"[bold]{summary['test_process_success']:.3f}[/] (goal {summary['test_goal_success']:.3f}) vs "
         f"exploration {summary['test_process_success_exploration']:.3f} "
-        f"(x{summary['test_process_success_vs_exploration']:.1f}) and expert "
+        f"(x{summary['test_process_success_vs_exploration']:.1f}) and the rules "
         f"{summary['test_process_success_rules']:.3f} ({summary['test_process_success_vs_rules']:.0%}); "
         f"by family {', '.join(f'{k} {v:.3f}' for k, v in summary['test_process_success_by_family'].items())}; "
         f"converged={summary['policy_convergence_flag']}, stopped on {summary['stop_reason']} after "
