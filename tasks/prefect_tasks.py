@@ -308,7 +308,7 @@ def train_task(
         on_update=lambda update, total, m: progress(
             update,
             total,
-            f"success {m.get('rollout/success_rate', float('nan')):.2f} "
+            f"goal reached {m.get('rollout/success_rate', float('nan')):.2f} (sampled actions) "
             f"return {m.get('rollout/episode_return', float('nan')):.2f} "
             f"{m.get('time/sps', 0.0):.0f} steps/s",
         ),
