@@ -82,7 +82,7 @@ def calibrate_gate(cfg: AgentFlowConfig) -> PhaseGate:
         "calibrate",
         (GateCheck("failed_fraction", "<=", c.max_failed_fraction), GateCheck("audit_errors", "<=", 0.0)),
         (
-            f"a variant fails on reward variance >= {c.max_reward_variance:g}, expert success < "
+            f"a variant fails on reward variance >= {c.max_reward_variance:g}, the rules' success < "
             f"{c.min_expert_success:g}, a crash or a non-deterministic replay; failed variants are quarantined "
             "(left out of the catalogue, so out of explore, train and stress)"
         ),
@@ -124,7 +124,9 @@ def offline_gate(cfg: AgentFlowConfig) -> PhaseGate:
             GateCheck("offline_validation_process_success", ">=", o.gate.min_validation_process_success),
             GateCheck("offline_vs_bc_validation_high", ">=", -o.gate.max_regression_vs_bc),
         ),
-        "none (set offline.enabled: false to train from the BC actor alone)",
+        "none (set offline.enabled: false to train from the BC actor alone)"
+        if cfg.train.bc_warm_start
+        else "none (set offline.enabled: false to skip the stage: PPO starts from a fresh network either way)",
         o.budget_s,
     )
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from flows.cli.app import where_to_look
+from flows.cli.app import plan_tree, where_to_look
 from tests.tiny import tiny_config
 
 
@@ -43,3 +43,19 @@ def test_an_unpriced_process_gets_process_success_only(tmp_path: Path) -> None:
     text = _text(where_to_look(tiny_config(tmp_path), {"train": train, "report": {}}))
     assert "test split: process success 1.000 vs the rules' 1.000\n" in text
     assert "business value" not in text
+
+
+def test_the_plan_says_where_ppo_starts(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    for warm, start, offline in (
+        (False, "from a fresh network", "a reference on the test split"),
+        (True, "from the offline actor", "PPO's KL to it"),
+    ):
+        warm_cfg = cfg.model_copy(
+            update={
+                "train": cfg.train.model_copy(update={"bc_warm_start": warm}),
+                "offline": cfg.offline.model_copy(update={"enabled": True}),
+            }
+        )
+        text = _text(plan_tree(warm_cfg))
+        assert f"PPO up to {cfg.train.total_steps} steps {start}" in text and offline in text

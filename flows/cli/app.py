@@ -63,12 +63,22 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
         f"(eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})",
         "offline": (
             f"offline: CQL {cfg.offline.gradient_steps} steps on the dataset, actor improved by Q (pi_BC * exp(Q/T)); "
-            f"PPO's KL to it {cfg.offline.kl_coef:g} -> 0 over {cfg.offline.kl_decay_updates} updates"
+            + (
+                f"PPO's KL to it {cfg.offline.kl_coef:g} -> 0 over {cfg.offline.kl_decay_updates} updates"
+                if cfg.train.bc_warm_start
+                else "a reference on the test split (train.bc_warm_start: false)"
+            )
             if cfg.offline.enabled
-            else "offline: switched off (offline.enabled: false): PPO starts from BC"
+            else "offline: switched off (offline.enabled: false)"
+            + (": PPO starts from BC" if cfg.train.bc_warm_start else "")
         ),
-        "train": f"train: PPO up to {cfg.train.total_steps} steps, clip {cfg.train.clip_range}, "
-        f"target KL {cfg.train.target_kl}",
+        "train": f"train: PPO up to {cfg.train.total_steps} steps from "
+        + (
+            ("the offline actor" if cfg.offline.enabled else "the BC actor")
+            if cfg.train.bc_warm_start
+            else "a fresh network"
+        )
+        + f", clip {cfg.train.clip_range}, target KL {cfg.train.target_kl}",
         "stress": f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants",
         "report": f"report: {', '.join(cfg.report.formats)}; champion/challenger on {cfg.report.champion_slice:.0%} "
         f"slice; budget {cfg.report.budget_s:g} s",
