@@ -16,6 +16,10 @@ def _text(tree: object) -> str:
     return console.export_text()
 
 
+def _summary(tmp_path: Path, train: dict[str, object]) -> str:
+    return _text(where_to_look(tiny_config(tmp_path), {"train": train, "report": {}}))
+
+
 def test_the_summary_leads_the_policy_against_the_rules_and_the_oracle(tmp_path: Path) -> None:
     train = {
         "stop_reason": "step_budget",
@@ -28,7 +32,7 @@ def test_the_summary_leads_the_policy_against_the_rules_and_the_oracle(tmp_path:
         "test_regret_closed": 0.78,
         "mean_episode_steps": 13.4,
     }
-    text = _text(where_to_look(tiny_config(tmp_path), {"train": train, "report": {}}))
+    text = _summary(tmp_path, train)
     assert "test split: process success 0.984 vs the rules' 0.930; business value 97.000, rules 76.600" in text
     assert "oracle 102.900; regret closed: policy 0.78; mean episode 13.4 steps" in text
 
@@ -40,7 +44,7 @@ def test_an_unpriced_process_gets_process_success_only(tmp_path: Path) -> None:
         "test_process_success": 1.0,
         "test_process_success_rules": 1.0,
     }
-    text = _text(where_to_look(tiny_config(tmp_path), {"train": train, "report": {}}))
+    text = _summary(tmp_path, train)
     assert "test split: process success 1.000 vs the rules' 1.000\n" in text
     assert "business value" not in text
 

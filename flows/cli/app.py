@@ -44,6 +44,26 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+def _ppo_start(cfg: AgentFlowConfig) -> str:
+    """Where PPO starts: the offline stage's actor (BC alone without the stage) or, by default, a fresh network."""
+    if not cfg.train.bc_warm_start:
+        return "a fresh network"
+    return "the offline actor" if cfg.offline.enabled else "the BC actor"
+
+
+def _offline_plan(cfg: AgentFlowConfig) -> str:
+    """The offline stage's line of the plan: what it trains, and what PPO does with it."""
+    o = cfg.offline
+    if not o.enabled:
+        return "offline: switched off (offline.enabled: false)"
+    use = (
+        f"PPO's KL to it {o.kl_coef:g} -> 0 over {o.kl_decay_updates} updates"
+        if cfg.train.bc_warm_start
+        else "a reference on the test split (train.bc_warm_start: false)"
+    )
+    return f"offline: CQL {o.gradient_steps} steps on the dataset, actor improved by Q (pi_BC * exp(Q/T)); {use}"
+
+
 def plan_tree(cfg: AgentFlowConfig) -> Tree:
     """The planned training cycle, phase by phase, with exactly the gates the cycle enforces."""
     from agentflow_core.gates import declared_gates
@@ -61,24 +81,9 @@ def plan_tree(cfg: AgentFlowConfig) -> Tree:
         f"{n_combos * v.samples_per_combination} variants, less the quarantined; budget {v.budget_s:g} s",
         "explore": f"explore: {cfg.explore.total_steps} steps on {cfg.explore.num_envs} envs "
         f"(eps {cfg.explore.epsilon_high}->{cfg.explore.epsilon_low})",
-        "offline": (
-            f"offline: CQL {cfg.offline.gradient_steps} steps on the dataset, actor improved by Q (pi_BC * exp(Q/T)); "
-            + (
-                f"PPO's KL to it {cfg.offline.kl_coef:g} -> 0 over {cfg.offline.kl_decay_updates} updates"
-                if cfg.train.bc_warm_start
-                else "a reference on the test split (train.bc_warm_start: false)"
-            )
-            if cfg.offline.enabled
-            else "offline: switched off (offline.enabled: false)"
-            + (": PPO starts from BC" if cfg.train.bc_warm_start else "")
-        ),
-        "train": f"train: PPO up to {cfg.train.total_steps} steps from "
-        + (
-            ("the offline actor" if cfg.offline.enabled else "the BC actor")
-            if cfg.train.bc_warm_start
-            else "a fresh network"
-        )
-        + f", clip {cfg.train.clip_range}, target KL {cfg.train.target_kl}",
+        "offline": _offline_plan(cfg),
+        "train": f"train: PPO up to {cfg.train.total_steps} steps from {_ppo_start(cfg)}, clip {cfg.train.clip_range}, "
+        f"target KL {cfg.train.target_kl}",
         "stress": f"stress: {cfg.stress.episodes} episodes, consistency over {cfg.stress.consistency_variants} variants",
         "report": f"report: {', '.join(cfg.report.formats)}; champion/challenger on {cfg.report.champion_slice:.0%} "
         f"slice; budget {cfg.report.budget_s:g} s",
