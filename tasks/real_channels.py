@@ -153,7 +153,7 @@ def _postmaster_pid() -> int | None:
 def _postmaster_alive() -> bool:
     pid = _postmaster_pid()
     try:
-        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return pid is not None and psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.Error:
         return False
 

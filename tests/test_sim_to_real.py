@@ -242,3 +242,35 @@ def test_a_real_channel_can_run_the_simulators_variants_on_another_env(tmp_path:
             channels,
         )
     assert all(e.identical and e.sim.success for e in episodes)  # one process, two channels, the same paths
+
+
+class _ExitingChannel:
+    """A channel whose process is still exiting when the episode fails: it says "alive" twice more."""
+
+    def __init__(self) -> None:
+        self.asked, self.restarts = 0, 0
+
+    def alive(self, family: str) -> bool:
+        self.asked += 1
+        return self.restarts > 0 or self.asked <= 2
+
+    def restart(self, family: str) -> None:
+        self.restarts += 1
+
+
+def test_a_channel_still_exiting_when_its_episode_raised_is_found_dead() -> None:
+    """A killed process closes its sockets before it is gone: the episode's error is a channel death, not a raise."""
+    from agentflow_core.evaluation.sim_to_real import paired_episodes
+    from tasks.registry_io import load_registry
+
+    def broken(variant: VariantSpec) -> Any:
+        raise ConnectionError("server closed the connection unexpectedly")
+
+    entry = load_registry().get("web_checkout_v2")
+    channel = _ExitingChannel()
+    first_allowed = lambda obs, mask: np.argmax(mask, axis=1)  # noqa: E731
+    episodes = paired_episodes(
+        [_variant(0)], [0], lambda v: entry.make(v.params, v.env_id), broken, first_allowed, lambda: 0.0, channel
+    )
+    assert channel.restarts == 1 and channel.asked >= 3
+    assert "real channel process died (ConnectionError" in str(episodes[0].real.failure_reason)

@@ -13,13 +13,15 @@ wall time of each real step is recorded (``clock`` is injected) and reported as 
 
 A real channel is a process that can die (Chromium, the PostgreSQL server, the payment server).
 Given a :class:`ChannelHealth`, :func:`paired_episodes` checks the family's channel after each real
-episode (and when the episode raised): a dead channel costs the episode it was running -- recorded as
+episode (and when the episode raised, for up to :data:`DEATH_GRACE_S`: a killed process takes a moment
+to exit after its sockets close): a dead channel costs the episode it was running -- recorded as
 a failed real episode with its ``failure_reason`` -- and is restarted; the run goes on. A channel
 that cannot be restarted (:meth:`ChannelHealth.restart` raises) ends the run with that one error.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ from agentflow_core.variants import VariantSpec
 
 PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 EnvMaker = Callable[[VariantSpec], SemanticEnv]
+
+DEATH_GRACE_S = 2.0  # how long a channel whose episode raised may take to show it died
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ def _real_episode(
                 env.close()
     except Exception as exc:
         error = exc
-    if health.alive(variant.family):
+    if _still_alive(health, variant.family, grace=DEATH_GRACE_S if error is not None else 0.0):
         if error is not None:
             raise error  # the channel is fine: a real error, not a channel failure
         assert trace is not None
@@ -123,6 +127,16 @@ def _real_episode(
     reason = "real channel process died" + (f" ({type(error).__name__}: {str(error)[:160]})" if error else "")
     health.restart(variant.family)
     return EpisodeTrace((), (), False, False, False, (), failure_reason=reason)
+
+
+def _still_alive(health: ChannelHealth, family: str, grace: float) -> bool:
+    """Is the family's channel alive, asked again for ``grace`` seconds while it still says so?"""
+    deadline = time.monotonic() + grace
+    while health.alive(family):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def paired_episodes(
